@@ -1,0 +1,277 @@
+"""The storage contract: four small primitives every backend implements.
+
+* **documents** — versioned blobs with compare-and-swap (definitions, runtime state,
+  large outputs, history, logs);
+* **queues** — at-least-once message queues with visibility timeouts and a
+  dead-letter queue;
+* **index** — one queryable row per workflow (a projection, never the truth);
+* **leases** — named, expiring locks (one coordinator per store).
+
+Every backend passes the one conformance suite in ``tests/conformance``. Backends
+translate driver errors into :mod:`dagq.errors` at their boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+#: Largest message body any backend accepts. Azure Queue Storage caps a message at
+#: 64 KiB *after* base64 encoding, so 48 KiB of raw bytes is the portable limit;
+#: every backend enforces it so that code which works on one works on all.
+MAX_MESSAGE_BYTES = 48 * 1024
+
+#: A message received more often than this goes to the dead-letter queue.
+DEFAULT_MAX_DELIVERIES = 10
+
+Clock = Callable[[], float]
+
+
+# --- documents --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """A stored document and the version tag a conditional write must name."""
+
+    data: bytes
+    etag: str
+
+
+class Documents(Protocol):
+    """Versioned key → bytes storage with conditional writes."""
+
+    async def get(self, key: str) -> Document | None:
+        """Return the document, or None when it does not exist."""
+        ...
+
+    async def put(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+    ) -> str:
+        """Write ``data`` and return the new etag.
+
+        ``if_match``: write only if the current etag equals it (a missing document
+        also conflicts). ``if_none_match``: write only if the key does not exist.
+        A failed condition raises :class:`~dagq.errors.ConflictError`; a write never
+        silently replaces a version it was not told about.
+        """
+        ...
+
+    async def delete(self, key: str, *, if_match: str | None = None) -> bool:
+        """Delete; True if something was deleted. A stale ``if_match`` raises ConflictError."""
+        ...
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[str]:
+        """Keys starting with ``prefix``, sorted, after ``start_after``, at most ``limit``."""
+        ...
+
+
+# --- queues -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """A message to send. A given ``id`` deduplicates against the same id still queued."""
+
+    body: bytes
+    id: str | None = None
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A received message. ``receipt`` is needed to delete or extend it."""
+
+    queue: str
+    id: str
+    body: bytes
+    receipt: str
+    dequeue_count: int
+    enqueued_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that was moved to a queue's dead-letter queue, with the reason."""
+
+    queue: str
+    id: str
+    body: bytes
+    dequeue_count: int
+    reason: str
+    dead_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDepth:
+    """How much is waiting in a queue."""
+
+    visible: int
+    invisible: int
+    oldest_age_s: float
+
+
+class Queues(Protocol):
+    """At-least-once queues with visibility timeouts and a dead-letter queue."""
+
+    async def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
+        """Enqueue messages (each at most MAX_MESSAGE_BYTES, else MessageTooLarge).
+
+        A message whose ``id`` equals one still in the queue is not added again.
+        """
+        ...
+
+    async def receive(
+        self, queue: str, *, max_messages: int, visibility_timeout_s: float
+    ) -> list[Message]:
+        """Take up to ``max_messages`` visible messages and hide them for the timeout.
+
+        A message is never handed to two receivers within its visibility timeout.
+        One that would be delivered more than the store's ``max_deliveries`` times
+        goes to the dead-letter queue instead.
+        """
+        ...
+
+    async def delete(self, queue: str, receipts: Sequence[str]) -> int:
+        """Delete received messages; stale receipts are ignored. Returns how many went."""
+        ...
+
+    async def extend(self, queue: str, receipt: str, visibility_timeout_s: float) -> str:
+        """Keep a received message hidden for longer; returns the new receipt.
+
+        Raises MessageLost when the receipt is stale (deleted or redelivered).
+        """
+        ...
+
+    async def dead_letter(self, queue: str, receipt: str, reason: str) -> None:
+        """Move a received message to the dead-letter queue (e.g. it cannot be parsed)."""
+        ...
+
+    async def dead_letters(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
+        """The dead-lettered messages of ``queue``, oldest first."""
+        ...
+
+    async def depth(self, queue: str) -> QueueDepth:
+        """Visible and invisible message counts, and the age of the oldest message."""
+        ...
+
+    async def wait(self, queue: str, timeout_s: float) -> None:
+        """Return when a message may have arrived in ``queue``, or after ``timeout_s``.
+
+        In one process this wakes as soon as ``send`` is called; across processes it
+        is a plain sleep, so callers poll with it.
+        """
+        ...
+
+
+# --- index ------------------------------------------------------------------
+
+
+class IndexRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One workflow as listed: a projection of its runtime state."""
+
+    id: str
+    name: str
+    status: str
+    created_at: float
+    updated_at: float
+    tenant: str = ""
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexPage:
+    """A page of index rows, newest first, and the cursor for the next page (or None)."""
+
+    rows: list[IndexRow]
+    cursor: str | None = None
+
+
+class Index(Protocol):
+    """Rows for listing workflows and for sweeps."""
+
+    async def upsert(self, row: IndexRow) -> None:
+        """Insert or replace the row with ``row.id``."""
+        ...
+
+    async def get(self, workflow_id: str) -> IndexRow | None:
+        """The row, or None."""
+        ...
+
+    async def query(
+        self,
+        *,
+        status: Sequence[str] | None = None,
+        name: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> IndexPage:
+        """Rows matching every given filter, newest ``created_at`` first."""
+        ...
+
+    async def delete(self, workflow_id: str) -> bool:
+        """Remove the row; True if it existed."""
+        ...
+
+
+# --- leases -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A held lease. ``token`` changes at every acquisition."""
+
+    name: str
+    owner: str
+    token: str
+    acquired_at: float
+    expires_at: float
+
+
+class Leases(Protocol):
+    """Named, expiring locks."""
+
+    async def acquire(self, name: str, owner: str, ttl_s: float, *, force: bool = False) -> Lease:
+        """Take the lease if free or expired (or always, with ``force``); else LeaseHeld."""
+        ...
+
+    async def renew(self, lease: Lease, ttl_s: float) -> Lease:
+        """Extend a lease we hold; LeaseLost if it expired and was taken, or was broken."""
+        ...
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up (no-op if we no longer hold it)."""
+        ...
+
+    async def get(self, name: str) -> Lease | None:
+        """The current holder, if the lease is held and unexpired."""
+        ...
+
+
+# --- the bundle -------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Store:
+    """A backend: the four primitives under one URL."""
+
+    url: str
+    documents: Documents
+    queues: Queues
+    index: Index
+    leases: Leases
+    closers: list[Callable[[], Any]] = field(default_factory=list)
+
+    async def close(self) -> None:
+        """Release connections and threads; the store is unusable afterwards."""
+        for close in reversed(self.closers):
+            result = close()
+            if hasattr(result, "__await__"):
+                await result
+        self.closers.clear()
