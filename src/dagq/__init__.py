@@ -1,0 +1,43 @@
+"""dagq: a durable workflow engine for multi-step pipelines.
+
+Public names are imported lazily so that ``dagq --help`` and small scripts start fast.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dagq.errors import DagqError, NonRetryable, RetryAfter, ValidationError
+
+if TYPE_CHECKING:
+    from dagq.builder import Workflow
+    from dagq.definition import WorkflowDef
+    from dagq.loading import load_file
+    from dagq.runners import TaskContext
+
+__all__ = [
+    "DagqError",
+    "NonRetryable",
+    "RetryAfter",
+    "TaskContext",
+    "ValidationError",
+    "Workflow",
+    "WorkflowDef",
+    "load_file",
+]
+
+_LAZY = {
+    "Workflow": "dagq.builder",
+    "WorkflowDef": "dagq.definition",
+    "load_file": "dagq.loading",
+    "TaskContext": "dagq.runners",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dagq' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,181 @@
+"""Terminal output: live progress while a run goes, a summary table when it ends.
+
+Rich renders colours and a live display on a terminal; piped, the same information
+comes out as plain lines at a calm pace, so logs stay readable.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from dagq.plan import Plan
+from dagq.state import TERMINAL, RunState, TaskStatus
+from dagq.views import RunView
+
+STYLES = {
+    "pending": "dim",
+    "ready": "cyan",
+    "running": "blue",
+    "waiting": "magenta",
+    "completed": "green",
+    "failed": "bold red",
+    "skipped": "yellow",
+    "upstream_failed": "red",
+    "cancelled": "bright_black",
+    "cancelling": "yellow",
+}
+ORDER = [s.label for s in TaskStatus]
+MAX_ROWS = 40
+PLAIN_INTERVAL_S = 5.0
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def counts_text(counts: dict[str, int]) -> Text:
+    """``completed 12 · running 3 · ...`` in the order of a task's life, coloured."""
+    text = Text()
+    for label in ORDER:
+        n = counts.get(label)
+        if not n:
+            continue
+        if text:
+            text.append(" · ", style="dim")
+        text.append(f"{label} {n:,}", style=STYLES.get(label, ""))
+    return text
+
+
+class LiveProgress:
+    """The live view of one run: bar, counts, rate, elapsed, tasks running now."""
+
+    def __init__(self, console: Console, workflow_id: str, name: str) -> None:
+        self.console = console
+        self.workflow_id = workflow_id
+        self.name = name
+        self.started = time.monotonic()
+        self.first_done: int | None = None
+        self._live: Live | None = None
+        self._last_plain = 0.0
+        self._last_line = ""
+
+    def __enter__(self) -> LiveProgress:
+        if self.console.is_terminal:
+            self._live = Live(console=self.console, refresh_per_second=8, transient=True)
+            self._live.__enter__()
+        else:
+            self.console.print(f"running {self.name} as {self.workflow_id}")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def update(self, plan: Plan, st: RunState) -> None:
+        """Show the latest state (cheap enough to call many times a second)."""
+        done = st.n_terminal
+        if self.first_done is None:
+            self.first_done = done
+        elapsed = time.monotonic() - self.started
+        rate = (done - self.first_done) / elapsed if elapsed > 0 else 0.0
+        if self._live is not None:
+            self._live.update(self._render(plan, st, done, elapsed, rate))
+            return
+        now = time.monotonic()
+        line = f"{st.status}: {done}/{st.n_tasks} done ({counts_text(st.count_map()).plain})"
+        if now - self._last_plain >= PLAIN_INTERVAL_S and line != self._last_line:
+            self.console.print(f"[{_duration(elapsed)}] {line}, {rate:.1f} tasks/s")
+            self._last_plain, self._last_line = now, line
+
+    def _render(self, plan: Plan, st: RunState, done: int, elapsed: float, rate: float) -> Group:
+        total = st.n_tasks
+        head = Text.assemble(
+            (self.name, "bold"), "  ", (self.workflow_id, "dim"), "  ",
+            (st.status, STYLES.get(st.status, "bold")),
+        )
+        bar = Table.grid(padding=(0, 1))
+        bar.add_row(
+            ProgressBar(total=max(total, 1), completed=done, width=40),
+            Text(f"{done:,}/{total:,}  {100 * done / max(total, 1):.0f}%"),
+            Text(f"{rate:,.1f} tasks/s  elapsed {_duration(elapsed)}", style="dim"),
+        )
+        parts: list[Any] = [head, bar, counts_text(st.count_map())]
+        running = [i for i, c in enumerate(st.task_status) if c == TaskStatus.RUNNING]
+        if running:
+            now = time.time()
+            shown = ", ".join(
+                f"{plan.tasks[i].name} ({_duration(max(0.0, now - st.started_at[i]))})"
+                for i in running[:6]
+            )
+            more = f" and {len(running) - 6} more" if len(running) > 6 else ""
+            parts.append(Text(f"running now: {shown}{more}", style="blue"))
+        return Group(*parts)
+
+
+def print_summary(console: Console, view: RunView, *, elapsed_s: float | None = None) -> None:
+    """The end-of-run table (problem tasks first) and a one-line verdict."""
+    table = Table(title=f"{view.name}  {view.workflow_id}", title_justify="left")
+    table.add_column("task", overflow="fold")
+    table.add_column("state")
+    table.add_column("attempts", justify="right")
+    table.add_column("duration", justify="right")
+    table.add_column("error", overflow="fold", max_width=80)
+    rank = {label: n for n, label in enumerate(
+        ["failed", "upstream_failed", "cancelled", "running", "ready", "pending", "skipped", "completed"]
+    )}
+    rows = sorted(view.tasks, key=lambda r: rank.get(r.status, 99)) if len(view.tasks) > MAX_ROWS else view.tasks
+    for row in rows[:MAX_ROWS]:
+        table.add_row(
+            row.name,
+            Text(row.status, style=STYLES.get(row.status, "")),
+            str(row.attempts),
+            _duration(row.duration_s),
+            _first_line(row.error),
+        )
+    console.print(table)
+    hidden = rows[MAX_ROWS:]
+    if hidden:
+        kinds = {}
+        for row in hidden:
+            kinds[row.status] = kinds.get(row.status, 0) + 1
+        console.print(Text("… and ", style="dim") + counts_text(kinds) + Text(" more", style="dim"))
+    console.print(verdict_text(view, elapsed_s))
+
+
+def verdict_text(view: RunView, elapsed_s: float | None) -> Text:
+    """``✔ completed in 3.2s — 200 tasks, 61.5 tasks/s`` or the reason it did not."""
+    span = elapsed_s
+    if span is None and view.finished_at is not None:
+        span = view.finished_at - view.created_at
+    done = sum(n for label, n in view.counts.items() if TaskStatus[label.upper()] in TERMINAL)
+    timing = ""
+    if span is not None:
+        timing = f" in {_duration(span)} — {view.total:,} tasks"
+        if span > 0:
+            timing += f", {done / span:,.1f} tasks/s"
+    if view.status == "completed":
+        return Text(f"✔ workflow completed{timing}", style="bold green")
+    reason = f": {view.error}" if view.error else ""
+    return Text(f"✘ workflow {view.status}{timing}{reason}", style="bold red")
+
+
+def _first_line(error: str | None) -> str:
+    if not error:
+        return ""
+    return error if len(error) <= 300 else error[:300] + "…"

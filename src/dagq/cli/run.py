@@ -1,0 +1,135 @@
+"""``dagq run``: submit (or resume) a workflow and drive it here, with live progress."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from dagq.cli.display import LiveProgress, print_summary
+from dagq.definition import WorkflowDef
+from dagq.errors import DagqError
+from dagq.loading import load_file
+from dagq.local import LocalRunner
+from dagq.plan import parse_param
+from dagq.stores import open_store
+from dagq.stores.base import Store
+from dagq.submission import request_cancel
+from dagq.views import load_view
+
+
+def load_definition(file: Path) -> WorkflowDef:
+    """A definition from YAML/JSON, or from a Python file that builds one."""
+    if file.suffix == ".py":
+        from dagq.builder import load_python_file
+
+        return load_python_file(file)
+    return load_file(file)
+
+
+def run_command(
+    file: Path,
+    params: tuple[str, ...],
+    workers: int,
+    workflow_id: str | None,
+    store_url: str,
+    *,
+    quiet: bool = False,
+) -> int:
+    """Run the workflow and return the process exit code."""
+    console = Console(stderr=False, highlight=False)
+    try:
+        definition = load_definition(file)
+        overrides = dict(parse_param(p) for p in params)
+    except DagqError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return EXIT_USAGE
+    import_paths = [str(file.resolve().parent), str(Path.cwd())]
+    try:
+        return asyncio.run(
+            _run(console, definition, overrides, workers, workflow_id, store_url, import_paths, quiet)
+        )
+    except DagqError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return EXIT_USAGE
+
+
+async def _run(
+    console: Console,
+    definition: WorkflowDef,
+    overrides: dict[str, object],
+    workers: int,
+    workflow_id: str | None,
+    store_url: str,
+    import_paths: list[str],
+    quiet: bool,
+) -> int:
+    store = open_store(store_url)
+    try:
+        runner = LocalRunner(store, workers=workers, import_paths=import_paths)
+        submitted = await runner.submit(definition, params=overrides, workflow_id=workflow_id)
+        wid = submitted.workflow_id
+        first = await runner.current_state()
+        if first.status in ("completed", "failed", "cancelled"):
+            console.print(f"workflow {wid} already finished; its result:")
+            return await _summarize(console, store, wid, None)
+        if not submitted.created:
+            console.print(f"resuming workflow {wid}")
+        started = time.monotonic()
+        interrupts = _Interrupts(store, wid, console)
+        interrupts.install()
+        try:
+            progress = LiveProgress(console, wid, definition.name)
+            if quiet:
+                status = await runner.drive()
+            else:
+                with progress:
+                    status = await runner.drive(progress.update)
+        finally:
+            interrupts.remove()
+        if interrupts.count:
+            console.print("[yellow]cancelled by Ctrl-C[/]")
+        code = await _summarize(console, store, wid, time.monotonic() - started)
+        return code if status != "completed" else EXIT_OK
+    finally:
+        await store.close()
+
+
+async def _summarize(console: Console, store: Store, workflow_id: str, elapsed: float | None) -> int:
+    view = await load_view(store, workflow_id)
+    print_summary(console, view, elapsed_s=elapsed)
+    return EXIT_OK if view.status == "completed" else EXIT_FAILED
+
+
+class _Interrupts:
+    """First Ctrl-C cancels the run cleanly; a second one quits at once (resumable)."""
+
+    def __init__(self, store: Store, workflow_id: str, console: Console) -> None:
+        self.store = store
+        self.workflow_id = workflow_id
+        self.console = console
+        self.count = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def install(self) -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, self._on_interrupt)
+
+    def remove(self) -> None:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
+
+    def _on_interrupt(self) -> None:
+        self.count += 1
+        if self.count > 1:
+            self.console.print(
+                f"[red]stopped at once; resume with: dagq run FILE --id {self.workflow_id}[/]"
+            )
+            raise SystemExit(130)
+        self.console.print("[yellow]cancelling… (Ctrl-C again to quit at once)[/]")
+        task = asyncio.ensure_future(request_cancel(self.store, self.workflow_id, "cancelled by Ctrl-C"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,476 @@
+"""The coordinator: the only writer of runtime state, one per store (by lease).
+
+Each step drains a batch of events from the completion queue, groups them by
+workflow, applies them to a cached working copy of each state, writes each touched
+state ONCE under compare-and-swap, sends the task messages that became ready, writes
+the index row, and only then acknowledges the events (DESIGN §1, invariants 2-5).
+Periodic sweeps handle what no event announces: timeouts, deadlines, lost sends and
+workflows whose submit event was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from dagq import keys, machine, state
+from dagq.dispatching import Outgoing, task_message
+from dagq.errors import ConflictError, DagqError, LeaseLost
+from dagq.history import encode_chunk
+from dagq.leasing import LeaseKeeper
+from dagq.messages import Event, RetryRequested, SubmitRequested, TaskFinished, TaskStarted
+from dagq.messages import decode_events
+from dagq.plan import Plan, compile_plan
+from dagq.state import UNSET, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL, RunState, TaskStatus
+from dagq.stores.base import IndexRow, Message, OutgoingMessage, Store
+from dagq.submission import Submitted
+
+log = logging.getLogger("dagq.coordinator")
+
+_CAS_ATTEMPTS = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoordinatorOptions:
+    """How the coordinator paces itself. Defaults suit a production store."""
+
+    batch_size: int = 512
+    event_visibility_s: float = 15.0
+    lease_ttl_s: float = 30.0
+    sweep_interval_s: float = 1.0
+    rescan_interval_s: float = 30.0
+    repair_grace_s: float = 5.0
+    timeout_grace_s: float = 30.0
+    cancel_grace_s: float = 30.0
+    abandoned_submit_s: float = 600.0
+    cache_size: int = 2000
+    concurrency: int = 16
+
+
+@dataclass(eq=False)
+class Entry:
+    """A cached workflow: its plan, working state and the etag it was read at."""
+
+    plan: Plan
+    state: RunState
+    etag: str
+    name: str
+    tenant: str
+    deadlines: list[tuple[float, int, int]] = field(default_factory=list)
+    repairs: list[tuple[float, int, int]] = field(default_factory=list)
+    unsent: list[Outgoing] = field(default_factory=list)
+
+
+@dataclass
+class Stats:
+    """Running totals, for logs and benchmarks."""
+
+    events: int = 0
+    flushes: int = 0
+    conflicts: int = 0
+    dispatched: int = 0
+    finished_workflows: int = 0
+
+
+class Coordinator:
+    """Advances every workflow of one store."""
+
+    def __init__(
+        self,
+        store: Store,
+        options: CoordinatorOptions | None = None,
+        *,
+        owner: str | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.store = store
+        self.options = options or CoordinatorOptions()
+        self.clock = clock or time.time
+        self.lease = LeaseKeeper(
+            store, keys.COORDINATOR_LEASE, ttl_s=self.options.lease_ttl_s, owner=owner
+        )
+        self.stats = Stats()
+        self.changed = asyncio.Event()
+        self._cache: OrderedDict[str, Entry] = OrderedDict()
+        self._active: set[str] = set()
+        self._next_sweep = 0.0
+        self._next_rescan = 0.0
+
+    # --- running --------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, *, break_lease: bool = False) -> None:
+        """Hold the lease and advance workflows until ``stop`` is set."""
+        await self.lease.acquire(force=break_lease)
+        keeper = asyncio.create_task(self.lease.keep(), name="dagq-lease")
+        try:
+            while not stop.is_set():
+                if self.lease.lost:
+                    raise LeaseLost("the coordinator lease was lost; stopping without writing")
+                handled = await self._guarded(self.step())
+                if self.clock() >= self._next_sweep:
+                    await self._guarded(self.sweep())
+                if not handled:
+                    await self._idle(stop)
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            await self.lease.release()
+
+    async def _guarded(self, work: Awaitable[int]) -> int:
+        """Run one unit of work; a store outage is logged and retried, not fatal."""
+        try:
+            result = await work
+        except LeaseLost:
+            raise
+        except DagqError as exc:
+            log.warning("store error, will retry: %s", exc)
+            self._cache.clear()
+            await asyncio.sleep(0.5)
+            return 0
+        return int(result or 0)
+
+    async def _idle(self, stop: asyncio.Event) -> None:
+        timeout = max(0.0, min(self._next_sweep - self.clock(), self.options.sweep_interval_s))
+        waiter = asyncio.ensure_future(self.store.queues.wait(keys.COMPLETIONS_QUEUE, timeout))
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        for pending in (waiter, stopper):
+            pending.cancel()
+
+    async def step(self) -> int:
+        """Drain one batch of events and advance the workflows they concern."""
+        messages = await self.store.queues.receive(
+            keys.COMPLETIONS_QUEUE,
+            max_messages=self.options.batch_size,
+            visibility_timeout_s=self.options.event_visibility_s,
+        )
+        if not messages:
+            return 0
+        grouped: dict[str, list[Event]] = defaultdict(list)
+        touched: list[tuple[Message, set[str]]] = []
+        for message in messages:
+            events = await self._decode(message)
+            if events is None:
+                continue
+            for event in events:
+                grouped[event.workflow_id].append(event)
+            touched.append((message, {e.workflow_id for e in events}))
+        self.stats.events += sum(len(v) for v in grouped.values())
+        outcome = await self._advance_all(grouped)
+        done = [m.receipt for m, ids in touched if all(outcome[i] for i in ids)]
+        if done:
+            await self.store.queues.delete(keys.COMPLETIONS_QUEUE, done)
+        return len(messages)
+
+    async def _decode(self, message: Message) -> list[Event] | None:
+        try:
+            return decode_events(message.body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.error("unreadable completion message %s dead-lettered: %s", message.id, exc)
+            await self.store.queues.dead_letter(
+                keys.COMPLETIONS_QUEUE, message.receipt, f"cannot be parsed: {exc}"
+            )
+            return None
+
+    async def _advance_all(self, grouped: dict[str, list[Event]]) -> dict[str, bool]:
+        ids = list(grouped)
+        outcome: dict[str, bool] = {}
+        width = self.options.concurrency
+        for start in range(0, len(ids), width):
+            chunk = ids[start : start + width]
+            results = await asyncio.gather(*(self.advance(i, grouped[i]) for i in chunk))
+            outcome.update(zip(chunk, results, strict=True))
+        return outcome
+
+    # --- advancing one workflow ------------------------------------------------------
+
+    async def advance(self, workflow_id: str, events: list[Event]) -> bool:
+        """Apply events to one workflow and make the result durable; False to retry later."""
+        for _ in range(_CAS_ATTEMPTS):
+            try:
+                entry = await self._entry(workflow_id)
+            except DagqError as exc:
+                log.warning("cannot load workflow %s: %s", workflow_id, exc)
+                return False
+            if entry is None:
+                log.info("dropping %d event(s) for unknown workflow %s", len(events), workflow_id)
+                return True
+            await self._resolve_refs(entry, events)
+            fx = machine.Effects()
+            now = self.clock()
+            for event in events:
+                machine.apply(entry.plan, entry.state, event, now, fx)
+            self._track_deadlines(entry, events)
+            try:
+                await self._flush(entry, fx)
+                return True
+            except ConflictError:
+                self.stats.conflicts += 1
+                self._evict(workflow_id)
+            except DagqError as exc:
+                log.warning("flush of %s failed, events will be retried: %s", workflow_id, exc)
+                self._evict(workflow_id)
+                return False
+        return False
+
+    async def _flush(self, entry: Entry, fx: machine.Effects) -> None:
+        st = entry.state
+        if not st.dirty and not fx.history and not fx.dispatch:
+            return
+        if self.lease.lost:
+            raise LeaseLost("the coordinator lease was lost; refusing to write")
+        docs = self.store.documents
+        if fx.history:
+            await docs.put(keys.history(st.workflow_id, st.history_seq), encode_chunk(fx.history))
+            st.history_seq += 1
+        entry.etag = await docs.put(keys.state(st.workflow_id), state.encode(st), if_match=entry.etag)
+        st.dirty = False
+        self.stats.flushes += 1
+        outgoing = [task_message(entry.plan, st, d) for d in fx.dispatch]
+        await self._send(entry, outgoing)
+        if fx.stop:
+            await docs.put(keys.control(st.workflow_id), b"cancel")
+        await self.store.index.upsert(index_row(entry))
+        if fx.finished:
+            await self._finished(entry)
+        self.changed.set()
+
+    async def _send(self, entry: Entry, outgoing: list[Outgoing]) -> None:
+        """Send task messages; a failure keeps them for the next sweep (state is durable)."""
+        if not outgoing:
+            return
+        try:
+            for key, data in (o.inputs_doc for o in outgoing if o.inputs_doc):
+                await self.store.documents.put(key, data)
+            by_queue: dict[str, list[OutgoingMessage]] = defaultdict(list)
+            for o in outgoing:
+                by_queue[o.queue].append(o.message)
+            for queue, batch in by_queue.items():
+                await self.store.queues.send(queue, batch)
+            self.stats.dispatched += len(outgoing)
+        except DagqError as exc:
+            log.warning("sending %d task(s) failed, will retry: %s", len(outgoing), exc)
+            entry.unsent.extend(outgoing)
+
+    async def _finished(self, entry: Entry) -> None:
+        st = entry.state
+        self._active.discard(st.workflow_id)
+        self.stats.finished_workflows += 1
+        await self.store.documents.delete(keys.control(st.workflow_id))
+        log.info("workflow %s %s", st.workflow_id, st.status)
+
+    # --- the cache ------------------------------------------------------------------
+
+    def state_of(self, workflow_id: str) -> RunState | None:
+        """The cached working state of a workflow (read-only for callers)."""
+        entry = self._cache.get(workflow_id)
+        return entry.state if entry else None
+
+    def plan_of(self, workflow_id: str) -> Plan | None:
+        """The cached plan of a workflow."""
+        entry = self._cache.get(workflow_id)
+        return entry.plan if entry else None
+
+    def _evict(self, workflow_id: str) -> None:
+        self._cache.pop(workflow_id, None)
+
+    async def _entry(self, workflow_id: str) -> Entry | None:
+        entry = self._cache.get(workflow_id)
+        if entry is not None:
+            self._cache.move_to_end(workflow_id)
+            return entry
+        entry = await self._load(workflow_id)
+        if entry is None:
+            return None
+        self._cache[workflow_id] = entry
+        if entry.state.status in WORKFLOW_ACTIVE:
+            self._active.add(workflow_id)
+        self._trim()
+        return entry
+
+    def _trim(self) -> None:
+        """Forget finished workflows first; active ones reload on their next event."""
+        excess = len(self._cache) - self.options.cache_size
+        if excess <= 0:
+            return
+        for workflow_id in [w for w in self._cache if w not in self._active][:excess]:
+            del self._cache[workflow_id]
+
+    async def _load(self, workflow_id: str) -> Entry | None:
+        docs = self.store.documents
+        doc = await docs.get(keys.state(workflow_id))
+        definition = await docs.get(keys.definition(workflow_id))
+        if doc is None or definition is None:
+            return None
+        submitted = msgspec.json.decode(definition.data, type=Submitted)
+        plan = compile_plan(submitted.definition, submitted.params)
+        st = state.decode(doc.data, plan)
+        entry = Entry(plan, st, doc.etag, submitted.definition.name, submitted.tenant)
+        if st.status in WORKFLOW_ACTIVE:
+            self._schedule_repairs(entry)
+            self._track_deadlines(entry, ())
+            await self._resolve_all(entry)
+        return entry
+
+    def _schedule_repairs(self, entry: Entry) -> None:
+        """A fresh load may follow a crash between flush and send: re-send what is due.
+
+        Sends carry deterministic ids, so a message still queued is not duplicated; the
+        grace period leaves time for 'started' events already on their way.
+        """
+        st = entry.state
+        grace = self.options.repair_grace_s
+        for i, code in enumerate(st.task_status):
+            if code == TaskStatus.READY and st.dispatched_at[i] != UNSET:
+                due = max(st.dispatched_at[i], self.clock() - grace) + grace
+                entry.repairs.append((due, i, st.attempt[i]))
+        heapq.heapify(entry.repairs)
+
+    def _track_deadlines(self, entry: Entry, events: Iterable[Event]) -> None:
+        """Remember when running attempts must have answered (the timeout backstop)."""
+        st, plan = entry.state, entry.plan
+        if events:
+            started = [e.task for e in events if isinstance(e, TaskStarted)]
+        else:
+            started = [i for i, c in enumerate(st.task_status) if c == TaskStatus.RUNNING]
+        grace = self.options.timeout_grace_s
+        for i in started:
+            timeout = plan.tasks[i].timeout_s if 0 <= i < len(plan.tasks) else None
+            if timeout and st.task_status[i] == TaskStatus.RUNNING:
+                due = st.started_at[i] + timeout + grace
+                heapq.heappush(entry.deadlines, (due, i, st.attempt[i]))
+
+    async def _resolve_refs(self, entry: Entry, events: list[Event]) -> None:
+        """Load outputs stored by reference that a condition is about to read."""
+        for e in events:
+            if isinstance(e, TaskFinished) and e.output_ref and _feeds_condition(entry.plan, e.task):
+                await self._resolve(entry.state, e.output_ref)
+            elif isinstance(e, RetryRequested):
+                await self._resolve_all(entry)
+
+    async def _resolve_all(self, entry: Entry) -> None:
+        for i, ref in list(entry.state.output_refs.items()):
+            if _feeds_condition(entry.plan, i):
+                await self._resolve(entry.state, ref)
+
+    async def _resolve(self, st: RunState, ref: str) -> None:
+        if ref in st.resolved:
+            return
+        doc = await self.store.documents.get(ref)
+        if doc is not None:
+            st.resolved[ref] = msgspec.json.decode(doc.data)
+
+    # --- sweeps ---------------------------------------------------------------------
+
+    async def sweep(self) -> int:
+        """Timeouts, deadlines, cancel grace, repairs, and a periodic rescan of the index."""
+        now = self.clock()
+        self._next_sweep = now + self.options.sweep_interval_s
+        if now >= self._next_rescan:
+            self._next_rescan = now + self.options.rescan_interval_s
+            await self.rescan()
+        for workflow_id in list(self._active):
+            entry = self._cache.get(workflow_id)
+            if entry is None:
+                await self.advance(workflow_id, [])
+                continue
+            await self._sweep_one(entry, now)
+        return 0
+
+    async def _sweep_one(self, entry: Entry, now: float) -> None:
+        st, plan = entry.state, entry.plan
+        fx = machine.Effects()
+        if plan.deadline_s and st.status == "running" and now > st.created_at + plan.deadline_s:
+            reason = f"deadline of {plan.deadline_s:g}s exceeded"
+            machine.cancel(plan, st, now, fx, reason, final="failed")
+        while entry.deadlines and entry.deadlines[0][0] <= now:
+            _, i, attempt = heapq.heappop(entry.deadlines)
+            timeout = plan.tasks[i].timeout_s or 0
+            limit = st.started_at[i] + timeout + self.options.timeout_grace_s
+            if st.task_status[i] == TaskStatus.RUNNING and st.attempt[i] == attempt:
+                if limit <= now:
+                    machine.expire_attempt(plan, st, i, attempt, now, fx)
+                else:
+                    heapq.heappush(entry.deadlines, (limit, i, attempt))
+        if st.status == "cancelling" and now > st.cancelled_at + self.options.cancel_grace_s:
+            machine.abandon_running(plan, st, now, fx)
+        try:
+            await self._flush(entry, fx)
+        except ConflictError:
+            self._evict(st.workflow_id)
+            return
+        await self._repair(entry, now)
+
+    async def _repair(self, entry: Entry, now: float) -> None:
+        st = entry.state
+        outgoing, entry.unsent = entry.unsent, []
+        while entry.repairs and entry.repairs[0][0] <= now:
+            _, i, attempt = heapq.heappop(entry.repairs)
+            if st.task_status[i] == TaskStatus.READY and st.attempt[i] == attempt:
+                dispatch = machine.Dispatch(i, attempt, max(0.0, st.dispatched_at[i] - now))
+                outgoing.append(task_message(entry.plan, st, dispatch))
+        if outgoing:
+            log.info("re-sending %d task message(s) of %s", len(outgoing), st.workflow_id)
+            await self._send(entry, outgoing)
+
+    async def rescan(self) -> None:
+        """Pick up active workflows this coordinator does not know (startup, lost submits)."""
+        cursor: str | None = None
+        now = self.clock()
+        while True:
+            page = await self.store.index.query(
+                status=sorted(WORKFLOW_ACTIVE), limit=500, cursor=cursor
+            )
+            for row in page.rows:
+                if row.id in self._cache:
+                    continue
+                if not await self.advance(row.id, [SubmitRequested(workflow_id=row.id)]):
+                    continue
+                entry = self._cache.get(row.id)
+                if entry is None:
+                    if now - row.created_at > self.options.abandoned_submit_s:
+                        log.warning("forgetting %s: its submit never completed", row.id)
+                        await self.store.index.delete(row.id)
+                elif entry.state.status != row.status:  # a crash between flush and index write
+                    await self.store.index.upsert(index_row(entry))
+            cursor = page.cursor
+            if cursor is None:
+                return
+
+
+def _feeds_condition(plan: Plan, task: int) -> bool:
+    """Does some child of ``task`` have a condition (that may read its output)?"""
+    if not 0 <= task < len(plan.tasks):
+        return False
+    return any(plan.tasks[c].condition is not None for c in plan.tasks[task].children)
+
+
+def index_row(entry: Entry) -> IndexRow:
+    """The index projection of a cached workflow."""
+    st = entry.state
+    data: dict[str, object] = {"total": st.n_tasks, "counts": st.count_map()}
+    if st.error:
+        data["error"] = st.error
+    if st.finished_at != UNSET:
+        data["finished_at"] = st.finished_at
+    return IndexRow(
+        id=st.workflow_id,
+        name=entry.name,
+        status=st.status,
+        created_at=st.created_at,
+        updated_at=st.updated_at,
+        tenant=entry.tenant,
+        data=data,
+    )
+
+
+def is_terminal(status: str) -> bool:
+    """Has a workflow with this status finished?"""
+    return status in WORKFLOW_TERMINAL

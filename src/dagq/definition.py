@@ -1,0 +1,109 @@
+"""The workflow definition: typed, frozen structs, one source of truth for the format.
+
+The YAML/JSON format is a superset of the ai4s-jobq workflow format. The JSON Schema
+that ``dagq schema`` prints is generated from these structs, so docs cannot drift.
+Loading and validation live in :mod:`dagq.loading` and :mod:`dagq.validation`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+DepPolicyName = Literal["all", "any", "all_settled"]
+ResultPolicy = Literal["all_sinks_succeed", "all_tasks_succeed"]
+
+#: Task fields reserved for later versions; a definition using them is refused
+#: with a message that says so, rather than an "unknown field".
+RESERVED_TASK_FIELDS = ("foreach", "loop", "compensate", "wait_for", "sleep_s", "priority")
+
+Seconds = Annotated[float, msgspec.Meta(gt=0, description="A duration in seconds (> 0).")]
+Command = str | list[str]
+
+
+class _Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Base of definition structs: immutable, unknown fields rejected."""
+
+
+class RetryPolicy(_Strict, kw_only=True):
+    """How long to wait between attempts, and which failures are final."""
+
+    backoff_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    backoff_multiplier: Annotated[float, msgspec.Meta(ge=1)] = 2.0
+    backoff_max_s: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    jitter: Annotated[
+        float,
+        msgspec.Meta(ge=0, le=1, description="Fraction of the delay randomised (0 to 1)."),
+    ] = 0.1
+    non_retryable_exit_codes: list[int] = msgspec.field(default_factory=list)
+
+
+class ShellKwargs(_Strict, kw_only=True):
+    """The ai4s-jobq ``kwargs`` block of a shell task."""
+
+    cmd: Command
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    cwd: str | None = None
+
+
+class TaskDef(_Strict, kw_only=True):
+    """One task of a workflow."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    depends_on: list[str] = msgspec.field(default_factory=list)
+    queue: str | None = None
+    dep_policy: DepPolicyName | Annotated[int, msgspec.Meta(ge=1)] = "all"
+    timeout_s: Seconds | None = None
+    num_retries: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
+    condition: str | None = None
+    kwargs: ShellKwargs | None = None
+    cmd: Command | None = None
+    call: Annotated[
+        str,
+        msgspec.Meta(
+            pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+            description="A Python function to run, as 'package.module:function'.",
+        ),
+    ] | None = None
+    args: Any = None
+    retry: RetryPolicy | None = None
+
+
+class Defaults(_Strict, kw_only=True):
+    """Settings applied to every task that does not set them itself."""
+
+    queue: str | None = None
+    timeout_s: Seconds | None = None
+    num_retries: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
+    retry: RetryPolicy | None = None
+
+
+class WorkflowDef(_Strict, kw_only=True):
+    """A workflow: a DAG of tasks and the settings that shape its run."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    tasks: list[TaskDef]
+    version: str | int | None = None
+    default_queue: str = "default"
+    default_task_timeout_s: Seconds | None = None
+    max_parallelism: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    result_policy: ResultPolicy = "all_sinks_succeed"
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+    deadline_s: Seconds | None = None
+    defaults: Defaults | None = None
+
+
+def to_builtins(definition: WorkflowDef) -> dict[str, Any]:
+    """The definition as plain JSON-able data, without fields left at their default."""
+    data = msgspec.to_builtins(definition)
+    assert isinstance(data, dict)
+    return data
+
+
+def json_schema() -> dict[str, Any]:
+    """A JSON Schema of the definition format, generated from the structs."""
+    schema = msgspec.json.schema(WorkflowDef)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "dagq workflow definition"
+    return schema

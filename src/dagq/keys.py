@@ -1,0 +1,55 @@
+"""Where things live in a store: document keys and queue names, in one place."""
+
+from __future__ import annotations
+
+from dagq.validation import check_workflow_id
+
+#: The coordinator's inbox: task events from workers and commands from clients.
+COMPLETIONS_QUEUE = "_completions"
+#: The lease that makes one coordinator the only writer of runtime state.
+COORDINATOR_LEASE = "coordinator"
+
+
+def definition(workflow_id: str) -> str:
+    """The immutable definition (and params) submitted for a workflow."""
+    return f"definitions/{check_workflow_id(workflow_id)}"
+
+
+def state(workflow_id: str) -> str:
+    """The runtime-state document: the single source of truth of a run."""
+    return f"states/{check_workflow_id(workflow_id)}"
+
+
+def history_prefix(workflow_id: str) -> str:
+    """All history chunks of a workflow, in order."""
+    return f"history/{check_workflow_id(workflow_id)}/"
+
+
+def history(workflow_id: str, seq: int) -> str:
+    """One chunk of the append-only history, written once per state flush."""
+    return f"{history_prefix(workflow_id)}{seq:010d}"
+
+
+def output(workflow_id: str, task: int, attempt: int) -> str:
+    """A task output too large to travel inline."""
+    return f"outputs/{check_workflow_id(workflow_id)}/{task:07d}-{attempt}"
+
+
+def inputs(workflow_id: str, task: int, attempt: int) -> str:
+    """The upstream outputs of one attempt, when too many to fit in its message."""
+    return f"inputs/{check_workflow_id(workflow_id)}/{task:07d}-{attempt}"
+
+
+def log(workflow_id: str, task: int, attempt: int) -> str:
+    """The bounded stdout/stderr tail of one attempt."""
+    return f"logs/{check_workflow_id(workflow_id)}/{task:07d}-{attempt}"
+
+
+def control(workflow_id: str) -> str:
+    """Present while workers must stop a workflow's tasks (cancellation)."""
+    return f"control/{check_workflow_id(workflow_id)}"
+
+
+def message_id(workflow_id: str, task_name: str, attempt: int) -> str:
+    """The deterministic id of an attempt's task message (DESIGN invariant 7)."""
+    return f"{workflow_id}/{task_name}/{attempt}"

@@ -1,0 +1,224 @@
+"""Read a workflow definition from YAML/JSON text or a file, with errors a person can act on.
+
+Every error names the file, the line where it can be found, the task and the field,
+and what would be accepted instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from dagq.definition import RESERVED_TASK_FIELDS, Defaults, RetryPolicy, ShellKwargs, TaskDef
+from dagq.definition import WorkflowDef as WorkflowDef
+from dagq.errors import ValidationError
+from dagq.validation import validate
+
+PathPart = str | int
+
+_FIELDS: dict[str, tuple[str, ...]] = {
+    "workflow": WorkflowDef.__struct_fields__,
+    "task": TaskDef.__struct_fields__,
+    "retry": RetryPolicy.__struct_fields__,
+    "kwargs": ShellKwargs.__struct_fields__,
+    "defaults": Defaults.__struct_fields__,
+}
+
+
+def load_file(path: str | Path) -> WorkflowDef:
+    """Load and validate a workflow definition file (``.yaml``, ``.yml`` or ``.json``)."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValidationError(f"{file}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValidationError(f"{file}: cannot be read: {exc}") from exc
+    return load_text(text, source=str(file))
+
+
+def load_text(text: str, *, source: str = "<definition>") -> WorkflowDef:
+    """Parse and validate a definition given as YAML or JSON text."""
+    raw = _parse(text, source)
+    return load_data(raw, source=source, text=text)
+
+
+def load_data(raw: Any, *, source: str = "<definition>", text: str | None = None) -> WorkflowDef:
+    """Validate already-parsed data (a mapping) into a :class:`WorkflowDef`."""
+    locate = _Locator(text)
+    if not isinstance(raw, Mapping):
+        raise ValidationError(
+            f"{source}: a workflow definition must be a mapping with 'name' and 'tasks', "
+            f"got {_kind(raw)}"
+        )
+    _check_fields(raw, source, locate)
+    try:
+        definition = msgspec.convert(raw, WorkflowDef, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise _convert_error(exc, raw, source, locate) from None
+    try:
+        validate(definition)
+    except ValidationError as exc:
+        raise ValidationError(f"{source}: {exc}") from None
+    return definition
+
+
+# --- parsing ----------------------------------------------------------------
+
+
+def _parse(text: str, source: str) -> Any:
+    if source.endswith(".json"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(
+                f"{source}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}"
+            ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = exc.problem or exc.context or "malformed YAML"
+        raise ValidationError(f"{source}: {where}invalid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ValidationError(f"{source}: invalid YAML: {exc}") from None
+
+
+class _Locator:
+    """Finds the line of a path in the source text, composing the YAML only when asked."""
+
+    def __init__(self, text: str | None) -> None:
+        self._text = text
+        self._root: yaml.Node | None = None
+
+    def line(self, path: Sequence[PathPart]) -> int | None:
+        if self._text is None:
+            return None
+        if self._root is None:
+            try:
+                self._root = yaml.compose(self._text)
+            except yaml.YAMLError:
+                return None
+        node = self._root
+        line = None
+        for part in path:
+            found = _child(node, part)
+            if found is None:
+                break
+            key_node, node = found
+            line = (key_node or node).start_mark.line + 1
+        return line
+
+
+def _child(node: yaml.Node | None, part: PathPart) -> tuple[yaml.Node | None, yaml.Node] | None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value == part:
+                return key, value
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+        return None, node.value[part]
+    return None
+
+
+# --- friendly errors --------------------------------------------------------
+
+
+def _check_fields(raw: Mapping[str, Any], source: str, locate: _Locator) -> None:
+    """Refuse unknown and reserved fields with the place and a suggestion."""
+    _unknown(raw, "workflow", [], raw, source, locate)
+    if isinstance(raw.get("defaults"), Mapping):
+        _unknown(raw["defaults"], "defaults", ["defaults"], raw, source, locate)
+        if isinstance(raw["defaults"].get("retry"), Mapping):
+            _unknown(raw["defaults"]["retry"], "retry", ["defaults", "retry"], raw, source, locate)
+    tasks = raw.get("tasks")
+    if not isinstance(tasks, list):
+        return
+    for i, task in enumerate(tasks):
+        if not isinstance(task, Mapping):
+            continue
+        for reserved in RESERVED_TASK_FIELDS:
+            if reserved in task:
+                where = _where(source, raw, ["tasks", i, reserved], locate)
+                raise ValidationError(
+                    f"{where}: '{reserved}' is not supported by this version of dagq yet"
+                )
+        _unknown(task, "task", ["tasks", i], raw, source, locate)
+        for sub in ("retry", "kwargs"):
+            if isinstance(task.get(sub), Mapping):
+                _unknown(task[sub], sub, ["tasks", i, sub], raw, source, locate)
+
+
+def _unknown(
+    block: Mapping[str, Any],
+    kind: str,
+    path: list[PathPart],
+    raw: Mapping[str, Any],
+    source: str,
+    locate: _Locator,
+) -> None:
+    allowed = _FIELDS[kind]
+    for key in block:
+        if key in allowed:
+            continue
+        where = _where(source, raw, [*path, str(key)], locate)
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known fields: {', '.join(allowed)}"
+        raise ValidationError(f"{where}: unknown {kind} field '{key}' ({hint})")
+
+
+_PATH_PART = re.compile(r"\.([A-Za-z_][\w]*)|\[(\d+)\]|\[\"?([^\]\"]*)\"?\]")
+
+
+def _convert_error(
+    exc: msgspec.ValidationError, raw: Mapping[str, Any], source: str, locate: _Locator
+) -> ValidationError:
+    message, _, at = str(exc).partition(" - at `$")
+    path: list[PathPart] = []
+    for name, index, key in _PATH_PART.findall(at.rstrip("`")):
+        path.append(int(index) if index else (name or key))
+    detail = message.replace("`", "'")
+    if not path:
+        return ValidationError(f"{source}: {detail}")
+    return ValidationError(f"{_where(source, raw, path, locate)}: {detail}")
+
+
+def _where(
+    source: str, raw: Mapping[str, Any], path: Sequence[PathPart], locate: _Locator
+) -> str:
+    """``file: line N: tasks[3] 'name': field`` — every clue we have to the place."""
+    parts: list[str] = []
+    line = locate.line(path)
+    if line is not None:
+        parts.append(f"line {line}")
+    text = ""
+    for i, part in enumerate(path):
+        if isinstance(part, int):
+            text += f"[{part}]"
+            if path[:i] == ["tasks"]:
+                text += _task_label(raw, part)
+        else:
+            text += f".{part}" if text else part
+    if text:
+        parts.append(text)
+    return ": ".join([source, *parts])
+
+
+def _task_label(raw: Mapping[str, Any], index: int) -> str:
+    tasks = raw.get("tasks")
+    if isinstance(tasks, list) and index < len(tasks) and isinstance(tasks[index], Mapping):
+        name = tasks[index].get("name")
+        if isinstance(name, str):
+            return f" '{name}'"
+    return ""
+
+
+def _kind(value: Any) -> str:
+    return "nothing (the file is empty)" if value is None else type(value).__name__

@@ -1,0 +1,128 @@
+"""Running a workflow in one process: coordinator and a pool of workers side by side.
+
+This is what ``dagq run`` does. The same components run as separate processes in a
+cluster; here they share one store object, so they wake each other without polling.
+If another live coordinator already holds the store's lease, only workers run here
+and the other coordinator advances the workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dagq import keys, state
+from dagq.coordinator import Coordinator, CoordinatorOptions
+from dagq.definition import WorkflowDef
+from dagq.errors import LeaseHeld
+from dagq.plan import Plan
+from dagq.state import WORKFLOW_TERMINAL, RunState
+from dagq.stores.base import Store
+from dagq.submission import SubmitResult, submit
+from dagq.worker import Worker, WorkerOptions
+
+log = logging.getLogger("dagq.run")
+
+#: Shorter timeouts than a cluster's: a crashed ``dagq run`` resumes within seconds.
+LOCAL_COORDINATOR = CoordinatorOptions(
+    event_visibility_s=10.0, lease_ttl_s=15.0, sweep_interval_s=0.5, repair_grace_s=2.0
+)
+LOCAL_VISIBILITY_S = 15.0
+
+Observer = Callable[[Plan, RunState], Awaitable[None] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRun:
+    """How an in-process run ended."""
+
+    workflow_id: str
+    status: str
+    resumed: bool
+    already_finished: bool
+
+
+class LocalRunner:
+    """Submits (or resumes) one workflow and drives it to a terminal state."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        workers: int = 4,
+        import_paths: Sequence[str] = (),
+        coordinator_options: CoordinatorOptions = LOCAL_COORDINATOR,
+    ) -> None:
+        self.store = store
+        self.workers = workers
+        self.import_paths = tuple(import_paths)
+        self.coordinator = Coordinator(store, coordinator_options)
+        self.stop = asyncio.Event()
+        self.submitted: SubmitResult | None = None
+        self.coordinating = False
+
+    async def submit(
+        self, definition: WorkflowDef, *, params: Mapping[str, Any], workflow_id: str | None
+    ) -> SubmitResult:
+        """Store the workflow, or find the existing one with this id and definition."""
+        self.submitted = await submit(
+            self.store, definition, params=params, workflow_id=workflow_id
+        )
+        return self.submitted
+
+    async def current_state(self) -> RunState:
+        """The freshest state: the coordinator's copy here, else the store's."""
+        assert self.submitted is not None
+        cached = self.coordinator.state_of(self.submitted.workflow_id)
+        if cached is not None:
+            return cached
+        doc = await self.store.documents.get(keys.state(self.submitted.workflow_id))
+        assert doc is not None, "the state document exists once submit returned"
+        return state.decode(doc.data, self.submitted.plan)
+
+    async def drive(self, observer: Observer | None = None, *, interval_s: float = 0.1) -> str:
+        """Run coordinator and workers until the workflow is terminal; return its status."""
+        assert self.submitted is not None
+        plan = self.submitted.plan
+        worker = Worker(
+            self.store,
+            WorkerOptions(
+                queues=tuple(sorted(plan.queues)),
+                concurrency=self.workers,
+                visibility_timeout_s=LOCAL_VISIBILITY_S,
+                import_paths=self.import_paths,
+                shutdown_grace_s=5.0,
+            ),
+        )
+        tasks = [asyncio.create_task(worker.run(self.stop), name="dagq-worker")]
+        coordinator = asyncio.create_task(self._coordinate(), name="dagq-coordinator")
+        tasks.append(coordinator)
+        try:
+            while True:
+                current = await self.current_state()
+                if observer is not None:
+                    result = observer(plan, current)
+                    if result is not None:
+                        await result
+                if current.status in WORKFLOW_TERMINAL:
+                    return current.status
+                if coordinator.done() and coordinator.exception() is not None:
+                    raise coordinator.exception()  # type: ignore[misc]
+                self.coordinator.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.coordinator.changed.wait(), interval_s)
+        finally:
+            self.stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _coordinate(self) -> None:
+        try:
+            self.coordinating = True
+            await self.coordinator.run(self.stop)
+        except LeaseHeld as held:
+            self.coordinating = False
+            log.warning("another coordinator serves this store (%s); running workers only", held.holder)

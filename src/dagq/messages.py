@@ -1,0 +1,143 @@
+"""What travels on the queues: task messages to workers, events to the coordinator.
+
+Bodies are msgpack (compact and fast); every struct is frozen. A completion-queue
+message carries a batch of events so a busy worker sends few messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+#: An output larger than this (encoded as JSON) is stored as a document and passed
+#: by reference.
+OUTPUT_INLINE_LIMIT = 32 * 1024
+#: Upstream outputs above this total travel as a document instead of in the message.
+INPUTS_INLINE_LIMIT = 24 * 1024
+
+
+class TaskSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """What a worker needs to run a task, with params already rendered in."""
+
+    kind: Literal["shell", "python"]
+    cmd: str | list[str] | None = None
+    call: str | None = None
+    args: Any = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    cwd: str | None = None
+    timeout_s: float | None = None
+    non_retryable_exit_codes: list[int] = msgspec.field(default_factory=list)
+
+
+class TaskMessage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
+    """One attempt of one task, as sent to a task queue."""
+
+    workflow_id: str
+    task: int
+    name: str
+    attempt: int
+    spec: TaskSpec
+    inputs: dict[str, Any] = msgspec.field(default_factory=dict)
+    input_refs: dict[str, str] = msgspec.field(default_factory=dict)
+    inputs_ref: str | None = None
+    idempotency_key: str = ""
+
+
+# --- events to the coordinator ----------------------------------------------
+
+
+class TaskStarted(msgspec.Struct, frozen=True, tag="started", kw_only=True):
+    """A worker began an attempt."""
+
+    workflow_id: str
+    task: int
+    attempt: int
+    at: float
+    worker: str = ""
+
+
+class TaskFinished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=True, kw_only=True):
+    """A worker finished an attempt, successfully or not."""
+
+    workflow_id: str
+    task: int
+    attempt: int
+    at: float
+    ok: bool
+    output: Any = None
+    output_ref: str | None = None
+    error: str | None = None
+    retryable: bool = True
+    retry_after_s: float | None = None
+    duration_s: float = 0.0
+    worker: str = ""
+
+
+class SubmitRequested(msgspec.Struct, frozen=True, tag="submit", kw_only=True):
+    """A client stored a new workflow; the coordinator should activate it."""
+
+    workflow_id: str
+
+
+class CancelRequested(msgspec.Struct, frozen=True, tag="cancel", kw_only=True):
+    """A client asked to cancel a workflow."""
+
+    workflow_id: str
+    reason: str = "cancelled by request"
+
+
+class RetryRequested(msgspec.Struct, frozen=True, tag="retry", kw_only=True):
+    """A client asked to re-run failed tasks (all, or the named ones) of a finished run."""
+
+    workflow_id: str
+    tasks: list[str] = msgspec.field(default_factory=list)
+
+
+Event = TaskStarted | TaskFinished | SubmitRequested | CancelRequested | RetryRequested
+
+
+_encoder = msgspec.msgpack.Encoder()
+_task_decoder = msgspec.msgpack.Decoder(TaskMessage)
+_batch_decoder = msgspec.msgpack.Decoder(list[Event])
+
+
+def encode_task(message: TaskMessage) -> bytes:
+    """Serialize a task message."""
+    return _encoder.encode(message)
+
+
+def decode_task(body: bytes) -> TaskMessage:
+    """Parse a task message; raises msgspec.DecodeError/ValidationError if malformed."""
+    return _task_decoder.decode(body)
+
+
+def encode_event(event: Event) -> bytes:
+    """Serialize one event; :func:`join_events` packs several into one message body."""
+    return _encoder.encode(event)
+
+
+def join_events(encoded: list[bytes]) -> bytes:
+    """One completion-queue body (a msgpack array) from individually encoded events.
+
+    Events are encoded one by one so a sender can measure them and split a batch
+    below the queue's message size limit without encoding anything twice.
+    """
+    n = len(encoded)
+    if n < 16:
+        header = bytes([0x90 | n])
+    elif n < 1 << 16:
+        header = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        header = b"\xdd" + n.to_bytes(4, "big")
+    return header + b"".join(encoded)
+
+
+def encode_events(events: list[Event]) -> bytes:
+    """Serialize a batch of events for one completion-queue message."""
+    return _encoder.encode(events)
+
+
+def decode_events(body: bytes) -> list[Event]:
+    """Parse a completion-queue message; raises msgspec errors if malformed."""
+    return _batch_decoder.decode(body)

@@ -1,0 +1,183 @@
+"""A definition compiled for running: tasks by index, edges as tuples, settings resolved.
+
+The plan is what the state machine walks. It is derived from the immutable definition
+and the submitted params, so it is never stored, only rebuilt (and cached).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from dagq import expression
+from dagq.definition import RetryPolicy, TaskDef, WorkflowDef
+from dagq.errors import ValidationError
+from dagq.messages import TaskSpec
+
+POLICY_ALL = -1
+POLICY_ANY = -2
+POLICY_ALL_SETTLED = -3
+_POLICIES = {"all": POLICY_ALL, "any": POLICY_ANY, "all_settled": POLICY_ALL_SETTLED}
+_PARAMS = frozenset({"params"})
+_CONDITION_ROOTS = frozenset({"inputs", "params"})
+DEFAULT_RETRY = RetryPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class PlanTask:
+    """One task, ready for the state machine."""
+
+    index: int
+    name: str
+    parents: tuple[int, ...]
+    children: tuple[int, ...]
+    policy: int
+    condition: expression.Expr | None
+    queue: str
+    timeout_s: float | None
+    max_attempts: int
+    retry: RetryPolicy
+    spec: TaskSpec
+    spec_bytes: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A compiled workflow."""
+
+    name: str
+    tasks: tuple[PlanTask, ...]
+    by_name: Mapping[str, int]
+    roots: tuple[int, ...]
+    is_sink: tuple[bool, ...]
+    max_parallelism: int | None
+    all_tasks_must_succeed: bool
+    deadline_s: float | None
+    params: Mapping[str, Any]
+    queues: frozenset[str]
+
+
+def resolve_params(definition: WorkflowDef, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared params with their defaults, overridden by ``overrides``."""
+    unknown = sorted(set(overrides) - set(definition.params))
+    if unknown:
+        known = ", ".join(sorted(definition.params)) or "none are declared"
+        raise ValidationError(
+            f"unknown param {', '.join(repr(u) for u in unknown)} for workflow "
+            f"'{definition.name}' (known params: {known})"
+        )
+    return {**definition.params, **overrides}
+
+
+def parse_param(text: str) -> tuple[str, Any]:
+    """Parse ``key=value`` from the command line; the value is JSON if it parses."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValidationError(f"-p {text!r}: expected key=value")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:
+    """Build the plan of a validated definition for the given (resolved) params."""
+    by_name = {task.name: i for i, task in enumerate(definition.tasks)}
+    children: list[list[int]] = [[] for _ in definition.tasks]
+    for i, task in enumerate(definition.tasks):
+        for dep in task.depends_on:
+            children[by_name[dep]].append(i)
+    env = {"params": dict(params)}
+    tasks = tuple(
+        _compile_task(definition, task, i, by_name, tuple(children[i]), env)
+        for i, task in enumerate(definition.tasks)
+    )
+    return Plan(
+        name=definition.name,
+        tasks=tasks,
+        by_name=by_name,
+        roots=tuple(t.index for t in tasks if not t.parents),
+        is_sink=tuple(not t.children for t in tasks),
+        max_parallelism=definition.max_parallelism,
+        all_tasks_must_succeed=definition.result_policy == "all_tasks_succeed",
+        deadline_s=definition.deadline_s,
+        params=env["params"],
+        queues=frozenset(t.queue for t in tasks),
+    )
+
+
+def _compile_task(
+    definition: WorkflowDef,
+    task: TaskDef,
+    index: int,
+    by_name: Mapping[str, int],
+    children: tuple[int, ...],
+    env: Mapping[str, Any],
+) -> PlanTask:
+    defaults = definition.defaults
+    queue = task.queue or (defaults.queue if defaults else None) or definition.default_queue
+    timeout = task.timeout_s or (defaults.timeout_s if defaults else None)
+    timeout = timeout or definition.default_task_timeout_s
+    retries = task.num_retries
+    if retries is None:
+        retries = (defaults.num_retries if defaults else None) or 0
+    retry = task.retry or (defaults.retry if defaults else None) or DEFAULT_RETRY
+    condition = None
+    if task.condition is not None:
+        condition = expression.parse(
+            task.condition, where=f"task '{task.name}': condition", names=_CONDITION_ROOTS
+        )
+    spec = _spec(task, env, timeout, retry)
+    return PlanTask(
+        index=index,
+        name=task.name,
+        parents=tuple(by_name[d] for d in task.depends_on),
+        children=children,
+        policy=task.dep_policy if isinstance(task.dep_policy, int) else _POLICIES[task.dep_policy],
+        condition=condition,
+        queue=queue,
+        timeout_s=timeout,
+        max_attempts=retries + 1,
+        retry=retry,
+        spec=spec,
+        spec_bytes=msgspec.msgpack.encode(spec),
+    )
+
+
+def _spec(task: TaskDef, env: Mapping[str, Any], timeout: float | None, retry: RetryPolicy) -> TaskSpec:
+    codes = list(retry.non_retryable_exit_codes)
+    if task.call is not None:
+        args = expression.render(task.args, env, roots=_PARAMS)
+        return TaskSpec(kind="python", call=task.call, args=args, timeout_s=timeout,
+                        non_retryable_exit_codes=codes)
+    kwargs = task.kwargs
+    command = task.cmd if task.cmd is not None else (kwargs.cmd if kwargs else "")
+    if isinstance(command, str):
+        rendered: str | list[str] = expression.render(
+            command, env, roots=_PARAMS, quote=_shell_quote
+        )
+    else:
+        rendered = [str(expression.render(part, env, roots=_PARAMS)) for part in command]
+    variables = {
+        key: str(expression.render(value, env, roots=_PARAMS))
+        for key, value in (kwargs.env.items() if kwargs else ())
+    }
+    return TaskSpec(
+        kind="shell",
+        cmd=rendered,
+        env=variables,
+        cwd=kwargs.cwd if kwargs else None,
+        timeout_s=timeout,
+        non_retryable_exit_codes=codes,
+    )
+
+
+def _shell_quote(value: Any) -> str:
+    """Params pasted into shell text are quoted, so a value can never inject a command."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return shlex.quote(text)

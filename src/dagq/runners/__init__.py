@@ -1,0 +1,38 @@
+"""Running one attempt of a task: a shell command or a Python function.
+
+Each runner returns an :class:`Outcome`; it never raises for a task's own failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """What a task may know about itself. Python tasks receive it as ``ctx``."""
+
+    workflow_id: str
+    task: str
+    attempt: int
+    idempotency_key: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How an attempt ended."""
+
+    ok: bool
+    output: Any = None
+    error: str | None = None
+    retryable: bool = True
+    retry_after_s: float | None = None
+    log: bytes = b""
+
+
+def tail(text: str, limit: int = 2000) -> str:
+    """The last ``limit`` characters of ``text``, marked when cut."""
+    text = text.strip()
+    return text if len(text) <= limit else "…" + text[-limit:]

@@ -1,0 +1,105 @@
+"""Python tasks: ``call: package.module:function``, sync or async.
+
+The function receives its ``args`` (a mapping as keyword arguments, a list as
+positional ones), plus ``inputs`` (upstream outputs by parent name) and ``ctx`` (a
+:class:`~dagq.runners.TaskContext`) when its signature names them. It returns a
+JSON-serialisable output, and may raise :class:`dagq.NonRetryable` or
+:class:`dagq.RetryAfter`. A function that cannot be imported fails the task at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import sys
+import traceback
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from typing import Any
+
+from dagq.errors import NonRetryable, RetryAfter
+from dagq.messages import TaskSpec
+from dagq.runners import Outcome, TaskContext, tail
+
+
+class ImportFailed(Exception):
+    """The function named by ``call`` could not be imported."""
+
+
+@functools.lru_cache(maxsize=1024)
+def resolve(call: str) -> tuple[Callable[..., Any], bool, bool, bool]:
+    """The function, whether it is async, and whether it takes ``inputs`` / ``ctx``."""
+    module_name, _, attribute = call.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except Exception as exc:  # noqa: BLE001 - any import-time failure is the user's to see
+        raise ImportFailed(f"cannot import '{call}': {type(exc).__name__}: {exc}") from exc
+    if not callable(target):
+        raise ImportFailed(f"'{call}' is not callable")
+    parameters = inspect.signature(target).parameters
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return (
+        target,
+        inspect.iscoroutinefunction(target),
+        var_kw or "inputs" in parameters,
+        var_kw or "ctx" in parameters,
+    )
+
+
+def add_import_paths(paths: Iterable[str]) -> None:
+    """Let ``call`` find modules under these directories."""
+    for path in paths:
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    resolve.cache_clear()
+
+
+async def run_python(spec: TaskSpec, ctx: TaskContext, args: Any, *, executor: Executor) -> Outcome:
+    """Call the task's function and turn its result or exception into an Outcome."""
+    try:
+        function, is_async, wants_inputs, wants_ctx = resolve(spec.call or "")
+    except ImportFailed as exc:
+        return Outcome(ok=False, error=str(exc), retryable=False)
+    positional, keywords = _arguments(args)
+    if wants_inputs:
+        keywords["inputs"] = ctx.inputs
+    if wants_ctx:
+        keywords["ctx"] = ctx
+    try:
+        if is_async:
+            result = await asyncio.wait_for(function(*positional, **keywords), spec.timeout_s)
+        else:
+            call = functools.partial(function, *positional, **keywords)
+            future = asyncio.get_running_loop().run_in_executor(executor, call)
+            result = await asyncio.wait_for(future, spec.timeout_s)
+    except TimeoutError:
+        return Outcome(ok=False, error=f"timed out after {spec.timeout_s:g}s")
+    except NonRetryable as exc:
+        return Outcome(ok=False, error=_describe(exc), retryable=False)
+    except RetryAfter as exc:
+        return Outcome(ok=False, error=_describe(exc), retry_after_s=exc.seconds)
+    except Exception as exc:  # noqa: BLE001 - a task's own failure becomes its error
+        return Outcome(ok=False, error=_describe(exc, with_trace=True))
+    return Outcome(ok=True, output=result)
+
+
+def _arguments(args: Any) -> tuple[list[Any], dict[str, Any]]:
+    if args is None:
+        return [], {}
+    if isinstance(args, dict):
+        return [], dict(args)
+    if isinstance(args, list):
+        return list(args), {}
+    return [args], {}
+
+
+def _describe(exc: BaseException, *, with_trace: bool = False) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if with_trace:
+        frames = traceback.format_exception(exc)
+        text += "\n" + tail("".join(frames[1:]), 1500)
+    return text

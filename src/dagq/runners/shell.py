@@ -1,0 +1,167 @@
+"""Shell tasks: a subprocess in its own process group, fed and read through files.
+
+The task sees ``DAGQ_WORKFLOW_ID``, ``DAGQ_TASK``, ``DAGQ_ATTEMPT``,
+``DAGQ_IDEMPOTENCY_KEY``, ``DAGQ_INPUTS`` (a JSON file of upstream outputs by
+parent name) and ``DAGQ_OUTPUT`` (JSON written there becomes the output;
+``JOBQ_OUTPUT_FILE`` names the same file for ai4s-jobq scripts). Upstream outputs
+are never pasted into the command text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import tempfile
+from pathlib import Path
+
+from dagq.messages import TaskSpec
+from dagq.runners import Outcome, TaskContext, tail
+
+#: How much of stdout and of stderr is kept, from the end.
+LOG_LIMIT = 64 * 1024
+KILL_GRACE_S = 5.0
+#: How long output may keep flowing after the command exits before leftovers are killed.
+LINGER_S = 2.0
+
+
+async def run_shell(spec: TaskSpec, ctx: TaskContext, *, work_dir: str | None = None) -> Outcome:
+    """Run a shell task to completion, timeout or cancellation (which kills its group)."""
+    with tempfile.TemporaryDirectory(prefix="dagq-", dir=work_dir) as tmp:
+        inputs_file = Path(tmp, "inputs.json")
+        output_file = Path(tmp, "output.json")
+        inputs_file.write_text(json.dumps(ctx.inputs))
+        env = {
+            **os.environ,
+            **spec.env,
+            "DAGQ_WORKFLOW_ID": ctx.workflow_id,
+            "DAGQ_TASK": ctx.task,
+            "DAGQ_ATTEMPT": str(ctx.attempt),
+            "DAGQ_IDEMPOTENCY_KEY": ctx.idempotency_key,
+            "DAGQ_INPUTS": str(inputs_file),
+            "DAGQ_OUTPUT": str(output_file),
+            "JOBQ_OUTPUT_FILE": str(output_file),
+        }
+        try:
+            process = await _spawn(spec, env)
+        except OSError as exc:
+            return Outcome(ok=False, error=f"cannot start the command: {exc}", retryable=False)
+        stdout, stderr = _Tail(), _Tail()
+        readers = asyncio.gather(
+            _pump(process.stdout, stdout), _pump(process.stderr, stderr)
+        )
+        try:
+            await asyncio.wait_for(asyncio.shield(process.wait()), spec.timeout_s)
+        except TimeoutError:
+            await _kill_group(process)
+            await readers
+            return Outcome(
+                ok=False,
+                error=f"timed out after {spec.timeout_s:g}s; its process group was killed"
+                + _stderr_note(stderr),
+                log=_log(stdout, stderr),
+            )
+        except asyncio.CancelledError:
+            await _kill_group(process)
+            readers.cancel()
+            raise
+        try:  # a background child may hold the pipes open after the task itself ended
+            await asyncio.wait_for(readers, LINGER_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        return _outcome(process.returncode or 0, spec, output_file, stdout, stderr)
+
+
+async def _spawn(spec: TaskSpec, env: dict[str, str]) -> asyncio.subprocess.Process:
+    common = {
+        "stdin": asyncio.subprocess.DEVNULL,
+        "stdout": asyncio.subprocess.PIPE,
+        "stderr": asyncio.subprocess.PIPE,
+        "env": env,
+        "cwd": spec.cwd,
+        "start_new_session": True,
+    }
+    if isinstance(spec.cmd, list):
+        return await asyncio.create_subprocess_exec(*spec.cmd, **common)  # type: ignore[arg-type]
+    return await asyncio.create_subprocess_shell(spec.cmd or "", **common)  # type: ignore[arg-type]
+
+
+def _outcome(code: int, spec: TaskSpec, output_file: Path, stdout: _Tail, stderr: _Tail) -> Outcome:
+    log = _log(stdout, stderr)
+    if code != 0:
+        if code < 0:
+            reason = f"killed by signal {signal.Signals(-code).name}"
+        else:
+            reason = f"exit code {code}"
+        retryable = code not in spec.non_retryable_exit_codes
+        return Outcome(ok=False, error=reason + _stderr_note(stderr), retryable=retryable, log=log)
+    try:
+        text = output_file.read_text() if output_file.exists() else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        return Outcome(ok=False, error=f"cannot read $DAGQ_OUTPUT: {exc}", retryable=False, log=log)
+    if not text.strip():
+        return Outcome(ok=True, output=None, log=log)
+    try:
+        return Outcome(ok=True, output=json.loads(text), log=log)
+    except ValueError as exc:
+        return Outcome(
+            ok=False,
+            error=f"the task wrote invalid JSON to $DAGQ_OUTPUT: {exc}",
+            retryable=False,
+            log=log,
+        )
+
+
+async def _kill_group(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM the task's process group, then SIGKILL what is left after a grace period."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            await asyncio.wait_for(asyncio.shield(process.wait()), wait)
+            if sig is signal.SIGTERM:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)  # stragglers in the group
+            return
+        except TimeoutError:
+            continue
+
+
+class _Tail:
+    """The last LOG_LIMIT bytes of a stream."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > 2 * LOG_LIMIT:
+            del self.data[: len(self.data) - LOG_LIMIT]
+
+    def bytes(self) -> bytes:
+        return bytes(self.data[-LOG_LIMIT:])
+
+    def text(self) -> str:
+        return self.bytes().decode("utf-8", "replace")
+
+
+async def _pump(stream: asyncio.StreamReader | None, sink: _Tail) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(65536):
+        sink.add(chunk)
+
+
+def _stderr_note(stderr: _Tail) -> str:
+    text = tail(stderr.text(), 1500)
+    return f"; stderr: {text}" if text else ""
+
+
+def _log(stdout: _Tail, stderr: _Tail) -> bytes:
+    out, err = stdout.bytes(), stderr.bytes()
+    if not out and not err:
+        return b""
+    return b"--- stdout ---\n" + out + b"\n--- stderr ---\n" + err

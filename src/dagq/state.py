@@ -1,0 +1,276 @@
+"""The runtime state of one workflow: columns of per-task fields, and its compact encoding.
+
+The state is held column-wise (one list per field) so that a 100,000-task workflow is
+a handful of lists, not 100,000 objects, and encodes in one pass. Parent counters and
+the other bookkeeping below ``--- derived`` are rebuilt on load, never stored.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from enum import IntEnum
+from typing import Any
+
+import msgspec
+
+from dagq.plan import Plan
+
+FORMAT_VERSION = 1
+UNSET = -1.0
+
+
+class TaskStatus(IntEnum):
+    """Where a task is in its life. Values are stored; never renumber."""
+
+    PENDING = 0
+    READY = 1
+    RUNNING = 2
+    WAITING = 3
+    COMPLETED = 4
+    FAILED = 5
+    SKIPPED = 6
+    UPSTREAM_FAILED = 7
+    CANCELLED = 8
+
+    @property
+    def label(self) -> str:
+        """The lower-case name users see."""
+        return self.name.lower()
+
+
+TERMINAL = frozenset(
+    {
+        TaskStatus.COMPLETED,
+        TaskStatus.FAILED,
+        TaskStatus.SKIPPED,
+        TaskStatus.UPSTREAM_FAILED,
+        TaskStatus.CANCELLED,
+    }
+)
+#: Statuses that block an ``all`` child and count as "not succeeded" for result policies.
+BAD = frozenset({TaskStatus.FAILED, TaskStatus.UPSTREAM_FAILED, TaskStatus.CANCELLED})
+
+WORKFLOW_ACTIVE = frozenset({"pending", "running", "cancelling"})
+WORKFLOW_TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+
+class RunState:
+    """The mutable working copy of one workflow's runtime state.
+
+    Only the coordinator holds one, and only the state machine changes it. On any
+    failed write the coordinator throws the copy away and reloads from the store.
+    """
+
+    __slots__ = (
+        "attempt",
+        "cancel_reason",
+        "cancelled_at",
+        "counts",
+        "created_at",
+        "dirty",
+        "dispatched_at",
+        "error",
+        "errors",
+        "final_on_cancel",
+        "finished_at",
+        "held",
+        "history_seq",
+        "in_flight",
+        "n_bad",
+        "n_done",
+        "n_skip",
+        "n_terminal",
+        "output_refs",
+        "outputs",
+        "resolved",
+        "retry_base",
+        "started_at",
+        "status",
+        "task_finished_at",
+        "task_status",
+        "updated_at",
+        "workflow_id",
+    )
+
+    def __init__(self, workflow_id: str, n_tasks: int, created_at: float) -> None:
+        self.workflow_id = workflow_id
+        self.status = "pending"
+        self.created_at = created_at
+        self.updated_at = created_at
+        self.finished_at = UNSET
+        self.error: str | None = None
+        self.cancel_reason: str | None = None
+        self.cancelled_at = UNSET
+        self.final_on_cancel = "cancelled"
+        self.history_seq = 0
+        self.task_status = bytearray(n_tasks)
+        self.attempt = [0] * n_tasks
+        self.dispatched_at = [UNSET] * n_tasks
+        self.started_at = [UNSET] * n_tasks
+        self.task_finished_at = [UNSET] * n_tasks
+        self.outputs: dict[int, Any] = {}
+        self.output_refs: dict[int, str] = {}
+        self.errors: dict[int, str] = {}
+        self.retry_base: dict[int, int] = {}
+        # --- derived (rebuilt by ``rebuild``; never stored)
+        self.n_done = [0] * n_tasks
+        self.n_skip = [0] * n_tasks
+        self.n_bad = [0] * n_tasks
+        self.counts = [0] * len(TaskStatus)
+        self.counts[TaskStatus.PENDING] = n_tasks
+        self.n_terminal = 0
+        self.in_flight = 0
+        self.held: deque[int] = deque()
+        self.resolved: dict[str, Any] = {}
+        self.dirty = False
+
+    @property
+    def n_tasks(self) -> int:
+        """How many tasks the workflow has."""
+        return len(self.task_status)
+
+    def status_of(self, task: int) -> TaskStatus:
+        """The status of one task."""
+        return TaskStatus(self.task_status[task])
+
+    def set_status(self, task: int, status: TaskStatus) -> None:
+        """Change a task's status, keeping the per-status counts right."""
+        old = self.task_status[task]
+        self.counts[old] -= 1
+        self.counts[status] += 1
+        if status in TERMINAL and old not in TERMINAL:
+            self.n_terminal += 1
+        elif old in TERMINAL and status not in TERMINAL:
+            self.n_terminal -= 1
+        self.task_status[task] = status
+        self.dirty = True
+
+    def count_map(self) -> dict[str, int]:
+        """Counts per task status, by label, leaving out zeros."""
+        return {TaskStatus(s).label: n for s, n in enumerate(self.counts) if n}
+
+    def rebuild(self, plan: Plan) -> None:
+        """Recompute everything derived from the stored columns."""
+        n = self.n_tasks
+        self.n_done = [0] * n
+        self.n_skip = [0] * n
+        self.n_bad = [0] * n
+        self.counts = [0] * len(TaskStatus)
+        self.n_terminal = 0
+        self.in_flight = 0
+        self.held = deque()
+        for i, code in enumerate(self.task_status):
+            status = TaskStatus(code)
+            self.counts[status] += 1
+            if status in TERMINAL:
+                self.n_terminal += 1
+                counter = self._counter_for(status)
+                for child in plan.tasks[i].children:
+                    counter[child] += 1
+            elif status is TaskStatus.RUNNING or (
+                status is TaskStatus.READY and self.dispatched_at[i] != UNSET
+            ):
+                self.in_flight += 1
+            elif status is TaskStatus.READY:
+                self.held.append(i)
+
+    def _counter_for(self, status: TaskStatus) -> list[int]:
+        if status is TaskStatus.COMPLETED:
+            return self.n_done
+        if status is TaskStatus.SKIPPED:
+            return self.n_skip
+        return self.n_bad
+
+
+# --- encoding -----------------------------------------------------------------
+
+
+class _Doc(msgspec.Struct, array_like=True):
+    version: int
+    workflow_id: str
+    status: str
+    created_at: float
+    updated_at: float
+    finished_at: float
+    error: str | None
+    cancel_reason: str | None
+    cancelled_at: float
+    final_on_cancel: str
+    history_seq: int
+    task_status: bytes
+    attempt: list[int]
+    dispatched_ms: list[int | None]
+    started_ms: list[int | None]
+    finished_ms: list[int | None]
+    outputs: dict[int, Any]
+    output_refs: dict[int, str]
+    errors: dict[int, str]
+    retry_base: dict[int, int]
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(_Doc)
+
+
+def _to_ms(values: list[float], base: float) -> list[int | None]:
+    return [None if v == UNSET else round((v - base) * 1000) for v in values]
+
+
+def _from_ms(values: list[int | None], base: float) -> list[float]:
+    return [UNSET if v is None else base + v / 1000 for v in values]
+
+
+def encode(state: RunState) -> bytes:
+    """The compressed document form of a state."""
+    base = state.created_at
+    doc = _Doc(
+        version=FORMAT_VERSION,
+        workflow_id=state.workflow_id,
+        status=state.status,
+        created_at=state.created_at,
+        updated_at=state.updated_at,
+        finished_at=state.finished_at,
+        error=state.error,
+        cancel_reason=state.cancel_reason,
+        cancelled_at=state.cancelled_at,
+        final_on_cancel=state.final_on_cancel,
+        history_seq=state.history_seq,
+        task_status=bytes(state.task_status),
+        attempt=state.attempt,
+        dispatched_ms=_to_ms(state.dispatched_at, base),
+        started_ms=_to_ms(state.started_at, base),
+        finished_ms=_to_ms(state.task_finished_at, base),
+        outputs=state.outputs,
+        output_refs=state.output_refs,
+        errors=state.errors,
+        retry_base=state.retry_base,
+    )
+    return zlib.compress(_encoder.encode(doc), 6)
+
+
+def decode(data: bytes, plan: Plan) -> RunState:
+    """Rebuild a working state from its document."""
+    doc = _decoder.decode(zlib.decompress(data))
+    if doc.version != FORMAT_VERSION:
+        raise ValueError(f"state document format {doc.version} is not supported")
+    state = RunState(doc.workflow_id, len(doc.task_status), doc.created_at)
+    state.status = doc.status
+    state.updated_at = doc.updated_at
+    state.finished_at = doc.finished_at
+    state.error = doc.error
+    state.cancel_reason = doc.cancel_reason
+    state.cancelled_at = doc.cancelled_at
+    state.final_on_cancel = doc.final_on_cancel
+    state.history_seq = doc.history_seq
+    state.task_status = bytearray(doc.task_status)
+    state.attempt = doc.attempt
+    state.dispatched_at = _from_ms(doc.dispatched_ms, doc.created_at)
+    state.started_at = _from_ms(doc.started_ms, doc.created_at)
+    state.task_finished_at = _from_ms(doc.finished_ms, doc.created_at)
+    state.outputs = doc.outputs
+    state.output_refs = doc.output_refs
+    state.errors = doc.errors
+    state.retry_base = doc.retry_base
+    state.rebuild(plan)
+    return state

@@ -1,0 +1,164 @@
+"""Submitting a workflow: the client's side of the loop, safe to repeat after a crash.
+
+Order of writes, each idempotent: index row (``pending``, so a sweep can always find
+the workflow) → definition (create-only) → runtime state (create-only; the commit
+point) → a ``submit`` event to wake the coordinator. Submitting the same id and
+definition again completes whatever a crashed submit left undone and returns the
+existing workflow; the same id with a different definition is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from dagq import keys, state
+from dagq.definition import WorkflowDef
+from dagq.errors import ConflictError, UsageError, WorkflowExists, WorkflowNotFound
+from dagq.messages import CancelRequested, RetryRequested, SubmitRequested, encode_events
+from dagq.plan import Plan, compile_plan, resolve_params
+from dagq.stores.base import IndexRow, OutgoingMessage, Store
+from dagq.validation import check_workflow_id
+
+
+class Submitted(msgspec.Struct, frozen=True, kw_only=True):
+    """The definition document: what was submitted, exactly, and when."""
+
+    workflow_id: str
+    definition: WorkflowDef
+    params: dict[str, Any]
+    created_at: float
+    fingerprint: str
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    """The id of the workflow, and whether this call created it."""
+
+    workflow_id: str
+    created: bool
+    plan: Plan
+
+
+def fingerprint(definition: WorkflowDef, params: Mapping[str, Any]) -> str:
+    """A hash of the definition and params, to tell a repeat from a different workflow."""
+    canonical = msgspec.json.encode({"definition": definition, "params": params}, order="sorted")
+    return hashlib.sha256(canonical).hexdigest()[:32]
+
+
+def new_workflow_id(name: str) -> str:
+    """A readable, unique id: ``<name>-<UTC time>-<random>``."""
+    stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:60].strip("-.") or "wf"
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{stem}-{stamp}-{os.urandom(3).hex()}"
+
+
+async def submit(
+    store: Store,
+    definition: WorkflowDef,
+    *,
+    params: Mapping[str, Any] | None = None,
+    workflow_id: str | None = None,
+    tenant: str = "",
+    clock: Any = time.time,
+) -> SubmitResult:
+    """Store a workflow and wake the coordinator; repeat-safe for the same id."""
+    resolved = resolve_params(definition, params or {})
+    plan = compile_plan(definition, resolved)
+    workflow_id = check_workflow_id(workflow_id or new_workflow_id(definition.name))
+    now = clock()
+    submitted = Submitted(
+        workflow_id=workflow_id,
+        definition=definition,
+        params=resolved,
+        created_at=now,
+        fingerprint=fingerprint(definition, resolved),
+        tenant=tenant,
+    )
+    existing = await load_submitted(store, workflow_id)
+    if existing is not None:
+        if existing.fingerprint != submitted.fingerprint:
+            raise WorkflowExists(
+                f"workflow '{workflow_id}' exists already with a different definition or "
+                "params; choose another id"
+            )
+        submitted = existing
+    created = existing is None
+    row = await store.index.get(workflow_id)
+    if row is None:
+        await store.index.upsert(_pending_row(submitted, plan))
+    if created:
+        try:
+            await store.documents.put(
+                keys.definition(workflow_id), msgspec.json.encode(submitted), if_none_match=True
+            )
+        except ConflictError:  # a concurrent submit of the same id won the race
+            return await submit(
+                store, definition, params=params, workflow_id=workflow_id, tenant=tenant
+            )
+    initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
+    try:
+        await store.documents.put(
+            keys.state(workflow_id), state.encode(initial), if_none_match=True
+        )
+    except ConflictError:
+        pass  # already stored by an earlier (perhaps crashed) submit
+    await store.queues.send(
+        keys.COMPLETIONS_QUEUE,
+        [OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))],
+    )
+    return SubmitResult(workflow_id, created, plan)
+
+
+async def load_submitted(store: Store, workflow_id: str) -> Submitted | None:
+    """The definition document of a workflow, or None if there is no such workflow."""
+    doc = await store.documents.get(keys.definition(workflow_id))
+    if doc is None:
+        return None
+    return msgspec.json.decode(doc.data, type=Submitted)
+
+
+async def require_submitted(store: Store, workflow_id: str) -> Submitted:
+    """Like :func:`load_submitted`, but an unknown id is an error naming it."""
+    found = await load_submitted(store, check_workflow_id(workflow_id))
+    if found is None:
+        raise WorkflowNotFound(f"no workflow '{workflow_id}' in {store.url}")
+    return found
+
+
+def _pending_row(submitted: Submitted, plan: Plan) -> IndexRow:
+    return IndexRow(
+        id=submitted.workflow_id,
+        name=submitted.definition.name,
+        status="pending",
+        created_at=submitted.created_at,
+        updated_at=submitted.created_at,
+        tenant=submitted.tenant,
+        data={"total": len(plan.tasks), "counts": {"pending": len(plan.tasks)}},
+    )
+
+
+async def request_cancel(store: Store, workflow_id: str, reason: str = "cancelled by request") -> None:
+    """Ask the coordinator to cancel a workflow (durably queued; applied once)."""
+    await require_submitted(store, workflow_id)
+    event = CancelRequested(workflow_id=workflow_id, reason=reason)
+    await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
+
+
+async def request_retry(store: Store, workflow_id: str, tasks: list[str] | None = None) -> None:
+    """Ask the coordinator to re-run failed, upstream_failed and cancelled tasks."""
+    submitted = await require_submitted(store, workflow_id)
+    names = {t.name for t in submitted.definition.tasks}
+    unknown = [t for t in tasks or [] if t not in names]
+    if unknown:
+        raise UsageError(f"workflow '{workflow_id}' has no task named {', '.join(map(repr, unknown))}")
+    event = RetryRequested(workflow_id=workflow_id, tasks=list(tasks or []))
+    await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])

@@ -1,0 +1,216 @@
+"""Semantic checks of a definition: names, dependencies, cycles, policies, expressions.
+
+Structural checks (types, unknown fields) happen when the data is converted into the
+typed structs; this module checks what types cannot express. Messages name the task
+and field at fault.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from dagq import expression
+from dagq.definition import TaskDef, WorkflowDef
+from dagq.errors import ValidationError
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/:@+=]*$")
+QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+PARAM_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+MAX_TASKS = 1_000_000
+#: A task's own spec travels in every task message; it must leave room under the
+#: queue message limit for inputs and framing.
+MAX_TASK_SPEC_BYTES = 16 * 1024
+
+_CONDITION_ROOTS = frozenset({"inputs", "params"})
+_PARAM_ROOTS = frozenset({"params"})
+
+
+def validate(definition: WorkflowDef) -> None:
+    """Raise :class:`ValidationError` for the first problem found in ``definition``."""
+    if not definition.tasks:
+        raise ValidationError("'tasks' is empty: a workflow needs at least one task")
+    if len(definition.tasks) > MAX_TASKS:
+        raise ValidationError(f"{len(definition.tasks)} tasks is over the limit of {MAX_TASKS}")
+    for name in definition.params:
+        if not PARAM_PATTERN.match(name):
+            raise ValidationError(
+                f"params: '{name}' is not a valid param name "
+                "(letters, digits and '_', not starting with a digit)"
+            )
+    _check_queue("default_queue", definition.default_queue)
+    if definition.defaults and definition.defaults.queue:
+        _check_queue("defaults.queue", definition.defaults.queue)
+    names = _check_names(definition)
+    for task in definition.tasks:
+        _check_task(task, names, definition.params)
+    _check_acyclic(definition)
+
+
+def _check_queue(where: str, queue: str) -> None:
+    if not QUEUE_PATTERN.match(queue):
+        raise ValidationError(
+            f"{where}: '{queue}' is not a valid queue name "
+            "(1-63 letters, digits, '-', '_' or '.', starting with a letter or digit)"
+        )
+
+
+def _check_names(definition: WorkflowDef) -> dict[str, TaskDef]:
+    names: dict[str, TaskDef] = {}
+    for i, task in enumerate(definition.tasks):
+        if not NAME_PATTERN.match(task.name):
+            raise ValidationError(
+                f"tasks[{i}]: '{task.name}' is not a valid task name (use letters, digits "
+                "and _ . - / : @ + =, starting with a letter, digit or '_')"
+            )
+        if task.name in names:
+            raise ValidationError(f"tasks[{i}]: duplicate task name '{task.name}'")
+        names[task.name] = task
+    return names
+
+
+def _check_task(task: TaskDef, names: Mapping[str, TaskDef], params: Mapping[str, Any]) -> None:
+    where = f"task '{task.name}'"
+    _check_dependencies(task, names, where)
+    _check_kind(task, where)
+    if task.queue is not None:
+        _check_queue(f"{where}: queue", task.queue)
+    parents = frozenset(task.depends_on)
+    if task.condition is not None:
+        expr = expression.parse(
+            task.condition, where=f"{where}: condition", names=_CONDITION_ROOTS
+        )
+        _check_refs(expr, parents, params, f"{where}: condition")
+    command = task.cmd if task.cmd is not None else (task.kwargs.cmd if task.kwargs else None)
+    _check_templates(command, frozenset(), params, f"{where}: cmd", _PARAM_ROOTS)
+    if task.kwargs is not None:
+        _check_templates(task.kwargs.env, frozenset(), params, f"{where}: kwargs.env", _PARAM_ROOTS)
+    _check_templates(task.args, parents, params, f"{where}: args", _CONDITION_ROOTS)
+    size = len(msgspec.json.encode(task))
+    if size > MAX_TASK_SPEC_BYTES:
+        raise ValidationError(
+            f"{where}: the task's definition is {size} bytes, over the limit of "
+            f"{MAX_TASK_SPEC_BYTES}; pass large data through a file or an upstream output"
+        )
+
+
+def _check_dependencies(task: TaskDef, names: Mapping[str, TaskDef], where: str) -> None:
+    seen: set[str] = set()
+    for dep in task.depends_on:
+        if dep == task.name:
+            raise ValidationError(f"{where}: depends_on: a task cannot depend on itself")
+        if dep not in names:
+            raise ValidationError(f"{where}: depends_on: no task is named '{dep}'")
+        if dep in seen:
+            raise ValidationError(f"{where}: depends_on: '{dep}' is listed twice")
+        seen.add(dep)
+    policy = task.dep_policy
+    if isinstance(policy, int) and policy > len(task.depends_on):
+        raise ValidationError(
+            f"{where}: dep_policy: {policy} parents must complete, but the task has only "
+            f"{len(task.depends_on)} in depends_on"
+        )
+
+
+def _check_kind(task: TaskDef, where: str) -> None:
+    kinds = [k for k, v in (("cmd", task.cmd), ("kwargs", task.kwargs), ("call", task.call)) if v]
+    if not kinds:
+        raise ValidationError(
+            f"{where}: says nothing to run: give 'cmd' (a shell command), "
+            "'kwargs: {cmd: ...}' or 'call' (a Python function 'module:function')"
+        )
+    if len(kinds) > 1:
+        raise ValidationError(f"{where}: give only one of {' / '.join(kinds)}")
+    if task.args is not None and task.call is None:
+        raise ValidationError(
+            f"{where}: args: only Python tasks ('call') take args; a shell task reads its "
+            "upstream outputs from the JSON file named by $DAGQ_INPUTS"
+        )
+    command = task.cmd if task.cmd is not None else (task.kwargs.cmd if task.kwargs else None)
+    if isinstance(command, list) and not command:
+        raise ValidationError(f"{where}: cmd: an empty argument list runs nothing")
+    if isinstance(command, str) and not command.strip():
+        raise ValidationError(f"{where}: cmd: the command is empty")
+
+
+def _check_refs(
+    expr: expression.Expr, parents: frozenset[str], params: Mapping[str, Any], where: str
+) -> None:
+    refs = expression.references(expr)
+    for name in sorted(refs.inputs - parents):
+        hint = (
+            f"its parents are: {', '.join(sorted(parents))}"
+            if parents
+            else "the task has no parents (depends_on is empty)"
+        )
+        raise ValidationError(f"{where}: refers to inputs of '{name}', which is not a parent; {hint}")
+    if refs.globs and not parents:
+        raise ValidationError(f"{where}: a glob over inputs needs parents, and there are none")
+    for name in sorted(refs.params - set(params)):
+        known = ", ".join(sorted(params)) or "none are declared"
+        raise ValidationError(f"{where}: refers to params.{name}, which is not declared ({known})")
+
+
+def _check_templates(
+    value: Any,
+    parents: frozenset[str],
+    params: Mapping[str, Any],
+    where: str,
+    roots: frozenset[str],
+) -> None:
+    for text, expr in expression.template_expressions(value, where=where):
+        refs = expression.references(expr)
+        if refs.inputs and "inputs" not in roots or (refs.globs and "inputs" not in roots):
+            raise ValidationError(
+                f"{where}: '{{{{ {text} }}}}' pastes an upstream output into a command; "
+                "read upstream outputs from the JSON file named by $DAGQ_INPUTS instead"
+            )
+        _check_refs(expr, parents, params, where)
+
+
+def _check_acyclic(definition: WorkflowDef) -> None:
+    """Kahn's algorithm; on failure, walk the leftovers to name one cycle exactly."""
+    parents = {t.name: t.depends_on for t in definition.tasks}
+    children: dict[str, list[str]] = {name: [] for name in parents}
+    remaining = {name: len(deps) for name, deps in parents.items()}
+    for name, deps in parents.items():
+        for dep in deps:
+            children[dep].append(name)
+    ready = [name for name, n in remaining.items() if n == 0]
+    while ready:
+        name = ready.pop()
+        del remaining[name]
+        for child in children[name]:
+            remaining[child] -= 1
+            if remaining[child] == 0:
+                ready.append(child)
+    if not remaining:
+        return
+    # Every leftover task has a leftover parent, so following parents must loop.
+    start = next(iter(remaining))
+    path: list[str] = []
+    position: dict[str, int] = {}
+    node = start
+    while node not in position:
+        position[node] = len(path)
+        path.append(node)
+        node = next(dep for dep in parents[node] if dep in remaining)
+    cycle = [*path[position[node] :], node]
+    cycle.reverse()
+    raise ValidationError(f"dependency cycle: {' -> '.join(cycle)}")
+
+
+def check_workflow_id(workflow_id: str) -> str:
+    """Refuse ids that could escape storage paths or confuse listings."""
+    if not isinstance(workflow_id, str) or not WORKFLOW_ID_PATTERN.match(workflow_id):
+        raise ValidationError(
+            f"workflow id {workflow_id!r} is not valid: use 1-128 letters, digits, "
+            "'-', '_' or '.', starting with a letter or digit"
+        )
+    return workflow_id
+
+
+WORKFLOW_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")

@@ -1,0 +1,106 @@
+"""Read-only views of a run for people: per-task rows, counts, the story so far.
+
+Built from the runtime state (the truth) and the history (how it got there). Nothing
+here writes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import msgspec
+
+from dagq import keys, state
+from dagq.errors import WorkflowNotFound
+from dagq.history import HistoryEntry, read_history
+from dagq.plan import Plan, compile_plan
+from dagq.state import UNSET, RunState, TaskStatus
+from dagq.stores.base import Store
+from dagq.submission import Submitted, require_submitted
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    """One task as the summary shows it."""
+
+    name: str
+    status: str
+    attempts: int
+    duration_s: float | None
+    error: str | None
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A whole run as the summary shows it."""
+
+    workflow_id: str
+    name: str
+    status: str
+    error: str | None
+    counts: dict[str, int]
+    total: int
+    created_at: float
+    finished_at: float | None
+    tasks: list[TaskRow]
+
+
+def task_rows(plan: Plan, st: RunState, history: list[HistoryEntry]) -> list[TaskRow]:
+    """Per-task rows; attempts are counted from the history of dispatches."""
+    dispatches = Counter(e.task for e in history if e.kind == "dispatched")
+    rows = []
+    for i, task in enumerate(plan.tasks):
+        started, finished = st.started_at[i], st.task_finished_at[i]
+        duration = finished - started if started != UNSET and finished != UNSET else None
+        rows.append(
+            TaskRow(
+                name=task.name,
+                status=TaskStatus(st.task_status[i]).label,
+                attempts=dispatches.get(task.name, st.attempt[i]),
+                duration_s=duration,
+                error=st.errors.get(i),
+                queue=task.queue,
+            )
+        )
+    return rows
+
+
+def run_view(
+    submitted: Submitted, plan: Plan, st: RunState, history: list[HistoryEntry]
+) -> RunView:
+    """The view of a run from its parts."""
+    return RunView(
+        workflow_id=st.workflow_id,
+        name=submitted.definition.name,
+        status=st.status,
+        error=st.error,
+        counts=st.count_map(),
+        total=st.n_tasks,
+        created_at=st.created_at,
+        finished_at=None if st.finished_at == UNSET else st.finished_at,
+        tasks=task_rows(plan, st, history),
+    )
+
+
+async def load_run(store: Store, workflow_id: str) -> tuple[Submitted, Plan, RunState]:
+    """Read a workflow's definition and current state from the store."""
+    submitted = await require_submitted(store, workflow_id)
+    doc = await store.documents.get(keys.state(workflow_id))
+    if doc is None:
+        raise WorkflowNotFound(f"workflow '{workflow_id}' has no runtime state yet")
+    plan = compile_plan(submitted.definition, submitted.params)
+    return submitted, plan, state.decode(doc.data, plan)
+
+
+async def load_view(store: Store, workflow_id: str) -> RunView:
+    """Everything the summary needs, read from the store."""
+    submitted, plan, st = await load_run(store, workflow_id)
+    history = await read_history(store, workflow_id)
+    return run_view(submitted, plan, st, history)
+
+
+def to_json(view: RunView) -> bytes:
+    """A stable JSON form of a view, for ``--json`` output."""
+    return msgspec.json.encode(view)

@@ -1,0 +1,334 @@
+"""The worker: takes task messages from its queues, runs them, reports the outcome.
+
+For each message: keep it invisible while the task runs (heartbeats), run it, store
+a large output as a document, post the completion event, and only then delete the
+message (DESIGN invariant 5). A worker never writes runtime state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from dagq import expression, keys
+from dagq.errors import DagqError, MessageLost
+from dagq.leasing import default_owner
+from dagq.messages import (
+    OUTPUT_INLINE_LIMIT,
+    TaskFinished,
+    TaskMessage,
+    TaskStarted,
+    decode_task,
+)
+from dagq.outbox import Deleter, Outbox
+from dagq.runners import Outcome, TaskContext
+from dagq.runners.python import add_import_paths, run_python
+from dagq.runners.shell import run_shell
+from dagq.stores.base import Message, Store
+
+log = logging.getLogger("dagq.worker")
+
+_INPUT_ROOTS = frozenset({"inputs"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerOptions:
+    """What a worker serves and how it paces itself."""
+
+    queues: tuple[str, ...] = ("default",)
+    concurrency: int = 4
+    visibility_timeout_s: float = 60.0
+    import_paths: tuple[str, ...] = ()
+    idle_timeout_s: float | None = None
+    poll_interval_s: float = 0.5
+    shutdown_grace_s: float = 30.0
+    cancel_check_s: float = 1.0
+    batch_size: int = 32
+    work_dir: str | None = None
+    name: str = field(default_factory=default_owner)
+
+
+@dataclass(eq=False)
+class _Running:
+    message: Message
+    task: TaskMessage
+    receipt: str
+    extended_at: float
+    job: asyncio.Task[None] | None = None
+    lost: bool = False
+    stopping: bool = False
+
+
+class Worker:
+    """Runs tasks from one store's queues with a concurrency limit."""
+
+    def __init__(
+        self,
+        store: Store,
+        options: WorkerOptions | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.options = options or WorkerOptions()
+        self.clock = clock
+        self.completed = 0
+        self._running: dict[str, _Running] = {}
+        self._slot_freed = asyncio.Event()
+        self._outbox = Outbox(store.queues, keys.COMPLETIONS_QUEUE)
+        self._deleter = Deleter(store.queues)
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.options.concurrency, thread_name_prefix="dagq-task"
+        )
+        self._cancelled: dict[str, tuple[float, bool]] = {}
+        add_import_paths(self.options.import_paths)
+
+    # --- the loop ---------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set (or idle too long), then drain gracefully."""
+        self._outbox.start()
+        self._deleter.start()
+        keeper = asyncio.create_task(self._heartbeat(), name="dagq-heartbeat")
+        try:
+            await self._serve(stop)
+        finally:
+            await self._drain()
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+            await self._outbox.close()
+            await self._deleter.close()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _serve(self, stop: asyncio.Event) -> None:
+        idle_since = self.clock()
+        queue_index = 0
+        while not stop.is_set():
+            free = self.options.concurrency - len(self._running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await _first(self._slot_freed.wait(), stop.wait())
+                continue
+            got = 0
+            for offset in range(len(self.options.queues)):
+                queue = self.options.queues[(queue_index + offset) % len(self.options.queues)]
+                got += await self._take(queue, min(free - got, self.options.batch_size))
+                if got >= free:
+                    break
+            queue_index += 1
+            if got or self._running:
+                idle_since = self.clock()
+            if got:
+                continue
+            idle = self.options.idle_timeout_s
+            if idle is not None and self.clock() - idle_since >= idle:
+                log.info("idle for %.0fs, stopping", idle)
+                return
+            waits = [self.store.queues.wait(q, self.options.poll_interval_s) for q in self.options.queues]
+            await _first(*waits, stop.wait(), self._slot_freed.wait())
+
+    async def _take(self, queue: str, n: int) -> int:
+        if n <= 0:
+            return 0
+        try:
+            messages = await self.store.queues.receive(
+                queue, max_messages=n, visibility_timeout_s=self.options.visibility_timeout_s
+            )
+        except DagqError as exc:
+            log.warning("receiving from %r failed, retrying: %s", queue, exc)
+            await asyncio.sleep(self.options.poll_interval_s)
+            return 0
+        for message in messages:
+            try:
+                task = decode_task(message.body)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.error("unreadable task message %s dead-lettered: %s", message.id, exc)
+                await self.store.queues.dead_letter(queue, message.receipt, f"cannot be parsed: {exc}")
+                continue
+            running = _Running(message, task, message.receipt, self.clock())
+            self._running[message.id] = running
+            running.job = asyncio.create_task(self._handle(running), name=f"dagq-task-{message.id}")
+        return len(messages)
+
+    async def _drain(self) -> None:
+        """On stop: let running tasks finish within the grace period, then release them."""
+        jobs = [r.job for r in self._running.values() if r.job is not None]
+        if not jobs:
+            return
+        log.info("waiting up to %.0fs for %d running task(s)", self.options.shutdown_grace_s, len(jobs))
+        _, unfinished = await asyncio.wait(jobs, timeout=self.options.shutdown_grace_s)
+        for job in unfinished:
+            job.cancel()
+        await asyncio.gather(*unfinished, return_exceptions=True)
+        for running in list(self._running.values()):
+            with contextlib.suppress(DagqError):  # hand it back to the queue at once
+                await self.store.queues.extend(running.message.queue, running.receipt, 0)
+        self._running.clear()
+
+    # --- one task ---------------------------------------------------------------------
+
+    async def _handle(self, running: _Running) -> None:
+        message, task = running.message, running.task
+        try:
+            if await self._is_cancelled(task.workflow_id):
+                await self._deleter.delete(message.queue, running.receipt)
+                return
+            self._outbox.post_nowait(
+                TaskStarted(
+                    workflow_id=task.workflow_id,
+                    task=task.task,
+                    attempt=task.attempt,
+                    at=self.clock(),
+                    worker=self.options.name,
+                )
+            )
+            started = self.clock()
+            try:
+                outcome = await self._execute(task)
+            except asyncio.CancelledError:
+                if not running.stopping:
+                    raise  # worker shutdown: the message goes back to the queue
+                outcome = Outcome(ok=False, error="stopped: the workflow was cancelled", retryable=False)
+            finished = await self._report(task, outcome, started)
+            await self._outbox.post(finished)
+            if not running.lost:
+                await self._deleter.delete(message.queue, running.receipt)
+            self.completed += 1
+        except asyncio.CancelledError:
+            raise
+        except DagqError as exc:
+            # The message stays in the queue and comes back after its visibility timeout.
+            log.warning("task %s could not be reported, it will be redelivered: %s", message.id, exc)
+        finally:
+            self._running.pop(message.id, None)
+            self._slot_freed.set()
+
+    async def _execute(self, task: TaskMessage) -> Outcome:
+        try:
+            inputs = await self._inputs(task)
+        except DagqError as exc:
+            return Outcome(ok=False, error=f"cannot load upstream outputs: {exc}")
+        ctx = TaskContext(
+            workflow_id=task.workflow_id,
+            task=task.name,
+            attempt=task.attempt,
+            idempotency_key=task.idempotency_key,
+            inputs=inputs,
+        )
+        if task.spec.kind == "shell":
+            return await run_shell(task.spec, ctx, work_dir=self.options.work_dir)
+        try:
+            args = expression.render(task.spec.args, {"inputs": inputs}, roots=_INPUT_ROOTS)
+        except expression.ExpressionError as exc:
+            return Outcome(ok=False, error=f"args could not be rendered: {exc}", retryable=False)
+        return await run_python(task.spec, ctx, args, executor=self._executor)
+
+    async def _inputs(self, task: TaskMessage) -> dict[str, Any]:
+        inputs = dict(task.inputs)
+        docs = self.store.documents
+        if task.inputs_ref is not None:
+            doc = await docs.get(task.inputs_ref)
+            if doc is None:
+                raise DagqError(f"inputs document {task.inputs_ref} is missing")
+            inputs.update(msgspec.json.decode(doc.data))
+        for name, ref in task.input_refs.items():
+            doc = await docs.get(ref)
+            if doc is None:
+                raise DagqError(f"the output of '{name}' ({ref}) is missing")
+            inputs[name] = msgspec.json.decode(doc.data)
+        return inputs
+
+    async def _report(self, task: TaskMessage, outcome: Outcome, started: float) -> TaskFinished:
+        """The completion event; large outputs and logs are stored as documents first."""
+        docs = self.store.documents
+        if outcome.log:
+            await docs.put(keys.log(task.workflow_id, task.task, task.attempt), outcome.log)
+        output, output_ref, error = outcome.output, None, outcome.error
+        ok, retryable = outcome.ok, outcome.retryable
+        if ok and output is not None:
+            try:
+                encoded = msgspec.json.encode(output)
+            except (TypeError, msgspec.EncodeError) as exc:
+                ok, retryable, output = False, False, None
+                error = f"the output is not JSON-serialisable: {exc}"
+            else:
+                if len(encoded) > OUTPUT_INLINE_LIMIT:
+                    output_ref = keys.output(task.workflow_id, task.task, task.attempt)
+                    await docs.put(output_ref, encoded)
+                    output = None
+        now = self.clock()
+        return TaskFinished(
+            workflow_id=task.workflow_id,
+            task=task.task,
+            attempt=task.attempt,
+            at=now,
+            ok=ok,
+            output=output,
+            output_ref=output_ref,
+            error=error,
+            retryable=retryable,
+            retry_after_s=outcome.retry_after_s,
+            duration_s=now - started,
+            worker=self.options.name,
+        )
+
+    # --- heartbeats and cancellation ----------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        """Keep running messages invisible, and stop tasks of cancelled workflows."""
+        vt = self.options.visibility_timeout_s
+        period = max(0.05, min(vt / 3, self.options.cancel_check_s))
+        while True:
+            await asyncio.sleep(period)
+            now = self.clock()
+            for running in list(self._running.values()):
+                if await self._is_cancelled(running.task.workflow_id) and running.job:
+                    if not running.stopping:
+                        running.stopping = True
+                        running.job.cancel()
+                    continue
+                if now - running.extended_at < vt / 3 or running.lost:
+                    continue
+                try:
+                    running.receipt = await self.store.queues.extend(
+                        running.message.queue, running.receipt, vt
+                    )
+                    running.extended_at = now
+                except MessageLost:
+                    log.warning("message %s was redelivered elsewhere", running.message.id)
+                    running.lost = True
+                except DagqError as exc:
+                    log.warning("heartbeat for %s failed: %s", running.message.id, exc)
+
+    async def _is_cancelled(self, workflow_id: str) -> bool:
+        """Whether the workflow is being cancelled, checked at most once a second."""
+        now = self.clock()
+        cached = self._cancelled.get(workflow_id)
+        if cached is not None and now - cached[0] < self.options.cancel_check_s:
+            return cached[1]
+        try:
+            cancelled = await self.store.documents.get(keys.control(workflow_id)) is not None
+        except DagqError:
+            cancelled = False
+        self._cancelled[workflow_id] = (now, cancelled)
+        if len(self._cancelled) > 10_000:
+            self._cancelled.clear()
+        return cancelled
+
+
+async def _first(*waits: Any) -> None:
+    """Wait until the first of several awaitables finishes; cancel the rest."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
