@@ -22,6 +22,7 @@ from dagq.errors import ValidationError
 from dagq.validation import validate
 
 PathPart = str | int
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: ~10x faster
 
 _FIELDS: dict[str, tuple[str, ...]] = {
     "workflow": WorkflowDef.__struct_fields__,
@@ -82,7 +83,7 @@ def _parse(text: str, source: str) -> Any:
                 f"{source}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}"
             ) from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

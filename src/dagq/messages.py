@@ -24,6 +24,10 @@ class TaskSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     cmd: str | list[str] | None = None
     call: str | None = None
     args: Any = None
+    #: Set when ``args`` read upstream outputs: the worker renders them, with these
+    #: params, once the inputs are known (so no text is ever rendered twice).
+    render_args: bool = False
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
     env: dict[str, str] = msgspec.field(default_factory=dict)
     cwd: str | None = None
     timeout_s: float | None = None

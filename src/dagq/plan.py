@@ -152,19 +152,17 @@ def _compile_task(
 def _spec(task: TaskDef, env: Mapping[str, Any], timeout: float | None, retry: RetryPolicy) -> TaskSpec:
     codes = list(retry.non_retryable_exit_codes)
     if task.call is not None:
-        args = expression.render(task.args, env, roots=_PARAMS)
-        return TaskSpec(kind="python", call=task.call, args=args, timeout_s=timeout,
-                        non_retryable_exit_codes=codes)
+        return _python_spec(task, env, timeout, codes)
     kwargs = task.kwargs
     command = task.cmd if task.cmd is not None else (kwargs.cmd if kwargs else "")
     if isinstance(command, str):
-        rendered: str | list[str] = expression.render(
-            command, env, roots=_PARAMS, quote=_shell_quote
+        rendered: str | list[str] = _text(
+            expression.render(command, env, roots=_PARAMS, quote=_shell_quote)
         )
     else:
-        rendered = [str(expression.render(part, env, roots=_PARAMS)) for part in command]
+        rendered = [_text(expression.render(part, env, roots=_PARAMS)) for part in command]
     variables = {
-        key: str(expression.render(value, env, roots=_PARAMS))
+        key: _text(expression.render(value, env, roots=_PARAMS))
         for key, value in (kwargs.env.items() if kwargs else ())
     }
     return TaskSpec(
@@ -177,7 +175,33 @@ def _spec(task: TaskDef, env: Mapping[str, Any], timeout: float | None, retry: R
     )
 
 
+def _python_spec(
+    task: TaskDef, env: Mapping[str, Any], timeout: float | None, codes: list[int]
+) -> TaskSpec:
+    """Args that read upstream outputs are rendered by the worker, all at once."""
+    refs = [expr.refs for _, expr in expression.template_expressions(task.args)]
+    if any(r.inputs or r.globs or "inputs" in r.roots for r in refs):
+        names = {name for r in refs for name in r.params}
+        if any("params" in r.dynamic for r in refs):
+            names = set(env["params"])
+        return TaskSpec(
+            kind="python",
+            call=task.call,
+            args=task.args,
+            render_args=True,
+            params={name: env["params"][name] for name in names if name in env["params"]},
+            timeout_s=timeout,
+            non_retryable_exit_codes=codes,
+        )
+    args = expression.render(task.args, env, roots=_PARAMS)
+    return TaskSpec(kind="python", call=task.call, args=args, timeout_s=timeout,
+                    non_retryable_exit_codes=codes)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _shell_quote(value: Any) -> str:
     """Params pasted into shell text are quoted, so a value can never inject a command."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    return shlex.quote(text)
+    return shlex.quote(_text(value))

@@ -89,7 +89,7 @@ def _check_task(task: TaskDef, names: Mapping[str, TaskDef], params: Mapping[str
     if task.kwargs is not None:
         _check_templates(task.kwargs.env, frozenset(), params, f"{where}: kwargs.env", _PARAM_ROOTS)
     _check_templates(task.args, parents, params, f"{where}: args", _CONDITION_ROOTS)
-    size = len(msgspec.json.encode(task))
+    size = len(msgspec.json.encode([task.cmd, task.kwargs, task.call, task.args]))
     if size > MAX_TASK_SPEC_BYTES:
         raise ValidationError(
             f"{where}: the task's definition is {size} bytes, over the limit of "

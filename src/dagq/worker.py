@@ -36,7 +36,7 @@ from dagq.stores.base import Message, Store
 
 log = logging.getLogger("dagq.worker")
 
-_INPUT_ROOTS = frozenset({"inputs"})
+_ARG_ROOTS = frozenset({"inputs", "params"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,10 +225,13 @@ class Worker:
         )
         if task.spec.kind == "shell":
             return await run_shell(task.spec, ctx, work_dir=self.options.work_dir)
-        try:
-            args = expression.render(task.spec.args, {"inputs": inputs}, roots=_INPUT_ROOTS)
-        except expression.ExpressionError as exc:
-            return Outcome(ok=False, error=f"args could not be rendered: {exc}", retryable=False)
+        args = task.spec.args
+        if task.spec.render_args:
+            env = {"inputs": inputs, "params": task.spec.params}
+            try:
+                args = expression.render(args, env, roots=_ARG_ROOTS)
+            except expression.ExpressionError as exc:
+                return Outcome(ok=False, error=f"args could not be rendered: {exc}", retryable=False)
         return await run_python(task.spec, ctx, args, executor=self._executor)
 
     async def _inputs(self, task: TaskMessage) -> dict[str, Any]:
