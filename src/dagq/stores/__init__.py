@@ -1,0 +1,40 @@
+"""Stores: the four storage primitives behind one URL.
+
+``open_store("memory://")`` gives an in-process store for tests;
+``open_store("sqlite:///dagq.db")`` (relative) or ``open_store("sqlite:////abs/dagq.db")``
+opens the embedded default, which several processes may share. A plain path ending
+in ``.db`` means sqlite too.
+"""
+
+from __future__ import annotations
+
+import time
+
+from dagq.errors import ValidationError
+from dagq.stores.base import DEFAULT_MAX_DELIVERIES, Clock, Store
+from dagq.stores.memory import open_memory_store
+from dagq.stores.sqlite import open_sqlite_store
+
+SUPPORTED_URLS = ("memory://", "sqlite:///relative/path.db", "sqlite:////absolute/path.db")
+
+
+__all__ = ["Store", "open_memory_store", "open_sqlite_store", "open_store"]
+
+
+def open_store(
+    url: str, *, clock: Clock = time.time, max_deliveries: int = DEFAULT_MAX_DELIVERIES
+) -> Store:
+    """Open the store a URL names; an unknown scheme raises ValidationError."""
+    if url == "memory://":
+        return open_memory_store(url, clock=clock, max_deliveries=max_deliveries)
+    if url.startswith("sqlite:") or ("://" not in url and url.endswith(".db")):
+        return open_sqlite_store(url, clock=clock, max_deliveries=max_deliveries)
+    if url.startswith("azure://"):
+        raise ValidationError(
+            f"store URL {url!r}: the azure backend is not available yet; "
+            "use sqlite:///path/to/dagq.db"
+        )
+    raise ValidationError(
+        f"store URL {url!r} is not supported; use one of: {', '.join(SUPPORTED_URLS)}, "
+        "or a file path ending in .db"
+    )

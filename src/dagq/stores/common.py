@@ -1,0 +1,203 @@
+"""What the storage backends share: tokens, argument checks, error messages, the
+index row codec and cursor, and the in-process wakeups behind ``Queues.wait``.
+
+Every backend uses these, so each one accepts and rejects the same arguments, words its
+errors the same way and stores index rows in the same form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import secrets
+import threading
+import uuid
+from collections.abc import Sequence
+
+import msgspec
+
+from dagq.errors import ConflictError, LeaseLost, MessageLost, MessageTooLarge, ValidationError
+from dagq.stores.base import MAX_MESSAGE_BYTES, IndexRow, Lease, OutgoingMessage
+
+
+def new_token() -> str:
+    """A random 16-hex-digit token for etags, receipts and lease tokens.
+
+    Random rather than a counter, so a version can never come back after a delete
+    and re-create (no ABA).
+    """
+    return secrets.token_hex(8)
+
+
+def new_message_id() -> str:
+    """The id of a message sent without one."""
+    return uuid.uuid4().hex
+
+
+def check_max_deliveries(max_deliveries: int) -> None:
+    """Reject a store configuration that could never deliver a message."""
+    if max_deliveries < 1:
+        raise ValidationError(f"max_deliveries must be at least 1, not {max_deliveries}")
+
+
+def check_outgoing(queue: str, messages: Sequence[OutgoingMessage]) -> None:
+    """Reject the whole batch if any message is too large or has a negative delay."""
+    for message in messages:
+        if len(message.body) > MAX_MESSAGE_BYTES:
+            raise MessageTooLarge(
+                f"a message for queue {queue!r} is {len(message.body)} bytes, over the "
+                f"{MAX_MESSAGE_BYTES}-byte limit; store the payload as a document and "
+                "send its key instead"
+            )
+        if message.delay_s < 0:
+            raise ValidationError(
+                f"a message for queue {queue!r} has delay_s={message.delay_s}; use 0 or more"
+            )
+
+
+def check_receive(max_messages: int, visibility_timeout_s: float) -> None:
+    """Reject receive arguments that cannot mean anything useful."""
+    if max_messages < 1:
+        raise ValidationError(f"max_messages must be at least 1, not {max_messages}")
+    check_visibility(visibility_timeout_s)
+
+
+def check_visibility(visibility_timeout_s: float) -> None:
+    """A message cannot be hidden for a negative time."""
+    if visibility_timeout_s < 0:
+        raise ValidationError(f"visibility_timeout_s must be 0 or more, not {visibility_timeout_s}")
+
+
+def check_put(if_match: str | None, if_none_match: bool) -> None:
+    """``if_match`` and ``if_none_match`` together could never succeed."""
+    if if_match is not None and if_none_match:
+        raise ValidationError("put takes if_match or if_none_match, not both")
+
+
+def check_limit(limit: int | None) -> None:
+    """A page size must not be negative."""
+    if limit is not None and limit < 0:
+        raise ValidationError(f"limit must be 0 or more, not {limit}")
+
+
+def check_page_size(limit: int) -> None:
+    """An index page holds at least one row."""
+    if limit < 1:
+        raise ValidationError(f"limit must be at least 1, not {limit}")
+
+
+def check_statuses(status: Sequence[str] | None) -> None:
+    """A single string is a sequence of letters, not a list of statuses."""
+    if isinstance(status, str):
+        raise ValidationError(f"status must be a list of statuses, like [{status!r}]")
+
+
+def check_ttl(name: str, ttl_s: float) -> None:
+    """A lease must last some time."""
+    if ttl_s <= 0:
+        raise ValidationError(f"lease {name!r}: ttl_s must be positive, not {ttl_s}")
+
+
+def conflict(key: str, if_match: str | None) -> ConflictError:
+    """The error for a conditional write that lost."""
+    if if_match is None:
+        return ConflictError(f"document {key!r} exists already (if_none_match)")
+    return ConflictError(
+        f"document {key!r} changed or was deleted since version {if_match!r}; "
+        "read it again and retry"
+    )
+
+
+def lease_lost(lease: Lease) -> LeaseLost:
+    """The error for renewing a lease that is no longer ours."""
+    return LeaseLost(
+        f"lease {lease.name!r} held by {lease.owner} was lost (it expired and was taken "
+        "over, or was broken); stop writing"
+    )
+
+
+def stale_receipt(queue: str, receipt: str) -> MessageLost:
+    """The error for using a receipt that was deleted or redelivered."""
+    return MessageLost(
+        f"receipt {receipt!r} of queue {queue!r} is stale: the message was deleted or "
+        "handed to another receiver"
+    )
+
+
+def too_many_deliveries(dequeue_count: int) -> str:
+    """The dead-letter reason for a message nobody managed to process."""
+    return f"delivered {dequeue_count} times without being deleted"
+
+
+def encode_row(row: IndexRow) -> bytes:
+    """An index row as stored."""
+    return msgspec.msgpack.encode(row)
+
+
+def decode_row(data: bytes) -> IndexRow:
+    """An index row from its stored form."""
+    return msgspec.msgpack.decode(data, type=IndexRow)
+
+
+def encode_cursor(row: IndexRow) -> str:
+    """The opaque cursor of the page that follows ``row`` (newest first)."""
+    return base64.urlsafe_b64encode(msgspec.json.encode([row.created_at, row.id])).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """The (created_at, id) position a cursor points after."""
+    try:
+        created_at, row_id = msgspec.json.decode(
+            base64.urlsafe_b64decode(cursor), type=tuple[float, str]
+        )
+    except (binascii.Error, ValueError, msgspec.DecodeError) as exc:
+        raise ValidationError(
+            f"index cursor {cursor!r} is not valid; pass a cursor from a previous page"
+        ) from exc
+    return created_at, row_id
+
+
+class Wakeups:
+    """Wakes the ``wait`` calls of a queue when this process sends to it.
+
+    Each wait parks a future of its own event loop, so one instance serves any
+    number of loops and threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+
+    async def wait(self, queue: str, timeout_s: float) -> None:
+        """Return at the next ``notify(queue)``, or after ``timeout_s``."""
+        if timeout_s <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            self._waiters.setdefault(queue, set()).add(future)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(future, timeout_s)
+        finally:
+            with self._lock:
+                waiters = self._waiters.get(queue, set())
+                waiters.discard(future)
+                if not waiters:
+                    self._waiters.pop(queue, None)
+
+    def notify(self, queue: str) -> None:
+        """Wake every current waiter of ``queue``."""
+        with self._lock:
+            waiters = self._waiters.pop(queue, set())
+        for future in waiters:
+            # The loop may be closed by now (a finished test); its waiter is gone too.
+            with contextlib.suppress(RuntimeError):
+                future.get_loop().call_soon_threadsafe(_wake, future)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

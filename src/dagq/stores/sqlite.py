@@ -1,0 +1,485 @@
+"""The sqlite backend: one file in WAL mode, shared safely by several processes.
+
+All SQL of a store runs on one thread that owns its connection; the async methods
+hand work to it with ``run_in_executor``. Operations of more than one statement run
+in ``BEGIN IMMEDIATE`` transactions, so processes never interleave them; a single
+statement is atomic on its own. Driver errors become
+:class:`~dagq.errors.StoreUnavailable` naming the file. The tables are in
+:mod:`dagq.stores.sqlite_schema`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing, contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dagq.errors import LeaseHeld, StoreUnavailable, ValidationError
+from dagq.stores.base import (
+    DEFAULT_MAX_DELIVERIES,
+    Clock,
+    DeadLetter,
+    Document,
+    IndexPage,
+    IndexRow,
+    Lease,
+    Message,
+    OutgoingMessage,
+    QueueDepth,
+    Store,
+)
+from dagq.stores.common import (
+    Wakeups,
+    check_limit,
+    check_max_deliveries,
+    check_outgoing,
+    check_page_size,
+    check_put,
+    check_receive,
+    check_statuses,
+    check_ttl,
+    check_visibility,
+    conflict,
+    decode_cursor,
+    decode_row,
+    encode_cursor,
+    encode_row,
+    lease_lost,
+    new_message_id,
+    new_token,
+    stale_receipt,
+    too_many_deliveries,
+)
+from dagq.stores.sqlite_schema import SCHEMA
+
+_T = TypeVar("_T")
+
+#: How long a statement waits for another process's write lock before giving up.
+BUSY_TIMEOUT_S = 10.0
+
+# Sends from any store on the same file in this process wake that file's waiters.
+_WAKEUPS: dict[Path, Wakeups] = {}
+_WAKEUPS_LOCK = threading.Lock()
+
+
+def path_from_url(url: str) -> Path:
+    """The file of a ``sqlite:///relative.db`` or ``sqlite:////absolute.db`` URL."""
+    if not url.startswith("sqlite:///") or url == "sqlite:///":
+        raise ValidationError(
+            f"store URL {url!r} is not a sqlite URL; write sqlite:///relative/path.db "
+            "or sqlite:////absolute/path.db"
+        )
+    return Path(url.removeprefix("sqlite:///"))
+
+
+def open_sqlite_store(
+    path: str | os.PathLike[str],
+    *,
+    clock: Clock = time.time,
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+) -> Store:
+    """Open (creating if needed) the store in one sqlite file; also takes a sqlite URL."""
+    check_max_deliveries(max_deliveries)
+    file = (
+        path_from_url(path) if isinstance(path, str) and path.startswith("sqlite:") else Path(path)
+    )
+    db = _Database(file, clock)
+    with _WAKEUPS_LOCK:
+        wakeups = _WAKEUPS.setdefault(file.resolve(), Wakeups())
+    return Store(
+        url=f"sqlite:///{file}",
+        documents=SqliteDocuments(db),
+        queues=SqliteQueues(db, wakeups, max_deliveries),
+        index=SqliteIndex(db),
+        leases=SqliteLeases(db),
+        closers=[db.close],
+    )
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    hint = "check that the path is a writable file location"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreUnavailable(f"cannot open sqlite store {path}: {exc}; {hint}") from exc
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        _retry_while_locked(lambda: conn.execute("PRAGMA journal_mode = WAL"))
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.create_function("dead_letter_reason", 1, too_many_deliveries, deterministic=True)
+        _retry_while_locked(lambda: conn.executescript(SCHEMA))
+    except sqlite3.Error as exc:
+        conn.close()
+        raise StoreUnavailable(f"cannot open sqlite store {path}: {exc}; {hint}") from exc
+    return conn
+
+
+def _retry_while_locked(statement: Callable[[], object]) -> None:
+    # Switching to WAL and creating tables need locks that other processes opening
+    # the same file may hold; sqlite does not always apply the busy timeout here.
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            statement()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+@contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+class _Database:
+    """One connection owned by one thread; ``run`` executes work there."""
+
+    def __init__(self, path: Path, clock: Clock) -> None:
+        self.path = path
+        self.clock = clock
+        self._closed = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dagq-sqlite")
+        try:
+            self._conn = self._executor.submit(_connect, path).result()
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            raise
+
+    async def run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        if self._closed:
+            raise StoreUnavailable(f"sqlite store {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, work, self._conn)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
+        self._executor.shutdown(wait=True)
+
+
+class SqliteDocuments:
+    """Documents in the ``documents`` table; a write names the etag it replaces."""
+
+    def __init__(self, db: _Database) -> None:
+        self._db = db
+
+    async def get(self, key: str) -> Document | None:
+        sql = "SELECT data, etag FROM documents WHERE key = ?"
+        row = await self._db.run(lambda c: c.execute(sql, (key,)).fetchone())
+        return None if row is None else Document(row[0], row[1])
+
+    async def put(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+    ) -> str:
+        check_put(if_match, if_none_match)
+        etag = new_token()
+        sql = "INSERT INTO documents (key, data, etag) VALUES (?, ?, ?) ON CONFLICT (key) DO "
+        args: tuple[Any, ...] = (key, bytes(data), etag)
+        if if_none_match:
+            sql += "NOTHING"
+        elif if_match is None:
+            sql += "UPDATE SET data = excluded.data, etag = excluded.etag"
+        else:
+            sql = "UPDATE documents SET data = ?, etag = ? WHERE key = ? AND etag = ?"
+            args = (bytes(data), etag, key, if_match)
+        if await self._db.run(lambda c: c.execute(sql, args).rowcount) == 0:
+            raise conflict(key, if_match)
+        return etag
+
+    async def delete(self, key: str, *, if_match: str | None = None) -> bool:
+        def work(c: sqlite3.Connection) -> bool:
+            if if_match is None:
+                return c.execute("DELETE FROM documents WHERE key = ?", (key,)).rowcount > 0
+            with _immediate(c):
+                sql = "DELETE FROM documents WHERE key = ? AND etag = ?"
+                if c.execute(sql, (key, if_match)).rowcount > 0:
+                    return True
+                sql = "SELECT 1 FROM documents WHERE key = ?"
+                if c.execute(sql, (key,)).fetchone() is not None:
+                    raise conflict(key, if_match)
+                return False
+
+        return await self._db.run(work)
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[str]:
+        check_limit(limit)
+        after_prefix = start_after is not None and start_after >= prefix
+        sql = f"SELECT key FROM documents WHERE key {'>' if after_prefix else '>='} ? ORDER BY key"
+        first = start_after if after_prefix else prefix
+
+        def work(c: sqlite3.Connection) -> list[str]:
+            # Keys come in order, so the first one without the prefix ends the scan.
+            keys: list[str] = []
+            with closing(c.execute(sql, (first,))) as rows:
+                for (key,) in rows:
+                    if len(keys) == limit or not key.startswith(prefix):
+                        break
+                    keys.append(key)
+            return keys
+
+        return await self._db.run(work)
+
+
+_DEAD_LETTER_OVERDUE = """
+INSERT INTO dead_letters (queue, id, body, dequeue_count, reason, dead_at)
+SELECT queue, id, body, dequeue_count, dead_letter_reason(dequeue_count), ?
+FROM messages INDEXED BY messages_overdue
+WHERE queue = ? AND dequeue_count >= ? AND visible_at <= ? ORDER BY visible_at, seq
+"""
+
+_TAKE_VISIBLE = """
+UPDATE messages
+SET visible_at = ?, receipt = lower(hex(randomblob(8))), dequeue_count = dequeue_count + 1
+WHERE seq IN (
+    SELECT seq FROM messages WHERE queue = ? AND visible_at <= ? ORDER BY visible_at, seq LIMIT ?
+)
+RETURNING seq, id, body, receipt, dequeue_count, enqueued_at
+"""
+
+
+class SqliteQueues:
+    """Messages in the ``messages`` table; a receive claims rows in one transaction."""
+
+    def __init__(self, db: _Database, wakeups: Wakeups, max_deliveries: int) -> None:
+        self._db = db
+        self._wakeups = wakeups
+        self._max_deliveries = max_deliveries
+
+    async def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
+        check_outgoing(queue, messages)
+        now = self._db.clock()
+        rows = [
+            (queue, m.id or new_message_id(), bytes(m.body), now, now + m.delay_s) for m in messages
+        ]
+        sql = (
+            "INSERT OR IGNORE INTO messages (queue, id, body, enqueued_at, visible_at) "
+            "VALUES (?, ?, ?, ?, ?)"
+        )
+
+        def work(c: sqlite3.Connection) -> None:
+            with _immediate(c):
+                c.executemany(sql, rows)
+
+        await self._db.run(work)
+        if rows:
+            self._wakeups.notify(queue)
+
+    async def receive(
+        self, queue: str, *, max_messages: int, visibility_timeout_s: float
+    ) -> list[Message]:
+        check_receive(max_messages, visibility_timeout_s)
+        now = self._db.clock()
+        most = self._max_deliveries
+        overdue = (now, queue, most, now)
+        take = (now + visibility_timeout_s, queue, now, max_messages)
+
+        def work(c: sqlite3.Connection) -> list[Any]:
+            with _immediate(c):
+                if c.execute(_DEAD_LETTER_OVERDUE, overdue).rowcount > 0:
+                    c.execute(
+                        "DELETE FROM messages INDEXED BY messages_overdue "
+                        "WHERE queue = ? AND dequeue_count >= ? AND visible_at <= ?",
+                        (queue, most, now),
+                    )
+                return c.execute(_TAKE_VISIBLE, take).fetchall()
+
+        rows = sorted(await self._db.run(work))
+        return [Message(queue, row[1], row[2], row[3], row[4], row[5]) for row in rows]
+
+    async def delete(self, queue: str, receipts: Sequence[str]) -> int:
+        sql = "DELETE FROM messages WHERE queue = ? AND receipt = ?"
+
+        def work(c: sqlite3.Connection) -> int:
+            with _immediate(c):
+                return sum(c.execute(sql, (queue, receipt)).rowcount for receipt in receipts)
+
+        return await self._db.run(work)
+
+    async def extend(self, queue: str, receipt: str, visibility_timeout_s: float) -> str:
+        check_visibility(visibility_timeout_s)
+        new_receipt = new_token()
+        args = (self._db.clock() + visibility_timeout_s, new_receipt, queue, receipt)
+        sql = "UPDATE messages SET visible_at = ?, receipt = ? WHERE queue = ? AND receipt = ?"
+        if await self._db.run(lambda c: c.execute(sql, args).rowcount) == 0:
+            raise stale_receipt(queue, receipt)
+        return new_receipt
+
+    async def dead_letter(self, queue: str, receipt: str, reason: str) -> None:
+        now = self._db.clock()
+
+        def work(c: sqlite3.Connection) -> None:
+            with _immediate(c):
+                row = c.execute(
+                    "DELETE FROM messages WHERE queue = ? AND receipt = ? "
+                    "RETURNING id, body, dequeue_count",
+                    (queue, receipt),
+                ).fetchone()
+                if row is not None:  # a stale receipt is ignored, as by delete
+                    c.execute(
+                        "INSERT INTO dead_letters (queue, id, body, dequeue_count, reason, "
+                        "dead_at) VALUES (?, ?, ?, ?, ?, ?)",
+                        (queue, *row, reason, now),
+                    )
+
+        await self._db.run(work)
+
+    async def dead_letters(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
+        check_limit(limit)
+        sql = (
+            "SELECT queue, id, body, dequeue_count, reason, dead_at FROM dead_letters "
+            "WHERE queue = ? ORDER BY seq LIMIT ?"
+        )
+        rows = await self._db.run(lambda c: c.execute(sql, (queue, limit)).fetchall())
+        return [DeadLetter(*row) for row in rows]
+
+    async def depth(self, queue: str) -> QueueDepth:
+        now = self._db.clock()
+        sql = (
+            "SELECT count(*), coalesce(sum(visible_at <= ?), 0), min(enqueued_at) "
+            "FROM messages WHERE queue = ?"
+        )
+        total, visible, oldest = await self._db.run(
+            lambda c: c.execute(sql, (now, queue)).fetchone()
+        )
+        age = 0.0 if oldest is None else max(0.0, now - oldest)
+        return QueueDepth(visible, total - visible, age)
+
+    async def wait(self, queue: str, timeout_s: float) -> None:
+        await self._wakeups.wait(queue, timeout_s)
+
+
+class SqliteIndex:
+    """Index rows in the ``index_rows`` table, with the filtered columns alongside."""
+
+    def __init__(self, db: _Database) -> None:
+        self._db = db
+
+    async def upsert(self, row: IndexRow) -> None:
+        sql = (
+            "INSERT OR REPLACE INTO index_rows "
+            "(id, name, status, tenant, created_at, updated_at, row) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
+        args = (row.id, row.name, row.status, row.tenant, row.created_at, row.updated_at)
+        data = encode_row(row)
+        await self._db.run(lambda c: c.execute(sql, (*args, data)))
+
+    async def get(self, workflow_id: str) -> IndexRow | None:
+        sql = "SELECT row FROM index_rows WHERE id = ?"
+        found = await self._db.run(lambda c: c.execute(sql, (workflow_id,)).fetchone())
+        return None if found is None else decode_row(found[0])
+
+    async def query(
+        self,
+        *,
+        status: Sequence[str] | None = None,
+        name: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> IndexPage:
+        check_page_size(limit)
+        check_statuses(status)
+        where, args = _index_filters(status, name, tenant, cursor)
+        sql = f"SELECT row FROM index_rows {where} ORDER BY created_at DESC, id DESC LIMIT ?"
+        found = await self._db.run(lambda c: c.execute(sql, (*args, limit + 1)).fetchall())
+        rows = [decode_row(data) for (data,) in found]
+        if len(rows) > limit:
+            return IndexPage(rows[:limit], encode_cursor(rows[limit - 1]))
+        return IndexPage(rows)
+
+    async def delete(self, workflow_id: str) -> bool:
+        sql = "DELETE FROM index_rows WHERE id = ?"
+        return await self._db.run(lambda c: c.execute(sql, (workflow_id,)).rowcount > 0)
+
+
+def _index_filters(
+    status: Sequence[str] | None, name: str | None, tenant: str | None, cursor: str | None
+) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    args: list[Any] = []
+    if status is not None:
+        clauses.append(f"status IN ({', '.join('?' for _ in status)})" if status else "0")
+        args.extend(status)
+    for column, value in (("name", name), ("tenant", tenant)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            args.append(value)
+    if cursor is not None:
+        created_at, row_id = decode_cursor(cursor)
+        clauses.append("(created_at, id) < (?, ?)")
+        args.extend((created_at, row_id))
+    return ("WHERE " + " AND ".join(clauses) if clauses else ""), args
+
+
+class SqliteLeases:
+    """Leases in the ``leases`` table; acquisition reads and writes in one transaction."""
+
+    def __init__(self, db: _Database) -> None:
+        self._db = db
+
+    async def acquire(self, name: str, owner: str, ttl_s: float, *, force: bool = False) -> Lease:
+        check_ttl(name, ttl_s)
+        now = self._db.clock()
+        lease = Lease(name, owner, new_token(), now, now + ttl_s)
+
+        def work(c: sqlite3.Connection) -> None:
+            with _immediate(c):
+                held = c.execute(
+                    "SELECT owner, acquired_at, expires_at FROM leases WHERE name = ?", (name,)
+                ).fetchone()
+                if held is not None and not force and held[0] != owner and held[2] > now:
+                    raise LeaseHeld(name, held[0], now - held[1], held[2] - now)
+                c.execute(
+                    "INSERT OR REPLACE INTO leases (name, owner, token, acquired_at, expires_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (name, owner, lease.token, now, lease.expires_at),
+                )
+
+        await self._db.run(work)
+        return lease
+
+    async def renew(self, lease: Lease, ttl_s: float) -> Lease:
+        check_ttl(lease.name, ttl_s)
+        expires_at = self._db.clock() + ttl_s
+        sql = "UPDATE leases SET expires_at = ? WHERE name = ? AND token = ?"
+        args = (expires_at, lease.name, lease.token)
+        if await self._db.run(lambda c: c.execute(sql, args).rowcount) == 0:
+            raise lease_lost(lease)
+        return replace(lease, expires_at=expires_at)
+
+    async def release(self, lease: Lease) -> None:
+        sql = "DELETE FROM leases WHERE name = ? AND token = ?"
+        await self._db.run(lambda c: c.execute(sql, (lease.name, lease.token)))
+
+    async def get(self, name: str) -> Lease | None:
+        sql = (
+            "SELECT name, owner, token, acquired_at, expires_at FROM leases "
+            "WHERE name = ? AND expires_at > ?"
+        )
+        row = await self._db.run(lambda c: c.execute(sql, (name, self._db.clock())).fetchone())
+        return None if row is None else Lease(*row)

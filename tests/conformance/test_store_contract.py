@@ -1,0 +1,689 @@
+"""The storage contract of ``dagq.stores.base``, run against every backend.
+
+Time is a fake clock (the ``clock`` fixture) wherever visibility timeouts, delays
+or leases matter; only ``Queues.wait`` is measured in real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+import pytest
+
+from dagq.errors import (
+    ConflictError,
+    LeaseHeld,
+    LeaseLost,
+    MessageLost,
+    MessageTooLarge,
+    ValidationError,
+)
+from dagq.stores.base import (
+    MAX_MESSAGE_BYTES,
+    IndexRow,
+    Message,
+    OutgoingMessage,
+    QueueDepth,
+    Store,
+)
+
+
+class FakeClock(Protocol):
+    now: float
+
+    def advance(self, seconds: float) -> None: ...
+
+
+def out(body: bytes, id: str | None = None, delay_s: float = 0.0) -> OutgoingMessage:
+    return OutgoingMessage(body=body, id=id, delay_s=delay_s)
+
+
+async def receive_one(store: Store, queue: str = "q", visibility: float = 30.0) -> Message:
+    [message] = await store.queues.receive(queue, max_messages=1, visibility_timeout_s=visibility)
+    return message
+
+
+# --- documents ----------------------------------------------------------------------
+
+
+async def test_get_of_a_missing_document_is_none(store: Store) -> None:
+    assert await store.documents.get("nope") is None
+
+
+async def test_put_then_get_returns_the_data_and_the_etag(store: Store) -> None:
+    etag = await store.documents.put("a", b"one")
+    document = await store.documents.get("a")
+    assert document is not None
+    assert (document.data, document.etag) == (b"one", etag)
+
+
+async def test_empty_documents_round_trip(store: Store) -> None:
+    await store.documents.put("empty", b"")
+    document = await store.documents.get("empty")
+    assert document is not None and document.data == b""
+
+
+async def test_every_put_returns_a_new_etag(store: Store) -> None:
+    first = await store.documents.put("a", b"same")
+    second = await store.documents.put("a", b"same")
+    assert first != second
+
+
+async def test_put_if_match_with_the_current_etag_replaces(store: Store) -> None:
+    etag = await store.documents.put("a", b"one")
+    new_etag = await store.documents.put("a", b"two", if_match=etag)
+    document = await store.documents.get("a")
+    assert document is not None
+    assert (document.data, document.etag) == (b"two", new_etag)
+
+
+async def test_put_if_match_with_a_stale_etag_conflicts_and_keeps_the_document(
+    store: Store,
+) -> None:
+    stale = await store.documents.put("a", b"one")
+    await store.documents.put("a", b"two")
+    with pytest.raises(ConflictError, match="'a'"):
+        await store.documents.put("a", b"three", if_match=stale)
+    document = await store.documents.get("a")
+    assert document is not None and document.data == b"two"
+
+
+async def test_put_if_match_on_a_missing_document_conflicts(store: Store) -> None:
+    with pytest.raises(ConflictError):
+        await store.documents.put("a", b"one", if_match="0123456789abcdef")
+    assert await store.documents.get("a") is None
+
+
+async def test_put_if_match_after_delete_and_recreate_conflicts(store: Store) -> None:
+    etag = await store.documents.put("a", b"one")
+    await store.documents.delete("a")
+    await store.documents.put("a", b"one")
+    with pytest.raises(ConflictError):
+        await store.documents.put("a", b"two", if_match=etag)
+
+
+async def test_put_if_none_match_creates_a_missing_document(store: Store) -> None:
+    etag = await store.documents.put("a", b"one", if_none_match=True)
+    document = await store.documents.get("a")
+    assert document is not None and document.etag == etag
+
+
+async def test_put_if_none_match_on_an_existing_document_conflicts(store: Store) -> None:
+    await store.documents.put("a", b"one")
+    with pytest.raises(ConflictError, match="exists"):
+        await store.documents.put("a", b"two", if_none_match=True)
+    document = await store.documents.get("a")
+    assert document is not None and document.data == b"one"
+
+
+async def test_put_with_both_conditions_is_rejected(store: Store) -> None:
+    with pytest.raises(ValidationError):
+        await store.documents.put("a", b"one", if_match="x", if_none_match=True)
+
+
+async def test_delete_removes_and_says_so(store: Store) -> None:
+    await store.documents.put("a", b"one")
+    assert await store.documents.delete("a") is True
+    assert await store.documents.get("a") is None
+    assert await store.documents.delete("a") is False
+
+
+async def test_delete_if_match_with_the_current_etag_removes(store: Store) -> None:
+    etag = await store.documents.put("a", b"one")
+    assert await store.documents.delete("a", if_match=etag) is True
+    assert await store.documents.get("a") is None
+
+
+async def test_delete_if_match_with_a_stale_etag_conflicts_and_keeps_it(store: Store) -> None:
+    stale = await store.documents.put("a", b"one")
+    await store.documents.put("a", b"two")
+    with pytest.raises(ConflictError):
+        await store.documents.delete("a", if_match=stale)
+    assert await store.documents.get("a") is not None
+
+
+async def test_delete_if_match_of_a_missing_document_returns_false(store: Store) -> None:
+    assert await store.documents.delete("a", if_match="0123456789abcdef") is False
+
+
+async def test_list_returns_the_keys_with_the_prefix_sorted(store: Store) -> None:
+    for key in ["wf/2/state", "wf/1/state", "wf/1/def", "wg/1", "w", "other"]:
+        await store.documents.put(key, b"")
+    assert await store.documents.list("wf/") == ["wf/1/def", "wf/1/state", "wf/2/state"]
+    assert await store.documents.list("wf/1/") == ["wf/1/def", "wf/1/state"]
+    assert await store.documents.list("none/") == []
+
+
+async def test_list_with_an_empty_prefix_returns_every_key(store: Store) -> None:
+    for key in ["b", "a", "c/d"]:
+        await store.documents.put(key, b"")
+    assert await store.documents.list("") == ["a", "b", "c/d"]
+
+
+async def test_list_pages_with_start_after_and_limit(store: Store) -> None:
+    keys = [f"k/{i:02d}" for i in range(7)]
+    for key in reversed(keys):
+        await store.documents.put(key, b"")
+    await store.documents.put("l/00", b"")
+    pages: list[list[str]] = []
+    after: str | None = None
+    while page := await store.documents.list("k/", start_after=after, limit=3):
+        pages.append(page)
+        after = page[-1]
+    assert pages == [keys[0:3], keys[3:6], keys[6:7]]
+
+
+async def test_list_start_after_before_the_prefix_starts_at_the_prefix(store: Store) -> None:
+    for key in ["a", "b/1", "b/2"]:
+        await store.documents.put(key, b"")
+    assert await store.documents.list("b/", start_after="a") == ["b/1", "b/2"]
+    assert await store.documents.list("b/", start_after="b/1") == ["b/2"]
+    assert await store.documents.list("b/", limit=0) == []
+
+
+# --- queues: sending and receiving --------------------------------------------------
+
+
+async def test_a_sent_message_is_received_with_its_fields(store: Store, clock: FakeClock) -> None:
+    await store.queues.send("q", [out(b"hello", id="m1")])
+    message = await receive_one(store)
+    assert (message.queue, message.id, message.body) == ("q", "m1", b"hello")
+    assert message.dequeue_count == 1
+    assert message.enqueued_at == clock.now
+    assert message.receipt
+
+
+async def test_receive_from_an_empty_queue_returns_nothing(store: Store) -> None:
+    assert await store.queues.receive("q", max_messages=10, visibility_timeout_s=30) == []
+
+
+async def test_receive_takes_at_most_max_messages_oldest_first(store: Store) -> None:
+    await store.queues.send("q", [out(f"{i}".encode()) for i in range(5)])
+    first = await store.queues.receive("q", max_messages=3, visibility_timeout_s=30)
+    rest = await store.queues.receive("q", max_messages=10, visibility_timeout_s=30)
+    assert [m.body for m in first] == [b"0", b"1", b"2"]
+    assert [m.body for m in rest] == [b"3", b"4"]
+
+
+async def test_messages_without_an_id_get_distinct_ids(store: Store) -> None:
+    await store.queues.send("q", [out(b"a"), out(b"a")])
+    messages = await store.queues.receive("q", max_messages=10, visibility_timeout_s=30)
+    assert len({m.id for m in messages}) == 2
+
+
+async def test_queues_are_independent(store: Store) -> None:
+    await store.queues.send("a", [out(b"for a")])
+    assert await store.queues.receive("b", max_messages=10, visibility_timeout_s=30) == []
+    assert (await receive_one(store, "a")).body == b"for a"
+
+
+async def test_receive_rejects_a_non_positive_max_messages(store: Store) -> None:
+    with pytest.raises(ValidationError):
+        await store.queues.receive("q", max_messages=0, visibility_timeout_s=30)
+
+
+async def test_a_received_message_stays_hidden_for_the_visibility_timeout(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.queues.send("q", [out(b"x")])
+    await receive_one(store, visibility=30)
+    clock.advance(29.9)
+    assert await store.queues.receive("q", max_messages=10, visibility_timeout_s=30) == []
+
+
+async def test_an_expired_message_is_redelivered_with_a_new_receipt(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.queues.send("q", [out(b"x", id="m")])
+    first = await receive_one(store, visibility=30)
+    clock.advance(30)
+    second = await receive_one(store, visibility=30)
+    assert (second.id, second.dequeue_count) == ("m", 2)
+    assert second.receipt != first.receipt
+    assert second.enqueued_at == first.enqueued_at
+
+
+async def test_delete_removes_received_messages_and_counts_them(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.queues.send("q", [out(b"a"), out(b"b"), out(b"c")])
+    messages = await store.queues.receive("q", max_messages=2, visibility_timeout_s=30)
+    assert await store.queues.delete("q", [m.receipt for m in messages]) == 2
+    clock.advance(60)
+    remaining = await store.queues.receive("q", max_messages=10, visibility_timeout_s=30)
+    assert [m.body for m in remaining] == [b"c"]
+
+
+async def test_delete_with_a_stale_receipt_is_a_no_op(store: Store, clock: FakeClock) -> None:
+    await store.queues.send("q", [out(b"x")])
+    first = await receive_one(store, visibility=30)
+    clock.advance(30)
+    second = await receive_one(store, visibility=30)
+    assert await store.queues.delete("q", [first.receipt, "unknown-receipt"]) == 0
+    assert await store.queues.delete("q", [second.receipt]) == 1
+
+
+async def test_delete_needs_the_right_queue(store: Store) -> None:
+    await store.queues.send("q", [out(b"x")])
+    message = await receive_one(store)
+    assert await store.queues.delete("other", [message.receipt]) == 0
+    assert await store.queues.delete("q", [message.receipt]) == 1
+
+
+async def test_extend_keeps_a_message_hidden_longer(store: Store, clock: FakeClock) -> None:
+    await store.queues.send("q", [out(b"x")])
+    message = await receive_one(store, visibility=10)
+    clock.advance(5)
+    new_receipt = await store.queues.extend("q", message.receipt, 60)
+    assert new_receipt != message.receipt
+    clock.advance(50)
+    assert await store.queues.receive("q", max_messages=1, visibility_timeout_s=30) == []
+    assert await store.queues.delete("q", [new_receipt]) == 1
+
+
+async def test_extend_makes_the_old_receipt_stale(store: Store) -> None:
+    await store.queues.send("q", [out(b"x")])
+    message = await receive_one(store)
+    await store.queues.extend("q", message.receipt, 60)
+    assert await store.queues.delete("q", [message.receipt]) == 0
+    with pytest.raises(MessageLost):
+        await store.queues.extend("q", message.receipt, 60)
+
+
+async def test_extend_after_delete_raises_message_lost(store: Store) -> None:
+    await store.queues.send("q", [out(b"x")])
+    message = await receive_one(store)
+    await store.queues.delete("q", [message.receipt])
+    with pytest.raises(MessageLost):
+        await store.queues.extend("q", message.receipt, 60)
+
+
+async def test_extend_after_redelivery_raises_message_lost(store: Store, clock: FakeClock) -> None:
+    await store.queues.send("q", [out(b"x")])
+    message = await receive_one(store, visibility=10)
+    clock.advance(10)
+    await receive_one(store)
+    with pytest.raises(MessageLost):
+        await store.queues.extend("q", message.receipt, 60)
+
+
+async def test_a_message_id_still_queued_is_not_added_again(store: Store) -> None:
+    await store.queues.send("q", [out(b"first", id="m"), out(b"second", id="m")])
+    await store.queues.send("q", [out(b"third", id="m")])
+    messages = await store.queues.receive("q", max_messages=10, visibility_timeout_s=30)
+    assert [(m.id, m.body) for m in messages] == [("m", b"first")]
+
+
+async def test_a_message_id_in_flight_is_not_added_again(store: Store, clock: FakeClock) -> None:
+    await store.queues.send("q", [out(b"first", id="m")])
+    await receive_one(store, visibility=30)
+    await store.queues.send("q", [out(b"again", id="m")])
+    clock.advance(30)
+    messages = await store.queues.receive("q", max_messages=10, visibility_timeout_s=30)
+    assert [(m.body, m.dequeue_count) for m in messages] == [(b"first", 2)]
+
+
+async def test_a_message_id_can_be_sent_again_after_delete(store: Store) -> None:
+    await store.queues.send("q", [out(b"first", id="m")])
+    await store.queues.delete("q", [(await receive_one(store)).receipt])
+    await store.queues.send("q", [out(b"second", id="m")])
+    message = await receive_one(store)
+    assert (message.body, message.dequeue_count) == (b"second", 1)
+
+
+async def test_the_same_id_in_two_queues_is_two_messages(store: Store) -> None:
+    await store.queues.send("a", [out(b"x", id="m")])
+    await store.queues.send("b", [out(b"x", id="m")])
+    assert (await receive_one(store, "a")).id == "m"
+    assert (await receive_one(store, "b")).id == "m"
+
+
+async def test_a_delayed_message_becomes_visible_after_its_delay(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.queues.send("q", [out(b"later", delay_s=10), out(b"now")])
+    assert [
+        m.body for m in await store.queues.receive("q", max_messages=10, visibility_timeout_s=30)
+    ] == [b"now"]
+    clock.advance(9.9)
+    assert await store.queues.receive("q", max_messages=10, visibility_timeout_s=30) == []
+    clock.advance(0.1)
+    assert (await receive_one(store)).body == b"later"
+
+
+async def test_extend_rejects_a_negative_visibility_timeout(store: Store) -> None:
+    await store.queues.send("q", [out(b"x")])
+    message = await receive_one(store)
+    with pytest.raises(ValidationError):
+        await store.queues.extend("q", message.receipt, -1)
+
+
+async def test_a_negative_delay_is_rejected(store: Store) -> None:
+    with pytest.raises(ValidationError):
+        await store.queues.send("q", [out(b"x", delay_s=-1)])
+
+
+async def test_a_message_of_exactly_the_size_limit_is_accepted(store: Store) -> None:
+    body = b"x" * MAX_MESSAGE_BYTES
+    await store.queues.send("q", [out(body)])
+    assert (await receive_one(store)).body == body
+
+
+async def test_an_oversized_message_rejects_the_whole_batch(store: Store) -> None:
+    with pytest.raises(MessageTooLarge, match=str(MAX_MESSAGE_BYTES)):
+        await store.queues.send("q", [out(b"ok"), out(b"x" * (MAX_MESSAGE_BYTES + 1))])
+    assert (await store.queues.depth("q")).visible == 0
+
+
+# --- queues: dead letters, depth, wait ----------------------------------------------
+
+
+async def test_a_message_past_max_deliveries_is_dead_lettered(
+    store: Store, clock: FakeClock, max_deliveries: int
+) -> None:
+    await store.queues.send("q", [out(b"poison", id="p"), out(b"fine", id="f")])
+    for attempt in range(1, max_deliveries + 1):
+        messages = await store.queues.receive("q", max_messages=10, visibility_timeout_s=10)
+        assert [m.dequeue_count for m in messages if m.id == "p"] == [attempt]
+        await store.queues.delete("q", [m.receipt for m in messages if m.id == "f"])
+        clock.advance(10)
+    assert await store.queues.receive("q", max_messages=10, visibility_timeout_s=10) == []
+    [dead] = await store.queues.dead_letters("q")
+    assert (dead.queue, dead.id, dead.body) == ("q", "p", b"poison")
+    assert dead.dequeue_count == max_deliveries
+    assert f"{max_deliveries} times" in dead.reason
+    assert dead.dead_at == clock.now
+    assert (await store.queues.depth("q")).visible == 0
+
+
+async def test_dead_letter_moves_a_received_message_with_the_reason(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.queues.send("q", [out(b"garbage", id="g")])
+    message = await receive_one(store)
+    await store.queues.dead_letter("q", message.receipt, "cannot parse")
+    [dead] = await store.queues.dead_letters("q")
+    assert (dead.id, dead.body, dead.dequeue_count, dead.reason) == (
+        "g",
+        b"garbage",
+        1,
+        "cannot parse",
+    )
+    clock.advance(60)
+    assert await store.queues.receive("q", max_messages=10, visibility_timeout_s=30) == []
+
+
+async def test_dead_letter_with_a_stale_receipt_is_a_no_op(store: Store, clock: FakeClock) -> None:
+    await store.queues.send("q", [out(b"x")])
+    stale = await receive_one(store, visibility=10)
+    clock.advance(10)
+    current = await receive_one(store, visibility=10)
+    await store.queues.dead_letter("q", stale.receipt, "too late")
+    assert await store.queues.dead_letters("q") == []
+    assert await store.queues.delete("q", [current.receipt]) == 1
+
+
+async def test_dead_letters_are_listed_oldest_first_up_to_the_limit(
+    store: Store, clock: FakeClock
+) -> None:
+    await store.queues.send("q", [out(b"", id=f"m{i}") for i in range(3)])
+    for message in await store.queues.receive("q", max_messages=3, visibility_timeout_s=30):
+        await store.queues.dead_letter("q", message.receipt, f"reason {message.id}")
+        clock.advance(1)
+    assert [d.id for d in await store.queues.dead_letters("q")] == ["m0", "m1", "m2"]
+    assert [d.id for d in await store.queues.dead_letters("q", limit=2)] == ["m0", "m1"]
+    assert await store.queues.dead_letters("other") == []
+
+
+async def test_depth_counts_visible_and_invisible_and_the_oldest_age(
+    store: Store, clock: FakeClock
+) -> None:
+    assert await store.queues.depth("q") == QueueDepth(visible=0, invisible=0, oldest_age_s=0.0)
+    await store.queues.send("q", [out(b"a"), out(b"b")])
+    clock.advance(5)
+    await store.queues.send("q", [out(b"c"), out(b"d", delay_s=60)])
+    await receive_one(store)
+    clock.advance(2)
+    depth = await store.queues.depth("q")
+    assert (depth.visible, depth.invisible) == (2, 2)
+    assert depth.oldest_age_s == pytest.approx(7)
+
+
+async def test_wait_wakes_as_soon_as_a_message_is_sent(store: Store) -> None:
+    waiter = asyncio.create_task(store.queues.wait("q", 30))
+    await asyncio.sleep(0.01)
+    started = time.monotonic()
+    await store.queues.send("q", [out(b"x")])
+    await asyncio.wait_for(waiter, 5)
+    assert time.monotonic() - started < 1
+
+
+async def test_wait_ignores_sends_to_other_queues(store: Store) -> None:
+    waiter = asyncio.create_task(store.queues.wait("q", 0.2))
+    await asyncio.sleep(0.01)
+    await store.queues.send("other", [out(b"x")])
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await asyncio.wait_for(waiter, 5)
+
+
+async def test_wait_returns_after_the_timeout(store: Store) -> None:
+    started = time.monotonic()
+    await asyncio.wait_for(store.queues.wait("q", 0.05), 5)
+    assert time.monotonic() - started >= 0.04
+
+
+# --- index --------------------------------------------------------------------------
+
+
+def row(id: str, created_at: float, **fields: object) -> IndexRow:
+    values: dict[str, object] = {"name": "etl", "status": "running", "updated_at": created_at}
+    values.update(fields)
+    return IndexRow(id=id, created_at=created_at, **values)  # type: ignore[arg-type]
+
+
+async def test_an_upserted_row_is_returned_by_get(store: Store) -> None:
+    original = row("w1", 100.0, tenant="acme", data={"tasks": 3, "tags": ["a"]})
+    await store.index.upsert(original)
+    assert await store.index.get("w1") == original
+
+
+async def test_get_of_a_missing_row_is_none(store: Store) -> None:
+    assert await store.index.get("nope") is None
+
+
+async def test_upsert_replaces_the_row_with_the_same_id(store: Store) -> None:
+    await store.index.upsert(row("w1", 100.0))
+    await store.index.upsert(row("w1", 100.0, status="succeeded", updated_at=200.0))
+    found = await store.index.get("w1")
+    assert found is not None and (found.status, found.updated_at) == ("succeeded", 200.0)
+    assert [r.id for r in (await store.index.query(status=["running"])).rows] == []
+
+
+async def test_query_returns_the_newest_first(store: Store) -> None:
+    for i, created_at in enumerate([300.0, 100.0, 200.0]):
+        await store.index.upsert(row(f"w{i}", created_at))
+    page = await store.index.query()
+    assert [r.id for r in page.rows] == ["w0", "w2", "w1"]
+    assert page.cursor is None
+
+
+async def test_query_filters_by_status_name_and_tenant(store: Store) -> None:
+    rows = [
+        row("a", 1.0, status="running", name="etl", tenant="x"),
+        row("b", 2.0, status="failed", name="etl", tenant="y"),
+        row("c", 3.0, status="succeeded", name="report", tenant="x"),
+        row("d", 4.0, status="running", name="report"),
+    ]
+    for each in rows:
+        await store.index.upsert(each)
+
+    async def ids(**filters: object) -> list[str]:
+        return [r.id for r in (await store.index.query(**filters)).rows]  # type: ignore[arg-type]
+
+    assert await ids(status=["running"]) == ["d", "a"]
+    assert await ids(status=["running", "failed"]) == ["d", "b", "a"]
+    assert await ids(status=[]) == []
+    assert await ids(name="etl") == ["b", "a"]
+    assert await ids(tenant="x") == ["c", "a"]
+    assert await ids(tenant="") == ["d"]
+    assert await ids(status=["running"], name="report", tenant="") == ["d"]
+
+
+async def test_query_pages_through_every_row_once(store: Store) -> None:
+    # Ties on created_at are ordered by id, newest (largest) first.
+    for i in range(7):
+        await store.index.upsert(row(f"w{i}", float(i // 2)))
+    seen: list[str] = []
+    cursor: str | None = None
+    pages = 0
+    while True:
+        page = await store.index.query(limit=3, cursor=cursor)
+        seen.extend(r.id for r in page.rows)
+        pages += 1
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    assert seen == ["w6", "w5", "w4", "w3", "w2", "w1", "w0"]
+    assert pages == 3
+
+
+async def test_query_paging_keeps_the_filters(store: Store) -> None:
+    for i in range(6):
+        await store.index.upsert(row(f"w{i}", float(i), status="failed" if i % 2 else "running"))
+    first = await store.index.query(status=["failed"], limit=2)
+    assert first.cursor is not None
+    second = await store.index.query(status=["failed"], limit=2, cursor=first.cursor)
+    assert [r.id for r in first.rows + second.rows] == ["w5", "w3", "w1"]
+    assert second.cursor is None
+
+
+async def test_query_rejects_a_single_string_as_status(store: Store) -> None:
+    with pytest.raises(ValidationError, match="list of statuses"):
+        await store.index.query(status="running")
+
+
+async def test_query_rejects_a_malformed_cursor(store: Store) -> None:
+    with pytest.raises(ValidationError, match="cursor"):
+        await store.index.query(cursor="not a cursor")
+
+
+async def test_index_delete_removes_the_row_and_says_so(store: Store) -> None:
+    await store.index.upsert(row("w1", 1.0))
+    assert await store.index.delete("w1") is True
+    assert await store.index.get("w1") is None
+    assert await store.index.delete("w1") is False
+    assert (await store.index.query()).rows == []
+
+
+# --- leases -------------------------------------------------------------------------
+
+
+async def test_a_free_lease_is_acquired(store: Store, clock: FakeClock) -> None:
+    lease = await store.leases.acquire("coordinator", "host-1", 30)
+    assert (lease.name, lease.owner) == ("coordinator", "host-1")
+    assert (lease.acquired_at, lease.expires_at) == (clock.now, clock.now + 30)
+    assert await store.leases.get("coordinator") == lease
+
+
+async def test_a_held_lease_refuses_another_owner(store: Store, clock: FakeClock) -> None:
+    await store.leases.acquire("coordinator", "host-1", 30)
+    clock.advance(10)
+    with pytest.raises(LeaseHeld) as raised:
+        await store.leases.acquire("coordinator", "host-2", 30)
+    assert raised.value.holder == "host-1"
+    assert raised.value.age_s == pytest.approx(10)
+    assert raised.value.expires_in_s == pytest.approx(20)
+
+
+async def test_an_expired_lease_is_taken_over_with_a_new_token(
+    store: Store, clock: FakeClock
+) -> None:
+    old = await store.leases.acquire("coordinator", "host-1", 30)
+    clock.advance(30)
+    new = await store.leases.acquire("coordinator", "host-2", 30)
+    assert new.owner == "host-2" and new.token != old.token
+
+
+async def test_force_takes_a_held_lease(store: Store) -> None:
+    old = await store.leases.acquire("coordinator", "host-1", 30)
+    new = await store.leases.acquire("coordinator", "host-2", 30, force=True)
+    assert new.token != old.token
+    with pytest.raises(LeaseLost):
+        await store.leases.renew(old, 30)
+
+
+async def test_the_same_owner_may_acquire_again_with_a_new_token(store: Store) -> None:
+    old = await store.leases.acquire("coordinator", "host-1", 30)
+    new = await store.leases.acquire("coordinator", "host-1", 30)
+    assert new.token != old.token
+
+
+async def test_renew_extends_a_held_lease(store: Store, clock: FakeClock) -> None:
+    lease = await store.leases.acquire("coordinator", "host-1", 30)
+    clock.advance(20)
+    renewed = await store.leases.renew(lease, 30)
+    assert renewed.token == lease.token
+    assert renewed.expires_at == clock.now + 30
+    clock.advance(20)
+    assert await store.leases.get("coordinator") == renewed
+
+
+async def test_renew_of_an_expired_lease_nobody_took_succeeds(
+    store: Store, clock: FakeClock
+) -> None:
+    lease = await store.leases.acquire("coordinator", "host-1", 30)
+    clock.advance(60)
+    renewed = await store.leases.renew(lease, 30)
+    assert await store.leases.get("coordinator") == renewed
+
+
+async def test_renew_after_a_takeover_raises_lease_lost(store: Store, clock: FakeClock) -> None:
+    lease = await store.leases.acquire("coordinator", "host-1", 30)
+    clock.advance(31)
+    await store.leases.acquire("coordinator", "host-2", 30)
+    with pytest.raises(LeaseLost, match="coordinator"):
+        await store.leases.renew(lease, 30)
+
+
+async def test_renew_after_release_raises_lease_lost(store: Store) -> None:
+    lease = await store.leases.acquire("coordinator", "host-1", 30)
+    await store.leases.release(lease)
+    with pytest.raises(LeaseLost):
+        await store.leases.renew(lease, 30)
+
+
+async def test_release_frees_the_lease_for_another_owner(store: Store) -> None:
+    lease = await store.leases.acquire("coordinator", "host-1", 30)
+    await store.leases.release(lease)
+    assert await store.leases.get("coordinator") is None
+    assert (await store.leases.acquire("coordinator", "host-2", 30)).owner == "host-2"
+
+
+async def test_release_of_a_lease_no_longer_held_keeps_the_new_holder(
+    store: Store, clock: FakeClock
+) -> None:
+    old = await store.leases.acquire("coordinator", "host-1", 30)
+    clock.advance(31)
+    new = await store.leases.acquire("coordinator", "host-2", 30)
+    await store.leases.release(old)
+    assert await store.leases.get("coordinator") == new
+
+
+async def test_get_of_an_expired_or_unknown_lease_is_none(store: Store, clock: FakeClock) -> None:
+    await store.leases.acquire("coordinator", "host-1", 30)
+    clock.advance(30)
+    assert await store.leases.get("coordinator") is None
+    assert await store.leases.get("never") is None
+
+
+async def test_leases_are_independent_by_name(store: Store) -> None:
+    await store.leases.acquire("a", "host-1", 30)
+    assert (await store.leases.acquire("b", "host-2", 30)).owner == "host-2"
+
+
+async def test_acquire_rejects_a_non_positive_ttl(store: Store) -> None:
+    with pytest.raises(ValidationError):
+        await store.leases.acquire("a", "host-1", 0)
