@@ -185,10 +185,32 @@ def _convert_error(
     path: list[PathPart] = []
     for name, index, key in _PATH_PART.findall(at.rstrip("`")):
         path.append(int(index) if index else (name or key))
-    detail = message.replace("`", "'")
+    detail = _friendly(message.replace("`", "'"))
     if not path:
         return ValidationError(f"{source}: {detail}")
     return ValidationError(f"{_where(source, raw, path, locate)}: {detail}")
+
+
+_TYPE_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "bool": "true or false",
+    "array": "a list",
+    "object": "a mapping",
+    "null": "null",
+}
+_EXPECTED = re.compile(r"^Expected '([^']+)', got '([^']+)'$")
+
+
+def _friendly(detail: str) -> str:
+    """``Expected 'int | null', got 'str'`` → ``expected an integer or null, got a string``."""
+    match = _EXPECTED.match(detail)
+    if match is None:
+        return detail
+    wanted = " or ".join(_TYPE_WORDS.get(t.strip(), t.strip()) for t in match.group(1).split("|"))
+    got = _TYPE_WORDS.get(match.group(2), match.group(2))
+    return f"expected {wanted}, got {got}"
 
 
 def _where(

@@ -41,13 +41,9 @@ def resolve(call: str) -> tuple[Callable[..., Any], bool, bool, bool]:
     if not callable(target):
         raise ImportFailed(f"'{call}' is not callable")
     parameters = inspect.signature(target).parameters
-    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    return (
-        target,
-        inspect.iscoroutinefunction(target),
-        var_kw or "inputs" in parameters,
-        var_kw or "ctx" in parameters,
-    )
+    # Only a parameter that names them explicitly receives inputs / ctx, so a function
+    # taking **kwargs gets exactly its args.
+    return target, inspect.iscoroutinefunction(target), "inputs" in parameters, "ctx" in parameters
 
 
 def add_import_paths(paths: Iterable[str]) -> None:

@@ -1,0 +1,43 @@
+"""Task functions used by tests (importable by workers as ``tests.sample_tasks:...``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from dagq import NonRetryable, RetryAfter, TaskContext
+
+
+def echo(**kwargs: Any) -> dict[str, Any]:
+    return kwargs
+
+
+def big(size: int) -> str:
+    return "x" * size
+
+
+def length(inputs: dict[str, Any]) -> int:
+    return sum(len(v) for v in inputs.values())
+
+
+def context(ctx: TaskContext) -> dict[str, Any]:
+    return {"task": ctx.task, "attempt": ctx.attempt, "key": ctx.idempotency_key}
+
+
+async def nap(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return "rested"
+
+
+def refuse() -> None:
+    raise NonRetryable("bad input, do not retry")
+
+
+def busy_once(ctx: TaskContext) -> int:
+    if ctx.attempt == 1:
+        raise RetryAfter(0.01, "busy")
+    return ctx.attempt
+
+
+def unserialisable() -> object:
+    return object()

@@ -1,0 +1,61 @@
+"""The README is tested: its commands are the ones CI runs, its examples are valid."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dagq.loading import load_data
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+CI = (ROOT / ".ci" / "run").read_text()
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+
+
+def test_readme_starts_with_the_two_commands_and_ci_runs_them_verbatim() -> None:
+    commands = [b.strip() for b in blocks("bash")[:2]]
+    assert commands[0].startswith("pip install -e . && dagq run examples/")
+    assert "pytest" in commands[1]
+    for command in commands:
+        assert command in CI
+
+
+def test_the_main_example_exists() -> None:
+    command = blocks("bash")[0]
+    example = re.search(r"dagq run (\S+)", command)
+    assert example is not None
+    assert (ROOT / example.group(1)).is_file()
+
+
+@pytest.mark.parametrize("text", [b for b in blocks("yaml") if "tasks:" in b])
+def test_yaml_examples_in_the_readme_are_valid(text: str) -> None:
+    load_data(yaml.safe_load(text), source="README")
+
+
+def test_condition_examples_in_the_readme_parse() -> None:
+    from dagq import expression
+
+    block = next(b for b in blocks("text") if "inputs.train.mae" in b)
+    for line in block.splitlines():
+        text = line.split("  #")[0].strip()
+        if text:
+            expression.parse(text)
+
+
+def test_python_example_in_the_readme_builds_a_valid_definition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dagq.builder import load_python_file
+
+    source = next(b for b in blocks("python") if "Workflow(" in b)
+    module = tmp_path / "readme_example.py"
+    module.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    definition = load_python_file(module)
+    assert [t.name for t in definition.tasks] == ["download", "transform", "load"]
+    assert definition.tasks[1].call == "readme_example:transform"

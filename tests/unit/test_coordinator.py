@@ -1,0 +1,252 @@
+"""The coordinator on the memory store with a fake clock: batching, CAS, repairs, sweeps."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from dagq import keys, state
+from dagq.coordinator import Coordinator, CoordinatorOptions
+from dagq.errors import LeaseHeld, StoreUnavailable
+from dagq.messages import TaskFinished, TaskStarted, decode_task, encode_events
+from dagq.stores.base import OutgoingMessage, Store
+from dagq.stores.memory import open_memory_store
+from dagq.submission import request_cancel, submit
+from tests.conformance.conftest import FakeClock
+from tests.helpers import definition
+
+
+class Spy:
+    """Wraps a store's documents: counts puts by key prefix, can fail them on demand."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.puts: Counter[str] = Counter()
+        self.fail_prefix: str | None = None
+
+    async def put(self, key: str, data: bytes, **kw: Any) -> str:
+        if self.fail_prefix and key.startswith(self.fail_prefix):
+            raise StoreUnavailable(f"injected failure writing {key}")
+        self.puts[key.split("/")[0]] += 1
+        return str(await self.inner.put(key, data, **kw))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(clock: FakeClock) -> Store:
+    store = open_memory_store(clock=clock)
+    store.documents = Spy(store.documents)
+    return store
+
+
+def coordinator(store: Store, clock: FakeClock, **options: Any) -> Coordinator:
+    return Coordinator(store, CoordinatorOptions(**options), clock=clock)
+
+
+def fan_out(n: int, **workflow: Any) -> Any:
+    tasks = [{"name": "root"}] + [{"name": f"t{i}", "depends_on": ["root"]} for i in range(n)]
+    return definition(tasks, **workflow)
+
+
+async def take_tasks(store: Store, queue: str = "default") -> list[Any]:
+    messages = await store.queues.receive(queue, max_messages=1000, visibility_timeout_s=60)
+    return [decode_task(m.body) for m in messages]
+
+
+async def post(store: Store, *events: Any) -> None:
+    await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events(list(events)))])
+
+
+def finished(task: Any, clock: FakeClock, ok: bool = True, **extra: Any) -> TaskFinished:
+    return TaskFinished(workflow_id=task.workflow_id, task=task.task, attempt=task.attempt,
+                        at=clock(), ok=ok, **extra)
+
+
+async def load_state(store: Store, workflow_id: str, plan: Any) -> state.RunState:
+    doc = await store.documents.get(keys.state(workflow_id))
+    assert doc is not None
+    return state.decode(doc.data, plan)
+
+
+async def test_a_batch_writes_each_touched_state_once(store: Store, clock: FakeClock) -> None:
+    coord = coordinator(store, clock)
+    a = await submit(store, fan_out(50), workflow_id="a", clock=clock)
+    b = await submit(store, fan_out(50), workflow_id="b", clock=clock)
+    await coord.step()
+    roots = await take_tasks(store)
+    await post(store, *[finished(t, clock) for t in roots])
+    await coord.step()
+    tasks = await take_tasks(store)
+    assert len(tasks) == 100
+    before = store.documents.puts["states"]
+    await post(store, *[finished(t, clock) for t in tasks])
+    await coord.step()
+    assert store.documents.puts["states"] - before == 2
+    for result in (a, b):
+        assert (await load_state(store, result.workflow_id, result.plan)).status == "completed"
+
+
+async def test_events_are_acknowledged_only_after_their_flush(store: Store, clock: FakeClock) -> None:
+    coord = coordinator(store, clock)
+    result = await submit(store, fan_out(1), workflow_id="w", clock=clock)
+    await coord.step()
+    [root] = await take_tasks(store)
+    store.documents.fail_prefix = "states/"
+    await post(store, finished(root, clock))
+    await coord.step()
+    depth = await store.queues.depth(keys.COMPLETIONS_QUEUE)
+    assert depth.visible + depth.invisible == 1  # not acknowledged
+    store.documents.fail_prefix = None
+    clock.advance(60)  # the event becomes visible again and is re-applied from the store
+    await coord.step()
+    st = await load_state(store, "w", result.plan)
+    assert st.status_of(0).label == "completed"
+
+
+async def test_a_lost_cas_race_rereads_and_reapplies(store: Store, clock: FakeClock) -> None:
+    one, two = coordinator(store, clock), coordinator(store, clock)
+    result = await submit(store, fan_out(2), workflow_id="w", clock=clock)
+    await one.step()
+    [root] = await take_tasks(store)
+    await one.advance("w", [finished(root, clock)])
+    t0, t1 = await take_tasks(store)
+    await two.advance("w", [finished(t0, clock)])  # two loads fresh: fine
+    await one.advance("w", [finished(t1, clock)])  # one's copy is stale: must re-read
+    assert one.stats.conflicts == 1
+    st = await load_state(store, "w", result.plan)
+    assert st.status == "completed"
+
+
+async def test_index_row_follows_each_flush(store: Store, clock: FakeClock) -> None:
+    coord = coordinator(store, clock)
+    await submit(store, fan_out(2), workflow_id="w", clock=clock)
+    row = await store.index.get("w")
+    assert row is not None and row.status == "pending"
+    await coord.step()
+    row = await store.index.get("w")
+    assert row is not None and row.status == "running"
+    assert row.data["counts"] == {"pending": 2, "ready": 1}
+
+
+async def test_a_crash_between_flush_and_send_is_repaired(store: Store, clock: FakeClock) -> None:
+    crashed = coordinator(store, clock)
+    await submit(store, fan_out(1), workflow_id="w", clock=clock)
+    original = store.queues.send
+
+    async def lose_task_messages(queue: str, messages: Any) -> None:
+        if queue != keys.COMPLETIONS_QUEUE:
+            raise StoreUnavailable("crash before send")
+        await original(queue, messages)
+
+    store.queues.send = lose_task_messages  # type: ignore[method-assign]
+    await crashed.step()
+    store.queues.send = original  # type: ignore[method-assign]
+    assert await take_tasks(store) == []
+    fresh = coordinator(store, clock, repair_grace_s=5)
+    await fresh.rescan()
+    clock.advance(10)
+    await fresh.sweep()
+    [root] = await take_tasks(store)
+    assert (root.name, root.attempt) == ("root", 1)
+
+
+async def test_repair_does_not_duplicate_a_message_still_queued(store: Store, clock: FakeClock) -> None:
+    await submit(store, fan_out(1), workflow_id="w", clock=clock)
+    await coordinator(store, clock).step()
+    fresh = coordinator(store, clock, repair_grace_s=1)
+    await fresh.rescan()
+    clock.advance(10)
+    await fresh.sweep()
+    assert len(await take_tasks(store)) == 1
+
+
+async def test_rescan_activates_a_workflow_whose_submit_event_was_lost(store: Store, clock: FakeClock) -> None:
+    await submit(store, fan_out(1), workflow_id="w", clock=clock)
+    await store.queues.receive(keys.COMPLETIONS_QUEUE, max_messages=10, visibility_timeout_s=1e6)
+    await coordinator(store, clock).rescan()
+    assert [t.name for t in await take_tasks(store)] == ["root"]
+
+
+async def test_an_attempt_that_outlives_its_timeout_is_failed_and_retried(store: Store, clock: FakeClock) -> None:
+    coord = coordinator(store, clock, timeout_grace_s=5)
+    d = definition([{"name": "slow", "timeout_s": 10, "num_retries": 1, "retry": {"backoff_s": 0}}])
+    result = await submit(store, d, workflow_id="w", clock=clock)
+    await coord.step()
+    [task] = await take_tasks(store)
+    await post(store, TaskStarted(workflow_id="w", task=0, attempt=1, at=clock()))
+    await coord.step()
+    clock.advance(14)
+    await coord.sweep()
+    assert (await load_state(store, "w", result.plan)).attempt[0] == 1
+    clock.advance(2)
+    await coord.sweep()
+    st = await load_state(store, "w", result.plan)
+    assert st.attempt[0] == 2 and "timeout" in st.errors[0]
+
+
+async def test_a_deadline_fails_the_workflow(store: Store, clock: FakeClock) -> None:
+    coord = coordinator(store, clock)
+    result = await submit(store, fan_out(1, deadline_s=30), workflow_id="w", clock=clock)
+    await coord.step()
+    clock.advance(31)
+    await coord.sweep()
+    st = await load_state(store, "w", result.plan)
+    assert st.status == "failed" and "deadline" in (st.error or "")
+
+
+async def test_cancel_writes_the_stop_marker_and_removes_it_at_the_end(store: Store, clock: FakeClock) -> None:
+    coord = coordinator(store, clock)
+    await submit(store, fan_out(1), workflow_id="w", clock=clock)
+    await coord.step()
+    [root] = await take_tasks(store)
+    await post(store, TaskStarted(workflow_id="w", task=0, attempt=1, at=clock()))
+    await request_cancel(store, "w")
+    await coord.step()
+    assert await store.documents.get(keys.control("w")) is not None
+    await post(store, finished(root, clock, ok=False, error="stopped"))
+    await coord.step()
+    assert await store.documents.get(keys.control("w")) is None
+    row = await store.index.get("w")
+    assert row is not None and row.status == "cancelled"
+
+
+async def test_unreadable_event_goes_to_the_dead_letter_queue(store: Store, clock: FakeClock) -> None:
+    coord = coordinator(store, clock)
+    await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(b"\xc1garbage")])
+    await coord.step()
+    [dead] = await store.queues.dead_letters(keys.COMPLETIONS_QUEUE)
+    assert "cannot be parsed" in dead.reason
+
+
+async def test_a_second_coordinator_is_refused_while_the_lease_is_held(store: Store, clock: FakeClock) -> None:
+    first = coordinator(store, clock)
+    stop = asyncio.Event()
+    running = asyncio.create_task(first.run(stop))
+    while first.lease.lease is None:
+        await asyncio.sleep(0.01)
+    with pytest.raises(LeaseHeld):
+        await coordinator(store, clock).run(asyncio.Event())
+    stop.set()
+    await asyncio.wait_for(running, 5)
+    assert await store.leases.get(keys.COORDINATOR_LEASE) is None
+
+
+async def test_a_coordinator_that_lost_its_lease_stops_writing(store: Store, clock: FakeClock) -> None:
+    coord = coordinator(store, clock)
+    await submit(store, fan_out(1), workflow_id="w", clock=clock)
+    coord.lease.lost = True
+    before = store.documents.puts["states"]
+    assert await coord.advance("w", []) is True  # nothing to write yet
+    assert await coord.advance("w", [TaskStarted(workflow_id="w", task=0, attempt=1, at=clock())]) is True
+    await coord.step()
+    assert store.documents.puts["states"] == before
