@@ -22,8 +22,13 @@ def definition(tasks: list[dict[str, Any]], **workflow: Any) -> Any:
 class Sim:
     """Drives the pure state machine by hand: no store, no clock, no workers."""
 
-    def __init__(self, tasks: list[dict[str, Any]], *, overrides: dict[str, Any] | None = None,
-                 **workflow: Any) -> None:
+    def __init__(
+        self,
+        tasks: list[dict[str, Any]],
+        *,
+        overrides: dict[str, Any] | None = None,
+        **workflow: Any,
+    ) -> None:
         d = definition(tasks, **workflow)
         self.plan: Plan = compile_plan(d, resolve_params(d, overrides or {}))
         self.state = RunState("wf-1", len(self.plan.tasks), created_at=1000.0)
@@ -40,7 +45,9 @@ class Sim:
         return fx
 
     def _collect(self, fx: machine.Effects) -> None:
-        self.dispatched += [(self.plan.tasks[d.task].name, d.attempt, d.delay_s) for d in fx.dispatch]
+        self.dispatched += [
+            (self.plan.tasks[d.task].name, d.attempt, d.delay_s) for d in fx.dispatch
+        ]
         self.history += fx.history
         self.finished |= fx.finished
         self.stop |= fx.stop
@@ -53,15 +60,33 @@ class Sim:
 
     def started(self, name: str, attempt: int | None = None) -> machine.Effects:
         i = self.index(name)
-        return self.apply(TaskStarted(workflow_id="wf-1", task=i,
-                                      attempt=attempt or self.state.attempt[i], at=self.now))
+        return self.apply(
+            TaskStarted(
+                workflow_id="wf-1", task=i, attempt=attempt or self.state.attempt[i], at=self.now
+            )
+        )
 
-    def finish(self, name: str, *, ok: bool = True, output: Any = None, attempt: int | None = None,
-               **extra: Any) -> machine.Effects:
+    def finish(
+        self,
+        name: str,
+        *,
+        ok: bool = True,
+        output: Any = None,
+        attempt: int | None = None,
+        **extra: Any,
+    ) -> machine.Effects:
         i = self.index(name)
-        return self.apply(TaskFinished(workflow_id="wf-1", task=i,
-                                       attempt=attempt or self.state.attempt[i], at=self.now,
-                                       ok=ok, output=output, **extra))
+        return self.apply(
+            TaskFinished(
+                workflow_id="wf-1",
+                task=i,
+                attempt=attempt or self.state.attempt[i],
+                at=self.now,
+                ok=ok,
+                output=output,
+                **extra,
+            )
+        )
 
     def status(self, name: str) -> str:
         return TaskStatus(self.state.task_status[self.index(name)]).label
@@ -70,5 +95,6 @@ class Sim:
         return {t.name: self.status(t.name) for t in self.plan.tasks}
 
     def ready_names(self) -> list[str]:
-        return [t.name for t in self.plan.tasks
-                if self.state.task_status[t.index] == TaskStatus.READY]
+        return [
+            t.name for t in self.plan.tasks if self.state.task_status[t.index] == TaskStatus.READY
+        ]

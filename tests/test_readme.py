@@ -49,7 +49,9 @@ def test_condition_examples_in_the_readme_parse() -> None:
             expression.parse(text)
 
 
-def test_python_example_in_the_readme_builds_a_valid_definition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_python_example_in_the_readme_builds_a_valid_definition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dagq.builder import load_python_file
 
     source = next(b for b in blocks("python") if "Workflow(" in b)

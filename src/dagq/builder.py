@@ -75,7 +75,10 @@ class Workflow:
         """Add a shell task; returns its name, to use in ``depends_on``."""
         task: dict[str, Any] = {"name": name, "cmd": cmd}
         if env or cwd:
-            task = {"name": name, "kwargs": _plain(ShellKwargs(cmd=cmd, env=dict(env or {}), cwd=cwd))}
+            task = {
+                "name": name,
+                "kwargs": _plain(ShellKwargs(cmd=cmd, env=dict(env or {}), cwd=cwd)),
+            }
         return self._add(task, depends_on, options)
 
     def call(
@@ -131,7 +134,9 @@ class Workflow:
         """The definition as YAML text."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
-    def _add(self, task: dict[str, Any], depends_on: Iterable[Dependency], options: Mapping[str, Any]) -> str:
+    def _add(
+        self, task: dict[str, Any], depends_on: Iterable[Dependency], options: Mapping[str, Any]
+    ) -> str:
         unknown = sorted(set(options) - _TASK_OPTIONS)
         if unknown:
             raise ValidationError(
@@ -188,14 +193,15 @@ def load_python_file(path: str | Path) -> WorkflowDef:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the user's module failed; say how
+    except Exception as exc:
         raise ValidationError(f"{path}: importing it failed: {type(exc).__name__}: {exc}") from exc
     found = [v for v in vars(module).values() if isinstance(v, Workflow)]
     chosen = getattr(module, "workflow", None)
     if not isinstance(chosen, Workflow):
         if len(found) != 1:
             raise ValidationError(
-                f"{path}: expected one Workflow object (or one named 'workflow'), found {len(found)}"
+                f"{path}: expected one Workflow object (or one named 'workflow'), "
+                f"found {len(found)}"
             )
         chosen = found[0]
     return chosen.to_definition()

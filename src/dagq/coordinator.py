@@ -25,8 +25,14 @@ from dagq.dispatching import Outgoing, task_message
 from dagq.errors import ConflictError, DagqError, LeaseLost
 from dagq.history import encode_chunk
 from dagq.leasing import LeaseKeeper
-from dagq.messages import Event, RetryRequested, SubmitRequested, TaskFinished, TaskStarted
-from dagq.messages import decode_events
+from dagq.messages import (
+    Event,
+    RetryRequested,
+    SubmitRequested,
+    TaskFinished,
+    TaskStarted,
+    decode_events,
+)
 from dagq.plan import Plan, compile_plan
 from dagq.state import UNSET, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL, RunState, TaskStatus
 from dagq.stores.base import IndexRow, Message, OutgoingMessage, Store
@@ -230,7 +236,9 @@ class Coordinator:
         if fx.history:
             await docs.put(keys.history(st.workflow_id, st.history_seq), encode_chunk(fx.history))
             st.history_seq += 1
-        entry.etag = await docs.put(keys.state(st.workflow_id), state.encode(st), if_match=entry.etag)
+        entry.etag = await docs.put(
+            keys.state(st.workflow_id), state.encode(st), if_match=entry.etag
+        )
         st.dirty = False
         self.stats.flushes += 1
         outgoing = [task_message(entry.plan, st, d) for d in fx.dispatch]
@@ -350,7 +358,11 @@ class Coordinator:
     async def _resolve_refs(self, entry: Entry, events: list[Event]) -> None:
         """Load outputs stored by reference that a condition is about to read."""
         for e in events:
-            if isinstance(e, TaskFinished) and e.output_ref and _feeds_condition(entry.plan, e.task):
+            if (
+                isinstance(e, TaskFinished)
+                and e.output_ref
+                and _feeds_condition(entry.plan, e.task)
+            ):
                 await self._resolve(entry.state, e.output_ref)
             elif isinstance(e, RetryRequested):
                 await self._resolve_all(entry)
@@ -396,7 +408,7 @@ class Coordinator:
             limit = st.started_at[i] + timeout + self.options.timeout_grace_s
             if st.task_status[i] == TaskStatus.RUNNING and st.attempt[i] == attempt:
                 if limit <= now:
-                    machine.expire_attempt(plan, st, i, attempt, now, fx)
+                    machine.expire_attempt(plan, st, now, fx, task=i, attempt=attempt)
                 else:
                     heapq.heappush(entry.deadlines, (limit, i, attempt))
         if st.status == "cancelling" and now > st.cancelled_at + self.options.cancel_grace_s:

@@ -26,7 +26,7 @@ class _Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defa
     """Base of definition structs: immutable, unknown fields rejected."""
 
 
-class RetryPolicy(_Strict, kw_only=True):
+class RetryPolicy(_Strict, frozen=True, kw_only=True):
     """How long to wait between attempts, and which failures are final."""
 
     backoff_s: Annotated[float, msgspec.Meta(ge=0)] = 1.0
@@ -39,7 +39,7 @@ class RetryPolicy(_Strict, kw_only=True):
     non_retryable_exit_codes: list[int] = msgspec.field(default_factory=list)
 
 
-class ShellKwargs(_Strict, kw_only=True):
+class ShellKwargs(_Strict, frozen=True, kw_only=True):
     """The ai4s-jobq ``kwargs`` block of a shell task."""
 
     cmd: Command
@@ -47,7 +47,7 @@ class ShellKwargs(_Strict, kw_only=True):
     cwd: str | None = None
 
 
-class TaskDef(_Strict, kw_only=True):
+class TaskDef(_Strict, frozen=True, kw_only=True):
     """One task of a workflow."""
 
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
@@ -59,18 +59,21 @@ class TaskDef(_Strict, kw_only=True):
     condition: str | None = None
     kwargs: ShellKwargs | None = None
     cmd: Command | None = None
-    call: Annotated[
-        str,
-        msgspec.Meta(
-            pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
-            description="A Python function to run, as 'package.module:function'.",
-        ),
-    ] | None = None
+    call: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+                description="A Python function to run, as 'package.module:function'.",
+            ),
+        ]
+        | None
+    ) = None
     args: Any = None
     retry: RetryPolicy | None = None
 
 
-class Defaults(_Strict, kw_only=True):
+class Defaults(_Strict, frozen=True, kw_only=True):
     """Settings applied to every task that does not set them itself."""
 
     queue: str | None = None
@@ -79,7 +82,7 @@ class Defaults(_Strict, kw_only=True):
     retry: RetryPolicy | None = None
 
 
-class WorkflowDef(_Strict, kw_only=True):
+class WorkflowDef(_Strict, frozen=True, kw_only=True):
     """A workflow: a DAG of tasks and the settings that shape its run."""
 
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]

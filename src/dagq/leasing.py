@@ -61,7 +61,9 @@ class LeaseKeeper:
         except LeaseHeld as held:
             if not holder_is_dead_here(held.holder):
                 raise
-            log.warning("taking over lease %r from %s, which is no longer running", self.name, held.holder)
+            log.warning(
+                "taking over lease %r from %s, which is no longer running", self.name, held.holder
+            )
             self.lease = await leases.acquire(self.name, self.owner, self.ttl_s, force=True)
         self.lost = False
         return self.lease
@@ -77,7 +79,9 @@ class LeaseKeeper:
                 self.lost = True
             except DagqError as exc:
                 if self.lease is not None and time.time() >= self.lease.expires_at:
-                    log.error("lease %r expired while the store was unreachable: %s", self.name, exc)
+                    log.error(
+                        "lease %r expired while the store was unreachable: %s", self.name, exc
+                    )
                     self.lost = True
                 else:
                     log.warning("renewing lease %r failed, retrying: %s", self.name, exc)

@@ -16,8 +16,14 @@ from typing import Any
 import msgspec
 import yaml
 
-from dagq.definition import RESERVED_TASK_FIELDS, Defaults, RetryPolicy, ShellKwargs, TaskDef
-from dagq.definition import WorkflowDef as WorkflowDef
+from dagq.definition import (
+    RESERVED_TASK_FIELDS,
+    Defaults,
+    RetryPolicy,
+    ShellKwargs,
+    TaskDef,
+    WorkflowDef,
+)
 from dagq.errors import ValidationError
 from dagq.validation import validate
 
@@ -53,17 +59,17 @@ def load_text(text: str, *, source: str = "<definition>") -> WorkflowDef:
 
 def load_data(raw: Any, *, source: str = "<definition>", text: str | None = None) -> WorkflowDef:
     """Validate already-parsed data (a mapping) into a :class:`WorkflowDef`."""
-    locate = _Locator(text)
     if not isinstance(raw, Mapping):
         raise ValidationError(
             f"{source}: a workflow definition must be a mapping with 'name' and 'tasks', "
             f"got {_kind(raw)}"
         )
-    _check_fields(raw, source, locate)
+    report = _Reporter(source, raw, _Locator(text))
+    _check_fields(report)
     try:
         definition = msgspec.convert(raw, WorkflowDef, str_keys=True)
     except msgspec.ValidationError as exc:
-        raise _convert_error(exc, raw, source, locate) from None
+        raise _convert_error(exc, report) from None
     try:
         validate(definition)
     except ValidationError as exc:
@@ -132,13 +138,54 @@ def _child(node: yaml.Node | None, part: PathPart) -> tuple[yaml.Node | None, ya
 # --- friendly errors --------------------------------------------------------
 
 
-def _check_fields(raw: Mapping[str, Any], source: str, locate: _Locator) -> None:
+class _Reporter:
+    """Builds error messages that point at a place in the source."""
+
+    def __init__(self, source: str, raw: Mapping[str, Any], locate: _Locator) -> None:
+        self.source = source
+        self.raw = raw
+        self.locate = locate
+
+    def where(self, path: Sequence[PathPart]) -> str:
+        """``file: line N: tasks[3] 'name'.field`` — every clue we have to the place."""
+        parts: list[str] = []
+        line = self.locate.line(path)
+        if line is not None:
+            parts.append(f"line {line}")
+        text = ""
+        for i, part in enumerate(path):
+            if isinstance(part, int):
+                text += f"[{part}]"
+                if path[:i] == ["tasks"]:
+                    text += _task_label(self.raw, part)
+            else:
+                text += f".{part}" if text else part
+        if text:
+            parts.append(text)
+        return ": ".join([self.source, *parts])
+
+    def unknown(self, block: Mapping[str, Any], kind: str, path: list[PathPart]) -> None:
+        """Refuse a field the format does not have, suggesting the nearest one."""
+        allowed = _FIELDS[kind]
+        for key in block:
+            if key in allowed:
+                continue
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known fields: {', '.join(allowed)}"
+            raise ValidationError(
+                f"{self.where([*path, str(key)])}: unknown {kind} field '{key}' ({hint})"
+            )
+
+
+def _check_fields(report: _Reporter) -> None:
     """Refuse unknown and reserved fields with the place and a suggestion."""
-    _unknown(raw, "workflow", [], raw, source, locate)
-    if isinstance(raw.get("defaults"), Mapping):
-        _unknown(raw["defaults"], "defaults", ["defaults"], raw, source, locate)
-        if isinstance(raw["defaults"].get("retry"), Mapping):
-            _unknown(raw["defaults"]["retry"], "retry", ["defaults", "retry"], raw, source, locate)
+    raw = report.raw
+    report.unknown(raw, "workflow", [])
+    defaults = raw.get("defaults")
+    if isinstance(defaults, Mapping):
+        report.unknown(defaults, "defaults", ["defaults"])
+        if isinstance(defaults.get("retry"), Mapping):
+            report.unknown(defaults["retry"], "retry", ["defaults", "retry"])
     tasks = raw.get("tasks")
     if not isinstance(tasks, list):
         return
@@ -147,48 +194,28 @@ def _check_fields(raw: Mapping[str, Any], source: str, locate: _Locator) -> None
             continue
         for reserved in RESERVED_TASK_FIELDS:
             if reserved in task:
-                where = _where(source, raw, ["tasks", i, reserved], locate)
                 raise ValidationError(
-                    f"{where}: '{reserved}' is not supported by this version of dagq yet"
+                    f"{report.where(['tasks', i, reserved])}: '{reserved}' is not supported "
+                    "by this version of dagq yet"
                 )
-        _unknown(task, "task", ["tasks", i], raw, source, locate)
+        report.unknown(task, "task", ["tasks", i])
         for sub in ("retry", "kwargs"):
             if isinstance(task.get(sub), Mapping):
-                _unknown(task[sub], sub, ["tasks", i, sub], raw, source, locate)
-
-
-def _unknown(
-    block: Mapping[str, Any],
-    kind: str,
-    path: list[PathPart],
-    raw: Mapping[str, Any],
-    source: str,
-    locate: _Locator,
-) -> None:
-    allowed = _FIELDS[kind]
-    for key in block:
-        if key in allowed:
-            continue
-        where = _where(source, raw, [*path, str(key)], locate)
-        close = difflib.get_close_matches(str(key), allowed, n=1)
-        hint = f"did you mean '{close[0]}'?" if close else f"known fields: {', '.join(allowed)}"
-        raise ValidationError(f"{where}: unknown {kind} field '{key}' ({hint})")
+                report.unknown(task[sub], sub, ["tasks", i, sub])
 
 
 _PATH_PART = re.compile(r"\.([A-Za-z_][\w]*)|\[(\d+)\]|\[\"?([^\]\"]*)\"?\]")
 
 
-def _convert_error(
-    exc: msgspec.ValidationError, raw: Mapping[str, Any], source: str, locate: _Locator
-) -> ValidationError:
+def _convert_error(exc: msgspec.ValidationError, report: _Reporter) -> ValidationError:
     message, _, at = str(exc).partition(" - at `$")
     path: list[PathPart] = []
     for name, index, key in _PATH_PART.findall(at.rstrip("`")):
         path.append(int(index) if index else (name or key))
     detail = _friendly(message.replace("`", "'"))
     if not path:
-        return ValidationError(f"{source}: {detail}")
-    return ValidationError(f"{_where(source, raw, path, locate)}: {detail}")
+        return ValidationError(f"{report.source}: {detail}")
+    return ValidationError(f"{report.where(path)}: {detail}")
 
 
 _TYPE_WORDS = {
@@ -211,27 +238,6 @@ def _friendly(detail: str) -> str:
     wanted = " or ".join(_TYPE_WORDS.get(t.strip(), t.strip()) for t in match.group(1).split("|"))
     got = _TYPE_WORDS.get(match.group(2), match.group(2))
     return f"expected {wanted}, got {got}"
-
-
-def _where(
-    source: str, raw: Mapping[str, Any], path: Sequence[PathPart], locate: _Locator
-) -> str:
-    """``file: line N: tasks[3] 'name': field`` — every clue we have to the place."""
-    parts: list[str] = []
-    line = locate.line(path)
-    if line is not None:
-        parts.append(f"line {line}")
-    text = ""
-    for i, part in enumerate(path):
-        if isinstance(part, int):
-            text += f"[{part}]"
-            if path[:i] == ["tasks"]:
-                text += _task_label(raw, part)
-        else:
-            text += f".{part}" if text else part
-    if text:
-        parts.append(text)
-    return ": ".join([source, *parts])
 
 
 def _task_label(raw: Mapping[str, Any], index: int) -> str:

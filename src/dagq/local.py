@@ -125,4 +125,6 @@ class LocalRunner:
             await self.coordinator.run(self.stop)
         except LeaseHeld as held:
             self.coordinating = False
-            log.warning("another coordinator serves this store (%s); running workers only", held.holder)
+            log.warning(
+                "another coordinator serves this store (%s); running workers only", held.holder
+            )

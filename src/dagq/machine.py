@@ -52,7 +52,12 @@ class Effects:
     finished: bool = False
 
     def note(
-        self, at: float, kind: str, task: str | None = None, attempt: int = 0, detail: str | None = None
+        self,
+        at: float,
+        kind: str,
+        task: str | None = None,
+        attempt: int = 0,
+        detail: str | None = None,
     ) -> None:
         """Append a history entry."""
         self.history.append(HistoryEntry(at, kind, task, attempt, detail))
@@ -135,7 +140,9 @@ def cancel(
     _settle(plan, state, now, fx)
 
 
-def expire_attempt(plan: Plan, state: RunState, task: int, attempt: int, now: float, fx: Effects) -> None:
+def expire_attempt(
+    plan: Plan, state: RunState, now: float, fx: Effects, *, task: int, attempt: int
+) -> None:
     """Fail an attempt that outlived its timeout without a word from any worker."""
     timeout = plan.tasks[task].timeout_s
     event = TaskFinished(
@@ -205,7 +212,7 @@ def _on_finished(plan: Plan, state: RunState, event: Any, now: float, fx: Effect
         elif event.output is not None:
             state.outputs[i] = event.output
         fx.note(event.at, "completed", task.name, event.attempt)
-        _finish(plan, state, i, TaskStatus.COMPLETED, event.at, fx)
+        _finish(plan, state, i, event.at, fx, status=TaskStatus.COMPLETED)
     else:
         _on_failure(plan, state, event, now, fx)
     _settle(plan, state, now, fx)
@@ -219,7 +226,7 @@ def _on_failure(plan: Plan, state: RunState, event: TaskFinished, now: float, fx
     used = event.attempt - state.retry_base.get(i, 0)
     if state.status == "cancelling":
         fx.note(event.at, "cancelled", task.name, event.attempt, error)
-        _finish(plan, state, i, TaskStatus.CANCELLED, event.at, fx)
+        _finish(plan, state, i, event.at, fx, status=TaskStatus.CANCELLED)
     elif event.retryable and used < task.max_attempts:
         key = keys.message_id(state.workflow_id, task.name, event.attempt)
         delay = event.retry_after_s
@@ -232,11 +239,11 @@ def _on_failure(plan: Plan, state: RunState, event: TaskFinished, now: float, fx
             event.attempt,
             f"{error} (attempt {used + 1} of {task.max_attempts} in {delay:.1f}s)",
         )
-        _make_ready(plan, state, i, now, fx, delay)
+        _make_ready(plan, state, i, now, fx, delay=delay)
     else:
         why = "" if event.retryable else " (not retryable)"
         fx.note(event.at, "failed", task.name, event.attempt, f"{error}{why}")
-        _finish(plan, state, i, TaskStatus.FAILED, event.at, fx)
+        _finish(plan, state, i, event.at, fx, status=TaskStatus.FAILED)
 
 
 def _on_retry(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
@@ -306,7 +313,7 @@ def _current(state: RunState, task: int, attempt: int) -> bool:
 def _decide(plan: Plan, state: RunState, task: int, now: float, fx: Effects) -> None:
     outcome = _evaluate(plan, state, task, now, fx)
     if outcome is not None:
-        _finish(plan, state, task, outcome, now, fx)
+        _finish(plan, state, task, now, fx, status=outcome)
 
 
 def _evaluate(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
@@ -335,7 +342,7 @@ def _evaluate(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> T
         if not go:
             fx.note(now, "skipped", task.name, detail="condition is false")
             return TaskStatus.SKIPPED
-    _make_ready(plan, state, i, now, fx, 0.0)
+    _make_ready(plan, state, i, now, fx)
     return None
 
 
@@ -362,7 +369,9 @@ def completed_outputs(plan: Plan, state: RunState, i: int) -> dict[str, Any]:
     return inputs
 
 
-def _make_ready(plan: Plan, state: RunState, i: int, now: float, fx: Effects, delay: float) -> None:
+def _make_ready(
+    plan: Plan, state: RunState, i: int, now: float, fx: Effects, *, delay: float = 0.0
+) -> None:
     state.attempt[i] += 1
     state.set_status(i, TaskStatus.READY)
     state.dispatched_at[i] = state.started_at[i] = state.task_finished_at[i] = UNSET
@@ -370,10 +379,12 @@ def _make_ready(plan: Plan, state: RunState, i: int, now: float, fx: Effects, de
     if limit is not None and state.in_flight >= limit:
         state.held.append(i)
         return
-    _dispatch(plan, state, i, now, fx, delay)
+    _dispatch(plan, state, i, now, fx, delay=delay)
 
 
-def _dispatch(plan: Plan, state: RunState, i: int, now: float, fx: Effects, delay: float) -> None:
+def _dispatch(
+    plan: Plan, state: RunState, i: int, now: float, fx: Effects, *, delay: float = 0.0
+) -> None:
     state.dispatched_at[i] = now + delay
     state.in_flight += 1
     state.dirty = True
@@ -381,7 +392,9 @@ def _dispatch(plan: Plan, state: RunState, i: int, now: float, fx: Effects, dela
     fx.note(now, "dispatched", plan.tasks[i].name, state.attempt[i])
 
 
-def _finish(plan: Plan, state: RunState, i: int, status: TaskStatus, at: float, fx: Effects) -> None:
+def _finish(
+    plan: Plan, state: RunState, i: int, at: float, fx: Effects, *, status: TaskStatus
+) -> None:
     """Make ``i`` terminal and settle every descendant this decides, without recursion."""
     work = [(i, status)]
     while work:
@@ -408,7 +421,7 @@ def _settle(plan: Plan, state: RunState, now: float, fx: Effects) -> None:
     while state.held and (limit is None or state.in_flight < limit):
         i = state.held.popleft()
         if state.task_status[i] == TaskStatus.READY and state.dispatched_at[i] == UNSET:
-            _dispatch(plan, state, i, now, fx, 0.0)
+            _dispatch(plan, state, i, now, fx)
     if state.n_terminal == state.n_tasks and state.status in ("running", "cancelling"):
         _finalize(plan, state, now, fx)
 

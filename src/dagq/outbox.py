@@ -92,7 +92,9 @@ class Outbox:
             try:
                 await self._send(batch)
             except DagqError as exc:
-                log.warning("posting %d event(s) failed, retrying in %.2fs: %s", len(batch), delay, exc)
+                log.warning(
+                    "posting %d event(s) failed, retrying in %.2fs: %s", len(batch), delay, exc
+                )
                 self._pending[:0] = batch
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

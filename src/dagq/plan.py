@@ -94,7 +94,9 @@ def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:
             children[by_name[dep]].append(i)
     env = {"params": dict(params)}
     tasks = tuple(
-        _compile_task(definition, task, i, by_name, tuple(children[i]), env)
+        _compile_task(
+            definition, task, index=i, by_name=by_name, children=tuple(children[i]), env=env
+        )
         for i, task in enumerate(definition.tasks)
     )
     return Plan(
@@ -114,6 +116,7 @@ def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:
 def _compile_task(
     definition: WorkflowDef,
     task: TaskDef,
+    *,
     index: int,
     by_name: Mapping[str, int],
     children: tuple[int, ...],
@@ -149,7 +152,9 @@ def _compile_task(
     )
 
 
-def _spec(task: TaskDef, env: Mapping[str, Any], timeout: float | None, retry: RetryPolicy) -> TaskSpec:
+def _spec(
+    task: TaskDef, env: Mapping[str, Any], timeout: float | None, retry: RetryPolicy
+) -> TaskSpec:
     codes = list(retry.non_retryable_exit_codes)
     if task.call is not None:
         return _python_spec(task, env, timeout, codes)
@@ -194,8 +199,9 @@ def _python_spec(
             non_retryable_exit_codes=codes,
         )
     args = expression.render(task.args, env, roots=_PARAMS)
-    return TaskSpec(kind="python", call=task.call, args=args, timeout_s=timeout,
-                    non_retryable_exit_codes=codes)
+    return TaskSpec(
+        kind="python", call=task.call, args=args, timeout_s=timeout, non_retryable_exit_codes=codes
+    )
 
 
 def _text(value: Any) -> str:

@@ -9,6 +9,7 @@ existing workflow; the same id with a different definition is refused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -105,12 +106,10 @@ async def submit(
                 store, definition, params=params, workflow_id=workflow_id, tenant=tenant
             )
     initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
-    try:
+    with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
         await store.documents.put(
             keys.state(workflow_id), state.encode(initial), if_none_match=True
         )
-    except ConflictError:
-        pass  # already stored by an earlier (perhaps crashed) submit
     await store.queues.send(
         keys.COMPLETIONS_QUEUE,
         [OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))],
@@ -146,7 +145,9 @@ def _pending_row(submitted: Submitted, plan: Plan) -> IndexRow:
     )
 
 
-async def request_cancel(store: Store, workflow_id: str, reason: str = "cancelled by request") -> None:
+async def request_cancel(
+    store: Store, workflow_id: str, reason: str = "cancelled by request"
+) -> None:
     """Ask the coordinator to cancel a workflow (durably queued; applied once)."""
     await require_submitted(store, workflow_id)
     event = CancelRequested(workflow_id=workflow_id, reason=reason)
@@ -159,6 +160,8 @@ async def request_retry(store: Store, workflow_id: str, tasks: list[str] | None 
     names = {t.name for t in submitted.definition.tasks}
     unknown = [t for t in tasks or [] if t not in names]
     if unknown:
-        raise UsageError(f"workflow '{workflow_id}' has no task named {', '.join(map(repr, unknown))}")
+        raise UsageError(
+            f"workflow '{workflow_id}' has no task named {', '.join(map(repr, unknown))}"
+        )
     event = RetryRequested(workflow_id=workflow_id, tasks=list(tasks or []))
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])

@@ -80,9 +80,7 @@ def _check_task(task: TaskDef, names: Mapping[str, TaskDef], params: Mapping[str
         _check_queue(f"{where}: queue", task.queue)
     parents = frozenset(task.depends_on)
     if task.condition is not None:
-        expr = expression.parse(
-            task.condition, where=f"{where}: condition", names=_CONDITION_ROOTS
-        )
+        expr = expression.parse(task.condition, where=f"{where}: condition", names=_CONDITION_ROOTS)
         _check_refs(expr, parents, params, f"{where}: condition")
     command = task.cmd if task.cmd is not None else (task.kwargs.cmd if task.kwargs else None)
     _check_templates(command, frozenset(), params, f"{where}: cmd", _PARAM_ROOTS)
@@ -146,7 +144,9 @@ def _check_refs(
             if parents
             else "the task has no parents (depends_on is empty)"
         )
-        raise ValidationError(f"{where}: refers to inputs of '{name}', which is not a parent; {hint}")
+        raise ValidationError(
+            f"{where}: refers to inputs of '{name}', which is not a parent; {hint}"
+        )
     if refs.globs and not parents:
         raise ValidationError(f"{where}: a glob over inputs needs parents, and there are none")
     for name in sorted(refs.params - set(params)):
@@ -163,7 +163,7 @@ def _check_templates(
 ) -> None:
     for text, expr in expression.template_expressions(value, where=where):
         refs = expression.references(expr)
-        if refs.inputs and "inputs" not in roots or (refs.globs and "inputs" not in roots):
+        if (refs.inputs and "inputs" not in roots) or (refs.globs and "inputs" not in roots):
             raise ValidationError(
                 f"{where}: '{{{{ {text} }}}}' pastes an upstream output into a command; "
                 "read upstream outputs from the JSON file named by $DAGQ_INPUTS instead"

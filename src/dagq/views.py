@@ -53,7 +53,7 @@ def task_rows(plan: Plan, st: RunState, history: list[HistoryEntry]) -> list[Tas
     rows = []
     for i, task in enumerate(plan.tasks):
         started, finished = st.started_at[i], st.task_finished_at[i]
-        duration = finished - started if started != UNSET and finished != UNSET else None
+        duration = None if UNSET in (started, finished) else finished - started
         rows.append(
             TaskRow(
                 name=task.name,

@@ -132,7 +132,12 @@ class Worker:
             if idle is not None and self.clock() - idle_since >= idle:
                 log.info("idle for %.0fs, stopping", idle)
                 return
-            waits = [self.store.queues.wait(q, self.options.poll_interval_s) for q in self.options.queues]
+            # Cleared here too: left set by an earlier finished task, it would turn this
+            # idle wait into a busy loop of empty receives.
+            self._slot_freed.clear()
+            waits = [
+                self.store.queues.wait(q, self.options.poll_interval_s) for q in self.options.queues
+            ]
             await _first(*waits, stop.wait(), self._slot_freed.wait())
 
     async def _take(self, queue: str, n: int) -> int:
@@ -151,7 +156,9 @@ class Worker:
                 task = decode_task(message.body)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 log.error("unreadable task message %s dead-lettered: %s", message.id, exc)
-                await self.store.queues.dead_letter(queue, message.receipt, f"cannot be parsed: {exc}")
+                await self.store.queues.dead_letter(
+                    queue, message.receipt, f"cannot be parsed: {exc}"
+                )
                 continue
             running = _Running(message, task, message.receipt, self.clock())
             self._running[message.id] = running
@@ -163,7 +170,9 @@ class Worker:
         jobs = [r.job for r in self._running.values() if r.job is not None]
         if not jobs:
             return
-        log.info("waiting up to %.0fs for %d running task(s)", self.options.shutdown_grace_s, len(jobs))
+        log.info(
+            "waiting up to %.0fs for %d running task(s)", self.options.shutdown_grace_s, len(jobs)
+        )
         _, unfinished = await asyncio.wait(jobs, timeout=self.options.shutdown_grace_s)
         for job in unfinished:
             job.cancel()
@@ -196,7 +205,9 @@ class Worker:
             except asyncio.CancelledError:
                 if not running.stopping:
                     raise  # worker shutdown: the message goes back to the queue
-                outcome = Outcome(ok=False, error="stopped: the workflow was cancelled", retryable=False)
+                outcome = Outcome(
+                    ok=False, error="stopped: the workflow was cancelled", retryable=False
+                )
             finished = await self._report(task, outcome, started)
             await self._outbox.post(finished)
             if not running.lost:
@@ -206,7 +217,9 @@ class Worker:
             raise
         except DagqError as exc:
             # The message stays in the queue and comes back after its visibility timeout.
-            log.warning("task %s could not be reported, it will be redelivered: %s", message.id, exc)
+            log.warning(
+                "task %s could not be reported, it will be redelivered: %s", message.id, exc
+            )
         finally:
             self._running.pop(message.id, None)
             self._slot_freed.set()
@@ -231,7 +244,9 @@ class Worker:
             try:
                 args = expression.render(args, env, roots=_ARG_ROOTS)
             except expression.ExpressionError as exc:
-                return Outcome(ok=False, error=f"args could not be rendered: {exc}", retryable=False)
+                return Outcome(
+                    ok=False, error=f"args could not be rendered: {exc}", retryable=False
+                )
         return await run_python(task.spec, ctx, args, executor=self._executor)
 
     async def _inputs(self, task: TaskMessage) -> dict[str, Any]:

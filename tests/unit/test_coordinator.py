@@ -30,7 +30,7 @@ class Spy:
     async def put(self, key: str, data: bytes, **kw: Any) -> str:
         if self.fail_prefix and key.startswith(self.fail_prefix):
             raise StoreUnavailable(f"injected failure writing {key}")
-        self.puts[key.split("/")[0]] += 1
+        self.puts[key.split("/", maxsplit=1)[0]] += 1
         return str(await self.inner.put(key, data, **kw))
 
     def __getattr__(self, name: str) -> Any:
@@ -68,8 +68,14 @@ async def post(store: Store, *events: Any) -> None:
 
 
 def finished(task: Any, clock: FakeClock, ok: bool = True, **extra: Any) -> TaskFinished:
-    return TaskFinished(workflow_id=task.workflow_id, task=task.task, attempt=task.attempt,
-                        at=clock(), ok=ok, **extra)
+    return TaskFinished(
+        workflow_id=task.workflow_id,
+        task=task.task,
+        attempt=task.attempt,
+        at=clock(),
+        ok=ok,
+        **extra,
+    )
 
 
 async def load_state(store: Store, workflow_id: str, plan: Any) -> state.RunState:
@@ -96,7 +102,9 @@ async def test_a_batch_writes_each_touched_state_once(store: Store, clock: FakeC
         assert (await load_state(store, result.workflow_id, result.plan)).status == "completed"
 
 
-async def test_events_are_acknowledged_only_after_their_flush(store: Store, clock: FakeClock) -> None:
+async def test_events_are_acknowledged_only_after_their_flush(
+    store: Store, clock: FakeClock
+) -> None:
     coord = coordinator(store, clock)
     result = await submit(store, fan_out(1), workflow_id="w", clock=clock)
     await coord.step()
@@ -160,7 +168,9 @@ async def test_a_crash_between_flush_and_send_is_repaired(store: Store, clock: F
     assert (root.name, root.attempt) == ("root", 1)
 
 
-async def test_repair_does_not_duplicate_a_message_still_queued(store: Store, clock: FakeClock) -> None:
+async def test_repair_does_not_duplicate_a_message_still_queued(
+    store: Store, clock: FakeClock
+) -> None:
     await submit(store, fan_out(1), workflow_id="w", clock=clock)
     await coordinator(store, clock).step()
     fresh = coordinator(store, clock, repair_grace_s=1)
@@ -170,19 +180,23 @@ async def test_repair_does_not_duplicate_a_message_still_queued(store: Store, cl
     assert len(await take_tasks(store)) == 1
 
 
-async def test_rescan_activates_a_workflow_whose_submit_event_was_lost(store: Store, clock: FakeClock) -> None:
+async def test_rescan_activates_a_workflow_whose_submit_event_was_lost(
+    store: Store, clock: FakeClock
+) -> None:
     await submit(store, fan_out(1), workflow_id="w", clock=clock)
     await store.queues.receive(keys.COMPLETIONS_QUEUE, max_messages=10, visibility_timeout_s=1e6)
     await coordinator(store, clock).rescan()
     assert [t.name for t in await take_tasks(store)] == ["root"]
 
 
-async def test_an_attempt_that_outlives_its_timeout_is_failed_and_retried(store: Store, clock: FakeClock) -> None:
+async def test_an_attempt_that_outlives_its_timeout_is_failed_and_retried(
+    store: Store, clock: FakeClock
+) -> None:
     coord = coordinator(store, clock, timeout_grace_s=5)
     d = definition([{"name": "slow", "timeout_s": 10, "num_retries": 1, "retry": {"backoff_s": 0}}])
     result = await submit(store, d, workflow_id="w", clock=clock)
     await coord.step()
-    [task] = await take_tasks(store)
+    assert len(await take_tasks(store)) == 1
     await post(store, TaskStarted(workflow_id="w", task=0, attempt=1, at=clock()))
     await coord.step()
     clock.advance(14)
@@ -204,7 +218,9 @@ async def test_a_deadline_fails_the_workflow(store: Store, clock: FakeClock) -> 
     assert st.status == "failed" and "deadline" in (st.error or "")
 
 
-async def test_cancel_writes_the_stop_marker_and_removes_it_at_the_end(store: Store, clock: FakeClock) -> None:
+async def test_cancel_writes_the_stop_marker_and_removes_it_at_the_end(
+    store: Store, clock: FakeClock
+) -> None:
     coord = coordinator(store, clock)
     await submit(store, fan_out(1), workflow_id="w", clock=clock)
     await coord.step()
@@ -220,7 +236,9 @@ async def test_cancel_writes_the_stop_marker_and_removes_it_at_the_end(store: St
     assert row is not None and row.status == "cancelled"
 
 
-async def test_unreadable_event_goes_to_the_dead_letter_queue(store: Store, clock: FakeClock) -> None:
+async def test_unreadable_event_goes_to_the_dead_letter_queue(
+    store: Store, clock: FakeClock
+) -> None:
     coord = coordinator(store, clock)
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(b"\xc1garbage")])
     await coord.step()
@@ -228,7 +246,9 @@ async def test_unreadable_event_goes_to_the_dead_letter_queue(store: Store, cloc
     assert "cannot be parsed" in dead.reason
 
 
-async def test_a_second_coordinator_is_refused_while_the_lease_is_held(store: Store, clock: FakeClock) -> None:
+async def test_a_second_coordinator_is_refused_while_the_lease_is_held(
+    store: Store, clock: FakeClock
+) -> None:
     first = coordinator(store, clock)
     stop = asyncio.Event()
     running = asyncio.create_task(first.run(stop))
@@ -241,12 +261,17 @@ async def test_a_second_coordinator_is_refused_while_the_lease_is_held(store: St
     assert await store.leases.get(keys.COORDINATOR_LEASE) is None
 
 
-async def test_a_coordinator_that_lost_its_lease_stops_writing(store: Store, clock: FakeClock) -> None:
+async def test_a_coordinator_that_lost_its_lease_stops_writing(
+    store: Store, clock: FakeClock
+) -> None:
     coord = coordinator(store, clock)
     await submit(store, fan_out(1), workflow_id="w", clock=clock)
     coord.lease.lost = True
     before = store.documents.puts["states"]
     assert await coord.advance("w", []) is True  # nothing to write yet
-    assert await coord.advance("w", [TaskStarted(workflow_id="w", task=0, attempt=1, at=clock())]) is True
+    assert (
+        await coord.advance("w", [TaskStarted(workflow_id="w", task=0, attempt=1, at=clock())])
+        is True
+    )
     await coord.step()
     assert store.documents.puts["states"] == before

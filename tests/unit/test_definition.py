@@ -41,7 +41,10 @@ def test_reserved_fields_say_they_come_later() -> None:
 
 def test_wrong_type_names_the_field() -> None:
     message = error("name: x\ntasks:\n  - {name: a, cmd: 'true', num_retries: lots}\n")
-    assert message == "wf.yaml: line 3: tasks[0] 'a'.num_retries: expected an integer or null, got a string"
+    assert (
+        message
+        == "wf.yaml: line 3: tasks[0] 'a'.num_retries: expected an integer or null, got a string"
+    )
 
 
 @pytest.mark.parametrize(
@@ -56,10 +59,19 @@ def test_wrong_type_names_the_field() -> None:
             "dependency cycle: ",
         ),
         ("[{name: a, cmd: x, dep_policy: some}]", "dep_policy"),
-        ("[{name: a, cmd: x}, {name: b, cmd: x, depends_on: [a], dep_policy: 2}]", "only 1 in depends_on"),
-        ("[{name: a, cmd: x}, {name: b, cmd: x, depends_on: [a], condition: 'inputs.a.x >'}]", "condition"),
-        ("[{name: a, cmd: x}, {name: b, cmd: x}, {name: c, cmd: x, depends_on: [a], condition: inputs.b.ok}]",
-         "refers to inputs of 'b', which is not a parent"),
+        (
+            "[{name: a, cmd: x}, {name: b, cmd: x, depends_on: [a], dep_policy: 2}]",
+            "only 1 in depends_on",
+        ),
+        (
+            "[{name: a, cmd: x}, {name: b, cmd: x, depends_on: [a], condition: 'inputs.a.x >'}]",
+            "condition",
+        ),
+        (
+            "[{name: a, cmd: x}, {name: b, cmd: x},"
+            " {name: c, cmd: x, depends_on: [a], condition: inputs.b.ok}]",
+            "refers to inputs of 'b', which is not a parent",
+        ),
         ("[{name: a}]", "says nothing to run"),
         ("[{name: a, cmd: x, call: 'm:f'}]", "give only one of cmd / call"),
         ("[{name: a, cmd: 'echo {{ inputs.b.x }}'}]", "pastes an upstream output into a command"),
@@ -82,7 +94,9 @@ def test_cycle_error_names_the_cycle_in_order() -> None:
 
 
 def test_params_are_resolved_with_overrides_and_unknown_ones_refused() -> None:
-    d = load_text("name: x\nparams: {n: 1, m: two}\ntasks: [{name: a, cmd: 'echo {{ params.n }}'}]\n")
+    d = load_text(
+        "name: x\nparams: {n: 1, m: two}\ntasks: [{name: a, cmd: 'echo {{ params.n }}'}]\n"
+    )
     assert resolve_params(d, {"n": 5}) == {"n": 5, "m": "two"}
     with pytest.raises(ValidationError, match="unknown param 'z'"):
         resolve_params(d, {"z": 1})
@@ -157,4 +171,6 @@ def test_json_schema_describes_the_format() -> None:
     schema = json_schema()
     task = schema["$defs"]["TaskDef"]
     assert task["additionalProperties"] is False
-    assert {"name", "depends_on", "dep_policy", "condition", "kwargs", "call"} <= set(task["properties"])
+    assert {"name", "depends_on", "dep_policy", "condition", "kwargs", "call"} <= set(
+        task["properties"]
+    )

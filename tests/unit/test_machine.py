@@ -11,7 +11,9 @@ from tests.helpers import Sim
 
 
 def chain() -> Sim:
-    return Sim([{"name": "a"}, {"name": "b", "depends_on": ["a"]}, {"name": "c", "depends_on": ["b"]}])
+    return Sim(
+        [{"name": "a"}, {"name": "b", "depends_on": ["a"]}, {"name": "c", "depends_on": ["b"]}]
+    )
 
 
 def test_activation_dispatches_only_the_roots() -> None:
@@ -140,14 +142,18 @@ def test_all_policy_fails_a_join_as_soon_as_one_parent_fails() -> None:
 
 
 def test_any_policy_runs_at_the_first_completed_parent() -> None:
-    sim = Sim([{"name": "a"}, {"name": "b"}, {"name": "j", "depends_on": ["a", "b"], "dep_policy": "any"}])
+    sim = Sim(
+        [{"name": "a"}, {"name": "b"}, {"name": "j", "depends_on": ["a", "b"], "dep_policy": "any"}]
+    )
     sim.start()
     sim.finish("b")
     assert sim.status("j") == "ready"
 
 
 def test_any_policy_fails_when_no_parent_can_complete() -> None:
-    sim = Sim([{"name": "a"}, {"name": "b"}, {"name": "j", "depends_on": ["a", "b"], "dep_policy": "any"}])
+    sim = Sim(
+        [{"name": "a"}, {"name": "b"}, {"name": "j", "depends_on": ["a", "b"], "dep_policy": "any"}]
+    )
     sim.start()
     sim.finish("a", ok=False, error="x")
     assert sim.status("j") == "pending"
@@ -156,7 +162,11 @@ def test_any_policy_fails_when_no_parent_can_complete() -> None:
 
 
 def test_all_settled_waits_for_every_parent_then_runs_if_one_completed() -> None:
-    tasks = [{"name": "a"}, {"name": "b"}, {"name": "j", "depends_on": ["a", "b"], "dep_policy": "all_settled"}]
+    tasks = [
+        {"name": "a"},
+        {"name": "b"},
+        {"name": "j", "depends_on": ["a", "b"], "dep_policy": "all_settled"},
+    ]
     sim = Sim(tasks)
     sim.start()
     sim.finish("a")
@@ -166,7 +176,9 @@ def test_all_settled_waits_for_every_parent_then_runs_if_one_completed() -> None
 
 
 def test_n_of_m_runs_once_n_parents_completed() -> None:
-    tasks = [{"name": p} for p in "abc"] + [{"name": "j", "depends_on": list("abc"), "dep_policy": 2}]
+    tasks = [{"name": p} for p in "abc"] + [
+        {"name": "j", "depends_on": list("abc"), "dep_policy": 2}
+    ]
     sim = Sim(tasks)
     sim.start()
     sim.finish("a")
@@ -176,7 +188,9 @@ def test_n_of_m_runs_once_n_parents_completed() -> None:
 
 
 def test_n_of_m_fails_once_n_is_out_of_reach() -> None:
-    tasks = [{"name": p} for p in "abc"] + [{"name": "j", "depends_on": list("abc"), "dep_policy": 2}]
+    tasks = [{"name": p} for p in "abc"] + [
+        {"name": "j", "depends_on": list("abc"), "dep_policy": 2}
+    ]
     sim = Sim(tasks)
     sim.start()
     sim.finish("a", ok=False, error="x")
@@ -202,16 +216,20 @@ def test_n_of_m_fails_once_n_is_out_of_reach() -> None:
         (2, (0, 1, 0), machine.WAIT),
     ],
 )
-def test_verdicts_for_two_parents(policy: int, tallies: tuple[int, int, int], expected: int) -> None:
+def test_verdicts_for_two_parents(
+    policy: int, tallies: tuple[int, int, int], expected: int
+) -> None:
     assert machine.verdict(policy, 2, *tallies) == expected
 
 
 def test_false_condition_skips_and_the_skip_propagates_to_a_lone_child() -> None:
-    sim = Sim([
-        {"name": "a"},
-        {"name": "b", "depends_on": ["a"], "condition": "inputs.a.score > 0.5"},
-        {"name": "c", "depends_on": ["b"]},
-    ])
+    sim = Sim(
+        [
+            {"name": "a"},
+            {"name": "b", "depends_on": ["a"], "condition": "inputs.a.score > 0.5"},
+            {"name": "c", "depends_on": ["b"]},
+        ]
+    )
     sim.start()
     sim.finish("a", output={"score": 0.1})
     assert sim.statuses() == {"a": "completed", "b": "skipped", "c": "skipped"}
@@ -219,12 +237,14 @@ def test_false_condition_skips_and_the_skip_propagates_to_a_lone_child() -> None
 
 
 def test_join_with_one_completed_parent_runs_despite_a_skipped_branch() -> None:
-    sim = Sim([
-        {"name": "a"},
-        {"name": "yes", "depends_on": ["a"], "condition": "inputs.a.ok"},
-        {"name": "no", "depends_on": ["a"], "condition": "not inputs.a.ok"},
-        {"name": "join", "depends_on": ["yes", "no"]},
-    ])
+    sim = Sim(
+        [
+            {"name": "a"},
+            {"name": "yes", "depends_on": ["a"], "condition": "inputs.a.ok"},
+            {"name": "no", "depends_on": ["a"], "condition": "not inputs.a.ok"},
+            {"name": "join", "depends_on": ["yes", "no"]},
+        ]
+    )
     sim.start()
     sim.finish("a", output={"ok": True})
     sim.finish("yes")
@@ -233,8 +253,11 @@ def test_join_with_one_completed_parent_runs_despite_a_skipped_branch() -> None:
 
 
 def test_condition_can_read_params() -> None:
-    sim = Sim([{"name": "a"}, {"name": "b", "depends_on": ["a"], "condition": "params.go"}],
-              params={"go": True}, overrides={"go": False})
+    sim = Sim(
+        [{"name": "a"}, {"name": "b", "depends_on": ["a"], "condition": "params.go"}],
+        params={"go": True},
+        overrides={"go": False},
+    )
     sim.start()
     sim.finish("a")
     assert sim.status("b") == "skipped"
@@ -257,7 +280,11 @@ def test_condition_over_a_stored_reference_uses_the_resolved_value() -> None:
 
 
 def test_result_policy_all_sinks_ignores_an_absorbed_failure() -> None:
-    tasks = [{"name": "a"}, {"name": "b"}, {"name": "j", "depends_on": ["a", "b"], "dep_policy": "any"}]
+    tasks = [
+        {"name": "a"},
+        {"name": "b"},
+        {"name": "j", "depends_on": ["a", "b"], "dep_policy": "any"},
+    ]
     sim = Sim(tasks)
     sim.start()
     sim.finish("a", ok=False, error="x")
@@ -267,7 +294,11 @@ def test_result_policy_all_sinks_ignores_an_absorbed_failure() -> None:
 
 
 def test_result_policy_all_tasks_counts_every_failure() -> None:
-    tasks = [{"name": "a"}, {"name": "b"}, {"name": "j", "depends_on": ["a", "b"], "dep_policy": "any"}]
+    tasks = [
+        {"name": "a"},
+        {"name": "b"},
+        {"name": "j", "depends_on": ["a", "b"], "dep_policy": "any"},
+    ]
     sim = Sim(tasks, result_policy="all_tasks_succeed")
     sim.start()
     sim.finish("a", ok=False, error="x")
@@ -307,7 +338,9 @@ def test_cancel_of_a_finished_workflow_is_a_no_op() -> None:
 
 
 def test_retry_reruns_only_failed_tasks_and_keeps_completed_outputs() -> None:
-    sim = Sim([{"name": "a"}, {"name": "b", "depends_on": ["a"]}, {"name": "c", "depends_on": ["b"]}])
+    sim = Sim(
+        [{"name": "a"}, {"name": "b", "depends_on": ["a"]}, {"name": "c", "depends_on": ["b"]}]
+    )
     sim.start()
     sim.finish("a", output=1)
     sim.finish("b", ok=False, error="x")
@@ -353,7 +386,7 @@ def test_expired_attempt_is_failed_and_retried() -> None:
     sim.start()
     sim.started("a")
     fx = machine.Effects()
-    machine.expire_attempt(sim.plan, sim.state, 0, 1, sim.now + 100, fx)
+    machine.expire_attempt(sim.plan, sim.state, sim.now + 100, fx, task=0, attempt=1)
     assert sim.state.attempt[0] == 2
     assert "timeout" in sim.state.errors[0]
 

@@ -27,8 +27,11 @@ def workflows(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     tasks: list[dict[str, Any]] = []
     for i in range(n):
         parents = sorted(draw(st.sets(st.integers(0, i - 1), max_size=3))) if i else []
-        task: dict[str, Any] = {"name": f"t{i}", "num_retries": draw(st.integers(0, 2)),
-                                "retry": {"backoff_s": 0, "jitter": 0}}
+        task: dict[str, Any] = {
+            "name": f"t{i}",
+            "num_retries": draw(st.integers(0, 2)),
+            "retry": {"backoff_s": 0, "jitter": 0},
+        }
         if parents:
             task["depends_on"] = [f"t{p}" for p in parents]
             choice = draw(st.sampled_from([*POLICIES, "n"]))
@@ -73,14 +76,23 @@ class World:
         self.sim.state = state.decode(state.encode(self.sim.state), self.sim.plan)
 
     def step(self) -> None:
-        action = self.draw(st.sampled_from(["run", "run", "run", "dup", "stale", "crash", "cancel"]))
+        action = self.draw(
+            st.sampled_from(["run", "run", "run", "dup", "stale", "crash", "cancel"])
+        )
         if action == "dup" and self.sent:
             self.apply(self.draw(st.sampled_from(self.sent)))
         elif action == "stale" and self.sent:
             old = self.draw(st.sampled_from(self.sent))
             if isinstance(old, TaskFinished):
-                self.apply(TaskFinished(workflow_id="wf-1", task=old.task, attempt=max(old.attempt - 1, 0),
-                                        at=old.at, ok=not old.ok))
+                self.apply(
+                    TaskFinished(
+                        workflow_id="wf-1",
+                        task=old.task,
+                        attempt=max(old.attempt - 1, 0),
+                        at=old.at,
+                        ok=not old.ok,
+                    )
+                )
         elif action == "crash":
             self.crash()
         elif action == "cancel" and self.draw(st.integers(0, 9)) == 0:
@@ -94,11 +106,18 @@ class World:
         if self.draw(st.booleans()):
             self.apply(TaskStarted(workflow_id="wf-1", task=task, attempt=attempt, at=self.sim.now))
         ok = self.draw(st.booleans())
-        self.apply(TaskFinished(
-            workflow_id="wf-1", task=task, attempt=attempt, at=self.sim.now, ok=ok,
-            output={"ok": self.draw(st.booleans())} if ok else None,
-            error=None if ok else "boom", retryable=self.draw(st.booleans()),
-        ))
+        self.apply(
+            TaskFinished(
+                workflow_id="wf-1",
+                task=task,
+                attempt=attempt,
+                at=self.sim.now,
+                ok=ok,
+                output={"ok": self.draw(st.booleans())} if ok else None,
+                error=None if ok else "boom",
+                retryable=self.draw(st.booleans()),
+            )
+        )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -174,7 +193,9 @@ def _check_result(sim: Sim, world: World) -> None:
         assert st_.status == "cancelled"
         return
     culprits = [
-        t for t in sim.plan.tasks
-        if st_.task_status[t.index] in BAD and (sim.plan.all_tasks_must_succeed or sim.plan.is_sink[t.index])
+        t
+        for t in sim.plan.tasks
+        if st_.task_status[t.index] in BAD
+        and (sim.plan.all_tasks_must_succeed or sim.plan.is_sink[t.index])
     ]
     assert st_.status == ("failed" if culprits else "completed")

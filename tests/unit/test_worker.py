@@ -39,11 +39,18 @@ async def outputs(store: Store) -> dict[str, Any]:
 
 
 async def test_python_task_gets_rendered_args_and_upstream_inputs(store: Store) -> None:
-    status, _ = await run(store, [
-        {"name": "a", "call": "tests.sample_tasks:echo", "args": {"n": 2}},
-        {"name": "b", "call": "tests.sample_tasks:echo", "depends_on": ["a"],
-         "args": {"from_a": "{{ inputs.a.n }}", "text": "n={{ inputs.a.n }}"}},
-    ])
+    status, _ = await run(
+        store,
+        [
+            {"name": "a", "call": "tests.sample_tasks:echo", "args": {"n": 2}},
+            {
+                "name": "b",
+                "call": "tests.sample_tasks:echo",
+                "depends_on": ["a"],
+                "args": {"from_a": "{{ inputs.a.n }}", "text": "n={{ inputs.a.n }}"},
+            },
+        ],
+    )
     assert status == "completed"
     assert (await outputs(store))["b"] == {"from_a": 2, "text": "n=2"}
 
@@ -54,21 +61,31 @@ async def test_context_carries_attempt_and_idempotency_key(store: Store) -> None
 
 
 async def test_large_output_travels_by_reference(store: Store) -> None:
-    status, _ = await run(store, [
-        {"name": "big", "call": "tests.sample_tasks:big", "args": {"size": 100_000}},
-        {"name": "len", "call": "tests.sample_tasks:length", "depends_on": ["big"],
-         "condition": "len(inputs.big) > 50000"},
-    ])
+    status, _ = await run(
+        store,
+        [
+            {"name": "big", "call": "tests.sample_tasks:big", "args": {"size": 100_000}},
+            {
+                "name": "len",
+                "call": "tests.sample_tasks:length",
+                "depends_on": ["big"],
+                "condition": "len(inputs.big) > 50000",
+            },
+        ],
+    )
     assert status == "completed"
     assert (await outputs(store))["len"] == 100_000
     assert await store.documents.get(keys.output("w", 0, 1)) is not None
 
 
 async def test_non_retryable_fails_at_once_and_retry_after_retries(store: Store) -> None:
-    status, view = await run(store, [
-        {"name": "refuse", "call": "tests.sample_tasks:refuse", "num_retries": 3},
-        {"name": "busy", "call": "tests.sample_tasks:busy_once", "num_retries": 1},
-    ])
+    status, view = await run(
+        store,
+        [
+            {"name": "refuse", "call": "tests.sample_tasks:refuse", "num_retries": 3},
+            {"name": "busy", "call": "tests.sample_tasks:busy_once", "num_retries": 1},
+        ],
+    )
     assert status == "failed"
     assert task(view, "refuse").attempts == 1
     assert "bad input" in task(view, "refuse").error
@@ -91,14 +108,20 @@ async def test_shell_task_sees_its_environment_and_writes_its_output(store: Stor
     script = (
         'python3 -c "import json,os; e=os.environ; '
         "json.dump({k: e[k] for k in ['DAGQ_WORKFLOW_ID','DAGQ_TASK','DAGQ_ATTEMPT']}"
-        ' | {\'inputs\': json.load(open(e[\'DAGQ_INPUTS\']))}, open(e[\'JOBQ_OUTPUT_FILE\'],\'w\'))"'
+        " | {'inputs': json.load(open(e['DAGQ_INPUTS']))}, open(e['JOBQ_OUTPUT_FILE'],'w'))\""
     )
-    await run(store, [
-        {"name": "a", "call": "tests.sample_tasks:echo", "args": {"v": 1}},
-        {"name": "b", "cmd": script, "depends_on": ["a"]},
-    ])
+    await run(
+        store,
+        [
+            {"name": "a", "call": "tests.sample_tasks:echo", "args": {"v": 1}},
+            {"name": "b", "cmd": script, "depends_on": ["a"]},
+        ],
+    )
     assert (await outputs(store))["b"] == {
-        "DAGQ_WORKFLOW_ID": "w", "DAGQ_TASK": "b", "DAGQ_ATTEMPT": "1", "inputs": {"a": {"v": 1}},
+        "DAGQ_WORKFLOW_ID": "w",
+        "DAGQ_TASK": "b",
+        "DAGQ_ATTEMPT": "1",
+        "inputs": {"a": {"v": 1}},
     }
 
 
@@ -109,14 +132,33 @@ async def test_failed_shell_task_reports_exit_code_and_stderr_tail(store: Store)
 
 
 async def test_non_retryable_exit_codes_fail_at_once(store: Store) -> None:
-    _, view = await run(store, [{"name": "x", "cmd": "exit 7", "num_retries": 3,
-                                 "retry": {"non_retryable_exit_codes": [7]}}])
+    _, view = await run(
+        store,
+        [
+            {
+                "name": "x",
+                "cmd": "exit 7",
+                "num_retries": 3,
+                "retry": {"non_retryable_exit_codes": [7]},
+            }
+        ],
+    )
     assert task(view, "x").attempts == 1
 
 
 async def test_timeout_kills_the_attempt_and_retries(store: Store) -> None:
-    _, view = await run(store, [{"name": "x", "cmd": "sleep 30", "timeout_s": 0.3, "num_retries": 1,
-                                 "retry": {"backoff_s": 0}}])
+    _, view = await run(
+        store,
+        [
+            {
+                "name": "x",
+                "cmd": "sleep 30",
+                "timeout_s": 0.3,
+                "num_retries": 1,
+                "retry": {"backoff_s": 0},
+            }
+        ],
+    )
     row = task(view, "x")
     assert (row.status, row.attempts) == ("failed", 2)
     assert "timed out after 0.3s" in row.error
@@ -135,7 +177,9 @@ async def test_cancel_stops_a_running_shell_task(store: Store) -> None:
     from dagq.submission import request_cancel
 
     runner = LocalRunner(store, workers=2)
-    await runner.submit(definition([{"name": "sleepy", "cmd": "sleep 60"}]), params={}, workflow_id="w")
+    await runner.submit(
+        definition([{"name": "sleepy", "cmd": "sleep 60"}]), params={}, workflow_id="w"
+    )
 
     async def cancel_when_running(plan: Any, st: Any) -> None:
         if st.status == "running" and st.counts[2]:

@@ -47,17 +47,37 @@ def main() -> None:
 
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
-              help="Override a param (repeatable); the value is parsed as JSON if it can be.")
-@click.option("--workers", default=4, show_default=True, type=click.IntRange(1, 1024),
-              help="How many tasks run at once.")
-@click.option("--id", "workflow_id", default=None,
-              help="Name the run; the same id again resumes it or reports its result.")
+@click.option(
+    "-p",
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a param (repeatable); the value is parsed as JSON if it can be.",
+)
+@click.option(
+    "--workers",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 1024),
+    help="How many tasks run at once.",
+)
+@click.option(
+    "--id",
+    "workflow_id",
+    default=None,
+    help="Name the run; the same id again resumes it or reports its result.",
+)
 @store_option
 @click.option("--quiet", is_flag=True, help="No live progress; only the summary.")
 def run(
-    file: Path, params: tuple[str, ...], workers: int, workflow_id: str | None,
-    store_url: str, quiet: bool,
+    *,
+    file: Path,
+    params: tuple[str, ...],
+    workers: int,
+    workflow_id: str | None,
+    store_url: str,
+    quiet: bool,
 ) -> None:
     """Run a workflow FILE (YAML, JSON or Python) in this process until it ends."""
     from dagq.cli.run import run_command
@@ -67,7 +87,7 @@ def run(
 
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-def validate(file: Path) -> None:
+def validate(*, file: Path) -> None:
     """Check a workflow FILE and report the first problem found."""
     from dagq.cli.run import load_definition
     from dagq.errors import DagqError

@@ -106,7 +106,10 @@ class LiveProgress:
     def _render(self, plan: Plan, st: RunState, done: int, elapsed: float, rate: float) -> Group:
         total = st.n_tasks
         head = Text.assemble(
-            (self.name, "bold"), "  ", (self.workflow_id, "dim"), "  ",
+            (self.name, "bold"),
+            "  ",
+            (self.workflow_id, "dim"),
+            "  ",
             (st.status, STYLES.get(st.status, "bold")),
         )
         bar = Table.grid(padding=(0, 1))
@@ -136,10 +139,26 @@ def print_summary(console: Console, view: RunView, *, elapsed_s: float | None = 
     table.add_column("attempts", justify="right")
     table.add_column("duration", justify="right")
     table.add_column("error", overflow="fold", max_width=80)
-    rank = {label: n for n, label in enumerate(
-        ["failed", "upstream_failed", "cancelled", "running", "ready", "pending", "skipped", "completed"]
-    )}
-    rows = sorted(view.tasks, key=lambda r: rank.get(r.status, 99)) if len(view.tasks) > MAX_ROWS else view.tasks
+    rank = {
+        label: n
+        for n, label in enumerate(
+            [
+                "failed",
+                "upstream_failed",
+                "cancelled",
+                "running",
+                "ready",
+                "pending",
+                "skipped",
+                "completed",
+            ]
+        )
+    }
+    rows = (
+        sorted(view.tasks, key=lambda r: rank.get(r.status, 99))
+        if len(view.tasks) > MAX_ROWS
+        else view.tasks
+    )
     for row in rows[:MAX_ROWS]:
         table.add_row(
             row.name,
@@ -151,7 +170,7 @@ def print_summary(console: Console, view: RunView, *, elapsed_s: float | None = 
     console.print(table)
     hidden = rows[MAX_ROWS:]
     if hidden:
-        kinds = {}
+        kinds: dict[str, int] = {}
         for row in hidden:
             kinds[row.status] = kinds.get(row.status, 0) + 1
         console.print(Text("… and ", style="dim") + counts_text(kinds) + Text(" more", style="dim"))

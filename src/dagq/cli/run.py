@@ -52,7 +52,16 @@ def run_command(
     import_paths = [str(file.resolve().parent), str(Path.cwd())]
     try:
         return asyncio.run(
-            _run(console, definition, overrides, workers, workflow_id, store_url, import_paths, quiet)
+            _run(
+                console,
+                definition,
+                overrides=overrides,
+                workers=workers,
+                workflow_id=workflow_id,
+                store_url=store_url,
+                import_paths=import_paths,
+                quiet=quiet,
+            )
         )
     except DagqError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -62,6 +71,7 @@ def run_command(
 async def _run(
     console: Console,
     definition: WorkflowDef,
+    *,
     overrides: dict[str, object],
     workers: int,
     workflow_id: str | None,
@@ -100,7 +110,9 @@ async def _run(
         await store.close()
 
 
-async def _summarize(console: Console, store: Store, workflow_id: str, elapsed: float | None) -> int:
+async def _summarize(
+    console: Console, store: Store, workflow_id: str, elapsed: float | None
+) -> int:
     view = await load_view(store, workflow_id)
     print_summary(console, view, elapsed_s=elapsed)
     return EXIT_OK if view.status == "completed" else EXIT_FAILED
@@ -130,6 +142,8 @@ class _Interrupts:
             )
             raise SystemExit(130)
         self.console.print("[yellow]cancelling… (Ctrl-C again to quit at once)[/]")
-        task = asyncio.ensure_future(request_cancel(self.store, self.workflow_id, "cancelled by Ctrl-C"))
+        task = asyncio.ensure_future(
+            request_cancel(self.store, self.workflow_id, "cancelled by Ctrl-C")
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

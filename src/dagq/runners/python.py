@@ -36,7 +36,7 @@ def resolve(call: str) -> tuple[Callable[..., Any], bool, bool, bool]:
         target: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
             target = getattr(target, part)
-    except Exception as exc:  # noqa: BLE001 - any import-time failure is the user's to see
+    except Exception as exc:
         raise ImportFailed(f"cannot import '{call}': {type(exc).__name__}: {exc}") from exc
     if not callable(target):
         raise ImportFailed(f"'{call}' is not callable")
@@ -78,7 +78,7 @@ async def run_python(spec: TaskSpec, ctx: TaskContext, args: Any, *, executor: E
         return Outcome(ok=False, error=_describe(exc), retryable=False)
     except RetryAfter as exc:
         return Outcome(ok=False, error=_describe(exc), retry_after_s=exc.seconds)
-    except Exception as exc:  # noqa: BLE001 - a task's own failure becomes its error
+    except Exception as exc:
         return Outcome(ok=False, error=_describe(exc, with_trace=True))
     return Outcome(ok=True, output=result)
 

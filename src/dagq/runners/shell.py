@@ -49,9 +49,7 @@ async def run_shell(spec: TaskSpec, ctx: TaskContext, *, work_dir: str | None = 
         except OSError as exc:
             return Outcome(ok=False, error=f"cannot start the command: {exc}", retryable=False)
         stdout, stderr = _Tail(), _Tail()
-        readers = asyncio.gather(
-            _pump(process.stdout, stdout), _pump(process.stderr, stderr)
-        )
+        readers = asyncio.gather(_pump(process.stdout, stdout), _pump(process.stderr, stderr))
         try:
             await asyncio.wait_for(asyncio.shield(process.wait()), spec.timeout_s)
         except TimeoutError:
