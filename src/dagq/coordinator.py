@@ -106,6 +106,7 @@ class Coordinator:
         self.changed = asyncio.Event()
         self._cache: OrderedDict[str, Entry] = OrderedDict()
         self._active: set[str] = set()
+        self._plans: OrderedDict[str, Plan] = OrderedDict()
         self._next_sweep = 0.0
         self._next_rescan = 0.0
 
@@ -286,6 +287,12 @@ class Coordinator:
         entry = self._cache.get(workflow_id)
         return entry.plan if entry else None
 
+    def remember_plan(self, fingerprint: str, plan: Plan) -> None:
+        """Keep a compiled plan for workflows with this definition and params."""
+        self._plans[fingerprint] = plan
+        while len(self._plans) > 64:
+            self._plans.popitem(last=False)
+
     def _evict(self, workflow_id: str) -> None:
         self._cache.pop(workflow_id, None)
 
@@ -318,7 +325,10 @@ class Coordinator:
         if doc is None or definition is None:
             return None
         submitted = msgspec.json.decode(definition.data, type=Submitted)
-        plan = compile_plan(submitted.definition, submitted.params)
+        plan = self._plans.get(submitted.fingerprint)
+        if plan is None:
+            plan = compile_plan(submitted.definition, submitted.params)
+            self.remember_plan(submitted.fingerprint, plan)
         st = state.decode(doc.data, plan)
         entry = Entry(plan, st, doc.etag, submitted.definition.name, submitted.tenant)
         if st.status in WORKFLOW_ACTIVE:

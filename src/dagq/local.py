@@ -72,6 +72,7 @@ class LocalRunner:
         self.submitted = await submit(
             self.store, definition, params=params, workflow_id=workflow_id
         )
+        self.coordinator.remember_plan(self.submitted.fingerprint, self.submitted.plan)
         return self.submitted
 
     async def current_state(self) -> RunState:
@@ -110,8 +111,9 @@ class LocalRunner:
                         await result
                 if current.status in WORKFLOW_TERMINAL:
                     return current.status
-                if coordinator.done() and coordinator.exception() is not None:
-                    raise coordinator.exception()  # type: ignore[misc]
+                for task in tasks:
+                    if task.done() and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
                 self.coordinator.changed.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.coordinator.changed.wait(), interval_s)

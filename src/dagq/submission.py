@@ -47,6 +47,7 @@ class SubmitResult:
     workflow_id: str
     created: bool
     plan: Plan
+    fingerprint: str
 
 
 def fingerprint(definition: WorkflowDef, params: Mapping[str, Any]) -> str:
@@ -114,7 +115,7 @@ async def submit(
         keys.COMPLETIONS_QUEUE,
         [OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))],
     )
-    return SubmitResult(workflow_id, created, plan)
+    return SubmitResult(workflow_id, created, plan, submitted.fingerprint)
 
 
 async def load_submitted(store: Store, workflow_id: str) -> Submitted | None:

@@ -156,9 +156,10 @@ class Worker:
                 task = decode_task(message.body)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 log.error("unreadable task message %s dead-lettered: %s", message.id, exc)
-                await self.store.queues.dead_letter(
-                    queue, message.receipt, f"cannot be parsed: {exc}"
-                )
+                with contextlib.suppress(DagqError):  # else it is redelivered, then buried
+                    await self.store.queues.dead_letter(
+                        queue, message.receipt, f"cannot be parsed: {exc}"
+                    )
                 continue
             running = _Running(message, task, message.receipt, self.clock())
             self._running[message.id] = running

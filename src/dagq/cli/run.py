@@ -17,6 +17,7 @@ from dagq.errors import DagqError
 from dagq.loading import load_file
 from dagq.local import LocalRunner
 from dagq.plan import parse_param
+from dagq.state import WORKFLOW_ACTIVE
 from dagq.stores import open_store
 from dagq.stores.base import Store
 from dagq.submission import request_cancel
@@ -90,6 +91,7 @@ async def _run(
             return await _summarize(console, store, wid, None)
         if not submitted.created:
             console.print(f"resuming workflow {wid}")
+        await _note_others(console, store, wid)
         started = time.monotonic()
         interrupts = _Interrupts(store, wid, console)
         interrupts.install()
@@ -108,6 +110,18 @@ async def _run(
         return code if status != "completed" else EXIT_OK
     finally:
         await store.close()
+
+
+async def _note_others(console: Console, store: Store, workflow_id: str) -> None:
+    """This process coordinates the whole store: say so if other runs will advance too."""
+    page = await store.index.query(status=sorted(WORKFLOW_ACTIVE), limit=100)
+    others = [row.id for row in page.rows if row.id != workflow_id]
+    if others:
+        shown = ", ".join(others[:3]) + (" …" if len(others) > 3 else "")
+        console.print(
+            f"[yellow]note: {len(others)} other unfinished workflow(s) in this store will "
+            f"advance too: {shown}[/]"
+        )
 
 
 async def _summarize(
