@@ -31,22 +31,66 @@ class _Pending:
     dropped: bool = False
 
 
-class Outbox:
-    """Posts events to the completion queue in batches."""
+class _Flusher:
+    """Runs ``_flush`` in the background whenever woken; a failure is retried with backoff."""
 
-    def __init__(self, queues: Queues, queue: str) -> None:
-        self._queues = queues
-        self._queue = queue
-        self._pending: list[_Pending] = []
-        self._unsent_starts: dict[tuple[str, int, int], _Pending] = {}
+    name = "dagq-flusher"
+
+    def __init__(self) -> None:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.sent_messages = 0
 
     def start(self) -> None:
         """Start the background flusher (idempotent)."""
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="dagq-outbox")
+            self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def close(self) -> None:
+        """Flush what is pending, then stop."""
+        if self._task is None:
+            return
+        while self._has_pending():
+            self._wake.set()
+            await asyncio.sleep(0.01)
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
+
+    async def _run(self) -> None:
+        delay = 0.05
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._flush()
+            except DagqError as exc:
+                log.warning("%s failed, retrying in %.2fs: %s", self.name, delay, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                self._wake.set()
+                continue
+            delay = 0.05
+
+    def _has_pending(self) -> bool:
+        raise NotImplementedError
+
+    async def _flush(self) -> None:
+        """Do the pending work; on failure, put it back and raise."""
+        raise NotImplementedError
+
+
+class Outbox(_Flusher):
+    """Posts events to the completion queue in batches."""
+
+    name = "dagq-outbox"
+
+    def __init__(self, queues: Queues, queue: str) -> None:
+        super().__init__()
+        self._queues = queues
+        self._queue = queue
+        self._pending: list[_Pending] = []
+        self._unsent_starts: dict[tuple[str, int, int], _Pending] = {}
+        self.sent_messages = 0
 
     def post_nowait(self, event: Event) -> None:
         """Queue an event without waiting for it (for progress signals)."""
@@ -68,42 +112,23 @@ class Outbox:
         self._wake.set()
         await done
 
-    async def close(self) -> None:
-        """Send what is pending, then stop the flusher."""
-        if self._task is None:
-            return
-        while self._pending:
-            self._wake.set()
-            await asyncio.sleep(0.01)
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        self._task = None
+    def _has_pending(self) -> bool:
+        return bool(self._pending)
 
-    async def _run(self) -> None:
-        delay = 0.05
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            batch = [p for p in self._pending if not p.dropped]
-            self._pending = []
-            self._unsent_starts.clear()
-            if not batch:
-                continue
-            try:
-                await self._send(batch)
-            except DagqError as exc:
-                log.warning(
-                    "posting %d event(s) failed, retrying in %.2fs: %s", len(batch), delay, exc
-                )
-                self._pending[:0] = batch
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                self._wake.set()
-                continue
-            delay = 0.05
-            for p in batch:
-                if p.done is not None and not p.done.done():
-                    p.done.set_result(None)
+    async def _flush(self) -> None:
+        batch = [p for p in self._pending if not p.dropped]
+        self._pending = []
+        self._unsent_starts.clear()
+        if not batch:
+            return
+        try:
+            await self._send(batch)
+        except DagqError:
+            self._pending[:0] = batch
+            raise
+        for p in batch:
+            if p.done is not None and not p.done.done():
+                p.done.set_result(None)
 
     async def _send(self, batch: list[_Pending]) -> None:
         messages: list[OutgoingMessage] = []
@@ -121,19 +146,15 @@ class Outbox:
         self.sent_messages += len(messages)
 
 
-class Deleter:
+class Deleter(_Flusher):
     """Deletes received messages in batches, per queue."""
 
+    name = "dagq-deleter"
+
     def __init__(self, queues: Queues) -> None:
+        super().__init__()
         self._queues = queues
         self._pending: dict[str, list[tuple[str, asyncio.Future[None]]]] = defaultdict(list)
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """Start the background deleter (idempotent)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="dagq-deleter")
 
     async def delete(self, queue: str, receipt: str) -> None:
         """Delete a message; returns once the delete was done (or found stale)."""
@@ -142,34 +163,19 @@ class Deleter:
         self._wake.set()
         await done
 
-    async def close(self) -> None:
-        """Finish pending deletes, then stop."""
-        if self._task is None:
-            return
-        while self._pending:
-            self._wake.set()
-            await asyncio.sleep(0.01)
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        self._task = None
+    def _has_pending(self) -> bool:
+        return bool(self._pending)
 
-    async def _run(self) -> None:
-        delay = 0.05
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            pending, self._pending = self._pending, defaultdict(list)
-            for queue, items in pending.items():
-                try:
-                    await self._queues.delete(queue, [receipt for receipt, _ in items])
-                except DagqError as exc:
-                    log.warning("deleting %d message(s) failed, retrying: %s", len(items), exc)
-                    self._pending[queue].extend(items)
-                    self._wake.set()
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-                    continue
-                delay = 0.05
-                for _, done in items:
-                    if not done.done():
-                        done.set_result(None)
+    async def _flush(self) -> None:
+        pending, self._pending = self._pending, defaultdict(list)
+        for queue, items in list(pending.items()):
+            try:
+                await self._queues.delete(queue, [receipt for receipt, _ in items])
+            except DagqError:
+                for left, waiting in pending.items():
+                    self._pending[left][:0] = waiting
+                raise
+            del pending[queue]
+            for _, done in items:
+                if not done.done():
+                    done.set_result(None)
