@@ -277,6 +277,11 @@ class Coordinator:
 
     # --- the cache ------------------------------------------------------------------
 
+    @property
+    def active_count(self) -> int:
+        """How many unfinished workflows this coordinator is advancing."""
+        return len(self._active)
+
     def state_of(self, workflow_id: str) -> RunState | None:
         """The cached working state of a workflow (read-only for callers)."""
         entry = self._cache.get(workflow_id)

@@ -213,10 +213,18 @@ def _convert_error(exc: msgspec.ValidationError, report: _Reporter) -> Validatio
     for name, index, key in _PATH_PART.findall(at.rstrip("`")):
         path.append(int(index) if index else (name or key))
     detail = _friendly(message.replace("`", "'"))
+    if detail.startswith("Invalid enum value") and path and path[-1] in _CHOICES:
+        detail += f" (use {_CHOICES[str(path[-1])]})"
     if not path:
         return ValidationError(f"{report.source}: {detail}")
     return ValidationError(f"{report.where(path)}: {detail}")
 
+
+#: What a field with a fixed set of values accepts, for "Invalid enum value" errors.
+_CHOICES = {
+    "dep_policy": "one of all, any, all_settled, or how many parents must complete",
+    "result_policy": "one of all_sinks_succeed, all_tasks_succeed",
+}
 
 _TYPE_WORDS = {
     "int": "an integer",

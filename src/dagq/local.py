@@ -97,6 +97,7 @@ class LocalRunner:
                 visibility_timeout_s=LOCAL_VISIBILITY_S,
                 import_paths=self.import_paths,
                 shutdown_grace_s=5.0,
+                poll_interval_s=0.05,  # delayed retries become visible without a send
             ),
         )
         tasks = [asyncio.create_task(worker.run(self.stop), name="dagq-worker")]
@@ -110,6 +111,8 @@ class LocalRunner:
                     if result is not None:
                         await result
                 if current.status in WORKFLOW_TERMINAL:
+                    return current.status
+                if self.stop.is_set():  # stopped from outside (SIGTERM): resumable later
                     return current.status
                 for task in tasks:
                     if task.done() and task.exception() is not None:

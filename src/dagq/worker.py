@@ -168,7 +168,8 @@ class Worker:
 
     async def _drain(self) -> None:
         """On stop: let running tasks finish within the grace period, then release them."""
-        jobs = [r.job for r in self._running.values() if r.job is not None]
+        in_flight = [r for r in self._running.values() if r.job is not None]
+        jobs = [r.job for r in in_flight if r.job is not None]
         if not jobs:
             return
         log.info(
@@ -178,9 +179,11 @@ class Worker:
         for job in unfinished:
             job.cancel()
         await asyncio.gather(*unfinished, return_exceptions=True)
-        for running in list(self._running.values()):
-            with contextlib.suppress(DagqError):  # hand it back to the queue at once
-                await self.store.queues.extend(running.message.queue, running.receipt, 0)
+        # A cancelled job removes itself from ``_running``: release from the list taken above.
+        for running in in_flight:
+            if running.job in unfinished and not running.lost:
+                with contextlib.suppress(DagqError):  # hand it back to the queue at once
+                    await self.store.queues.extend(running.message.queue, running.receipt, 0)
         self._running.clear()
 
     # --- one task ---------------------------------------------------------------------
@@ -189,6 +192,12 @@ class Worker:
         message, task = running.message, running.task
         try:
             if await self._is_cancelled(task.workflow_id):
+                # Say so: if this attempt was running when a worker died, the coordinator
+                # is waiting for word of it before the cancellation can finish.
+                outcome = Outcome(
+                    ok=False, error="not run: the workflow was cancelled", retryable=False
+                )
+                await self._outbox.post(await self._report(task, outcome, self.clock()))
                 await self._deleter.delete(message.queue, running.receipt)
                 return
             self._outbox.post_nowait(

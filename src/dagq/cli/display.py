@@ -36,7 +36,7 @@ MAX_ROWS = 40
 PLAIN_INTERVAL_S = 5.0
 
 
-def _duration(seconds: float | None) -> str:
+def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     if seconds < 1:
@@ -100,7 +100,7 @@ class LiveProgress:
         now = time.monotonic()
         line = f"{st.status}: {done}/{st.n_tasks} done ({counts_text(st.count_map()).plain})"
         if now - self._last_plain >= PLAIN_INTERVAL_S and line != self._last_line:
-            self.console.print(f"[{_duration(elapsed)}] {line}, {rate:.1f} tasks/s")
+            self.console.print(f"[{duration(elapsed)}] {line}, {rate:.1f} tasks/s")
             self._last_plain, self._last_line = now, line
 
     def _render(self, plan: Plan, st: RunState, done: int, elapsed: float, rate: float) -> Group:
@@ -116,14 +116,14 @@ class LiveProgress:
         bar.add_row(
             ProgressBar(total=max(total, 1), completed=done, width=40),
             Text(f"{done:,}/{total:,}  {100 * done / max(total, 1):.0f}%"),
-            Text(f"{rate:,.1f} tasks/s  elapsed {_duration(elapsed)}", style="dim"),
+            Text(f"{rate:,.1f} tasks/s  elapsed {duration(elapsed)}", style="dim"),
         )
         parts: list[Any] = [head, bar, counts_text(st.count_map())]
         running = [i for i, c in enumerate(st.task_status) if c == TaskStatus.RUNNING]
         if running:
             now = time.time()
             shown = ", ".join(
-                f"{plan.tasks[i].name} ({_duration(max(0.0, now - st.started_at[i]))})"
+                f"{plan.tasks[i].name} ({duration(max(0.0, now - st.started_at[i]))})"
                 for i in running[:6]
             )
             more = f" and {len(running) - 6} more" if len(running) > 6 else ""
@@ -164,8 +164,8 @@ def print_summary(console: Console, view: RunView, *, elapsed_s: float | None = 
             row.name,
             Text(row.status, style=STYLES.get(row.status, "")),
             str(row.attempts),
-            _duration(row.duration_s),
-            _first_line(row.error),
+            duration(row.duration_s),
+            first_line(row.error),
         )
     console.print(table)
     hidden = rows[MAX_ROWS:]
@@ -185,16 +185,18 @@ def verdict_text(view: RunView, elapsed_s: float | None) -> Text:
     done = sum(n for label, n in view.counts.items() if TaskStatus[label.upper()] in TERMINAL)
     timing = ""
     if span is not None:
-        timing = f" in {_duration(span)} — {view.total:,} tasks"
+        timing = f" in {duration(span)} — {view.total:,} tasks"
         if span > 0:
             timing += f", {done / span:,.1f} tasks/s"
     if view.status == "completed":
         return Text(f"✔ workflow completed{timing}", style="bold green")
-    reason = f": {view.error}" if view.error else ""
+    reason = f": {first_line(view.error)}" if view.error else ""
     return Text(f"✘ workflow {view.status}{timing}{reason}", style="bold red")
 
 
-def _first_line(error: str | None) -> str:
-    if not error:
+def first_line(text: str | None, limit: int = 300) -> str:
+    """The first line of an error (its traceback stays in ``dagq tasks`` / ``logs``)."""
+    if not text or not text.strip():
         return ""
-    return error if len(error) <= 300 else error[:300] + "…"
+    line = text.strip().splitlines()[0]
+    return line if len(line) <= limit else line[:limit] + "…"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -17,11 +18,14 @@ from dagq.errors import DagqError
 from dagq.loading import load_file
 from dagq.local import LocalRunner
 from dagq.plan import parse_param
-from dagq.state import WORKFLOW_ACTIVE
+from dagq.state import WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
 from dagq.stores import open_store
 from dagq.stores.base import Store
 from dagq.submission import request_cancel
 from dagq.views import load_view
+
+#: The exit code of a run stopped by SIGTERM (the shell convention, 128 + 15).
+EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
 def load_definition(file: Path) -> WorkflowDef:
@@ -62,6 +66,7 @@ def run_command(
                 store_url=store_url,
                 import_paths=import_paths,
                 quiet=quiet,
+                source=str(file),
             )
         )
     except DagqError as exc:
@@ -79,6 +84,7 @@ async def _run(
     store_url: str,
     import_paths: list[str],
     quiet: bool,
+    source: str,
 ) -> int:
     store = open_store(store_url)
     try:
@@ -93,7 +99,7 @@ async def _run(
             console.print(f"resuming workflow {wid}")
         await _note_others(console, store, wid)
         started = time.monotonic()
-        interrupts = _Interrupts(store, wid, console)
+        interrupts = _Interrupts(store, wid, console, runner.stop)
         interrupts.install()
         try:
             progress = LiveProgress(console, wid, definition.name)
@@ -107,6 +113,12 @@ async def _run(
         if interrupts.count:
             console.print("[yellow]cancelled by Ctrl-C[/]")
         code = await _summarize(console, store, wid, time.monotonic() - started)
+        if interrupts.terminated and status not in WORKFLOW_TERMINAL:
+            console.print(
+                f"[yellow]stopped by SIGTERM; workflow {wid} is unfinished, resume it with: "
+                f"dagq run {shlex.quote(source)} --id {wid}[/]"
+            )
+            return EXIT_TERMINATED
         return code if status != "completed" else EXIT_OK
     finally:
         await store.close()
@@ -133,26 +145,46 @@ async def _summarize(
 
 
 class _Interrupts:
-    """First Ctrl-C cancels the run cleanly; a second one quits at once (resumable)."""
+    """First Ctrl-C cancels the run cleanly; a second one quits at once (resumable).
 
-    def __init__(self, store: Store, workflow_id: str, console: Console) -> None:
+    SIGTERM stops this process gracefully without cancelling the workflow: running
+    tasks get a grace period, then their process groups are killed and their
+    messages handed back, so the same ``--id`` resumes at once.
+    """
+
+    def __init__(
+        self, store: Store, workflow_id: str, console: Console, stop: asyncio.Event
+    ) -> None:
         self.store = store
         self.workflow_id = workflow_id
         self.console = console
+        self.stop = stop
         self.count = 0
+        self.terminated = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     def install(self) -> None:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, self._on_interrupt)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, self._on_interrupt)
+        loop.add_signal_handler(signal.SIGTERM, self._on_terminate)
 
     def remove(self) -> None:
-        asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
+        loop = asyncio.get_running_loop()
+        loop.remove_signal_handler(signal.SIGINT)
+        loop.remove_signal_handler(signal.SIGTERM)
+
+    def _on_terminate(self) -> None:
+        if not self.terminated:
+            self.terminated = True
+            self.console.print("[yellow]SIGTERM: stopping; running tasks get a few seconds…[/]")
+        self.stop.set()
 
     def _on_interrupt(self) -> None:
         self.count += 1
         if self.count > 1:
             self.console.print(
-                f"[red]stopped at once; resume with: dagq run FILE --id {self.workflow_id}[/]"
+                f"[red]stopped at once; workflow {self.workflow_id} is recorded as being "
+                "cancelled (its state is safe on disk)[/]"
             )
             raise SystemExit(130)
         self.console.print("[yellow]cancelling… (Ctrl-C again to quit at once)[/]")

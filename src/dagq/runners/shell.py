@@ -64,6 +64,9 @@ async def run_shell(spec: TaskSpec, ctx: TaskContext, *, work_dir: str | None = 
         except asyncio.CancelledError:
             await _kill_group(process)
             readers.cancel()
+            # Collect the readers' cancellation, else asyncio logs it as an error on exit.
+            with contextlib.suppress(asyncio.CancelledError):
+                await readers
             raise
         try:  # a background child may hold the pipes open after the task itself ended
             await asyncio.wait_for(readers, LINGER_S)

@@ -1,0 +1,223 @@
+"""Commands that look at workflows: status, list, tasks, output, logs, events.
+
+Each prints for people by default (rich tables, colours only on a terminal) and
+stable JSON with ``--json`` (the fields of the structs in :mod:`dagq.client`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import msgspec
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from dagq.cli.display import STYLES, counts_text, duration, first_line
+from dagq.client import Client, WorkflowStatus
+from dagq.errors import DagqError
+
+T = TypeVar("T")
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def console() -> Console:
+    """stdout, coloured only on a terminal."""
+    return Console(highlight=False)
+
+
+def with_client(store_url: str, body: Callable[[Client], Awaitable[T]]) -> T:
+    """Open the store, run ``body`` with a client, close it."""
+
+    async def main() -> T:
+        async with Client(store_url) as client:
+            return await body(client)
+
+    return asyncio.run(main())
+
+
+def print_json(value: Any) -> None:
+    """Stable JSON on stdout, one document."""
+    print(msgspec.json.encode(value).decode())
+
+
+def when(timestamp: float | None) -> str:
+    """A local wall-clock time, or '-'."""
+    if timestamp is None:
+        return "-"
+    return datetime.fromtimestamp(timestamp, UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+# --- status -------------------------------------------------------------------------
+
+
+def status_view(status: WorkflowStatus, now: float) -> Group:
+    """Name, state, progress bar, counts, rate, ETA, and the failed tasks."""
+    elapsed = (status.finished_at or now) - status.created_at
+    rate = status.done / elapsed if elapsed > 0 else 0.0
+    remaining = status.total - status.done
+    eta = "-" if status.terminal or rate <= 0 else duration(remaining / rate)
+    head = Text.assemble(
+        (status.name, "bold"),
+        "  ",
+        (status.id, "dim"),
+        "  ",
+        (status.status, STYLES.get(status.status, "bold")),
+    )
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(
+        ProgressBar(total=max(status.total, 1), completed=status.done, width=40),
+        Text(f"{status.done:,}/{status.total:,}"),
+        Text(f"{rate:,.1f} tasks/s  elapsed {duration(elapsed)}  eta {eta}", style="dim"),
+    )
+    parts: list[Any] = [head, bar, counts_text(status.counts)]
+    if status.error:
+        parts.append(Text(f"error: {status.error}", style="red"))
+    if status.failed:
+        table = Table("failed task", "state", "attempt", "error", title=None, box=None)
+        for task in status.failed[:20]:
+            table.add_row(
+                task.name,
+                Text(task.status, style=STYLES[task.status]),
+                str(task.attempt),
+                _cut(task.error),
+            )
+        parts.append(table)
+    return Group(*parts)
+
+
+def run_status(store_url: str, workflow_id: str, *, watch: bool, as_json: bool) -> int:
+    """``dagq status``: once, or refreshed until the run ends (then its exit code)."""
+
+    async def body(client: Client) -> int:
+        status = await client.status(workflow_id)
+        if not watch:
+            _show(status, as_json)
+            return EXIT_OK
+        out = console()
+        if as_json or not out.is_terminal:
+            status = await client.wait(workflow_id, poll_s=1.0)
+            _show(status, as_json)
+        else:
+            with Live(status_view(status, time.time()), console=out, refresh_per_second=4) as live:
+                while not status.terminal:
+                    await asyncio.sleep(0.5)
+                    status = await client.status(workflow_id)
+                    live.update(status_view(status, time.time()))
+        return EXIT_OK if status.status == "completed" else EXIT_FAILED
+
+    return with_client(store_url, body)
+
+
+def _show(status: WorkflowStatus, as_json: bool) -> None:
+    if as_json:
+        print_json(status)
+    else:
+        console().print(status_view(status, time.time()))
+
+
+# --- list, tasks, output, logs, events -------------------------------------------------
+
+
+def run_list(
+    store_url: str, *, status: str | None, name: str | None, limit: int, as_json: bool
+) -> int:
+    """``dagq list``: runs, newest first."""
+    rows = with_client(store_url, lambda c: c.list(status=status, name=name, limit=limit))
+    if as_json:
+        print_json(rows)
+        return EXIT_OK
+    table = Table("id", "name", "status", "progress", "created", "error")
+    for row in rows:
+        done = sum(n for s, n in row.counts.items() if s not in ("pending", "ready", "running"))
+        style = STYLES.get(row.status, "")
+        if row.status == "compensation_failed":
+            style = "bold white on red"
+        table.add_row(
+            row.id,
+            row.name,
+            Text(row.status, style=style),
+            f"{done}/{row.total}",
+            when(row.created_at),
+            _cut(row.error, 60),
+        )
+    console().print(table if rows else "no workflows")
+    return EXIT_OK
+
+
+def run_tasks(store_url: str, workflow_id: str, *, state: str | None, as_json: bool) -> int:
+    """``dagq tasks``: every task of a run with its state, attempt, timing and error."""
+    tasks = with_client(store_url, lambda c: c.tasks(workflow_id, state=state))
+    if as_json:
+        print_json(tasks)
+        return EXIT_OK
+    table = Table("task", "state", "attempt", "queue", "started", "duration", "error")
+    for task in tasks:
+        table.add_row(
+            task.name,
+            Text(task.status, style=STYLES.get(task.status, "")),
+            str(task.attempt),
+            task.queue,
+            when(task.started_at),
+            duration(task.duration_s),
+            _cut(task.error),
+        )
+    console().print(table)
+    return EXIT_OK
+
+
+def run_output(store_url: str, workflow_id: str, task: str) -> int:
+    """``dagq output``: the task's output as JSON."""
+    value = with_client(store_url, lambda c: c.output(workflow_id, task))
+    print(msgspec.json.format(msgspec.json.encode(value).decode(), indent=2))
+    return EXIT_OK
+
+
+def run_logs(store_url: str, workflow_id: str, task: str, *, attempt: int | None) -> int:
+    """``dagq logs``: the kept stdout/stderr of an attempt."""
+    text = with_client(store_url, lambda c: c.logs(workflow_id, task, attempt=attempt))
+    print(text if text else "(no output was captured for this attempt)")
+    return EXIT_OK
+
+
+def run_events(store_url: str, workflow_id: str, *, as_json: bool) -> int:
+    """``dagq events``: the run's history."""
+    entries = with_client(store_url, lambda c: c.events(workflow_id))
+    if as_json:
+        print_json(
+            [
+                {
+                    "at": e.at,
+                    "kind": e.kind,
+                    "task": e.task,
+                    "attempt": e.attempt,
+                    "detail": e.detail,
+                }
+                for e in entries
+            ]
+        )
+        return EXIT_OK
+    table = Table("time", "event", "task", "attempt", "detail")
+    for e in entries:
+        table.add_row(when(e.at), e.kind, e.task or "", str(e.attempt or ""), _cut(e.detail))
+    console().print(table)
+    return EXIT_OK
+
+
+def guarded(run: Callable[[], int]) -> int:
+    """Turn dagq errors into one line and exit code 2 (never a traceback)."""
+    try:
+        return run()
+    except DagqError as exc:
+        Console(stderr=True, highlight=False).print(f"error: {exc}", markup=False)
+        return EXIT_USAGE
+
+
+def _cut(text: str | None, limit: int = 200) -> str:
+    return first_line(text, limit)

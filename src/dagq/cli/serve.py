@@ -1,0 +1,129 @@
+"""``dagq coordinator`` and ``dagq worker``: the long-running processes of a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+from dagq import keys
+from dagq.coordinator import Coordinator
+from dagq.errors import DagqError, LeaseHeld
+from dagq.stores import open_store
+from dagq.stores.base import Store
+from dagq.worker import Worker, WorkerOptions
+
+log = logging.getLogger("dagq")
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """One line per event on stderr, with a timestamp."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def serve(body: Callable[[asyncio.Event], Awaitable[int]]) -> int:
+    """Run ``body`` until it returns or SIGTERM/SIGINT asks it to stop gracefully."""
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, _stopper(stop, sig))
+        return await body(stop)
+
+    return asyncio.run(main())
+
+
+def _stopper(stop: asyncio.Event, sig: signal.Signals) -> Callable[[], None]:
+    def handle() -> None:
+        if stop.is_set():
+            log.warning("second %s: exiting at once", sig.name)
+            raise SystemExit(130)
+        log.info("%s received: finishing current work, then exiting", sig.name)
+        stop.set()
+
+    return handle
+
+
+def run_coordinator(store_url: str, *, break_lease: bool, log_interval_s: float) -> int:
+    """The body of ``dagq coordinator``; returns the exit code."""
+    setup_logging()
+
+    async def body(stop: asyncio.Event) -> int:
+        store = open_store(store_url)
+        coordinator = Coordinator(store)
+        reporter = asyncio.create_task(_report(coordinator, store, log_interval_s))
+        try:
+            log.info("coordinator %s serving %s", coordinator.lease.owner, store.url)
+            await coordinator.run(stop, break_lease=break_lease)
+        except LeaseHeld as held:
+            log.error(
+                "another coordinator serves this store: %s; stop it first, or pass "
+                "--break-lease if it is dead",
+                held,
+            )
+            return 1
+        finally:
+            reporter.cancel()
+            await store.close()
+        log.info("coordinator stopped; lease released")
+        return 0
+
+    return serve(body)
+
+
+async def _report(coordinator: Coordinator, store: Store, interval_s: float) -> None:
+    """One log line per interval: throughput and backlog."""
+    last = time.monotonic()
+    events, dispatched = 0, 0
+    while True:
+        await asyncio.sleep(interval_s)
+        now = time.monotonic()
+        stats = coordinator.stats
+        try:
+            depth = await store.queues.depth(keys.COMPLETIONS_QUEUE)
+        except DagqError as exc:
+            log.warning("cannot read the completion queue depth: %s", exc)
+            continue
+        span = now - last
+        log.info(
+            "%.1f events/s, %.1f tasks dispatched/s, %d active workflow(s), "
+            "%d event message(s) waiting (oldest %.0fs)",
+            (stats.events - events) / span,
+            (stats.dispatched - dispatched) / span,
+            coordinator.active_count,
+            depth.visible + depth.invisible,
+            depth.oldest_age_s,
+        )
+        last, events, dispatched = now, stats.events, stats.dispatched
+
+
+def run_worker(store_url: str, options: WorkerOptions) -> int:
+    """The body of ``dagq worker``; returns the exit code."""
+    setup_logging()
+
+    async def body(stop: asyncio.Event) -> int:
+        store = open_store(store_url)
+        worker = Worker(store, options)
+        log.info(
+            "worker %s serving %s on %s with %d slot(s)",
+            options.name,
+            ", ".join(options.queues),
+            store.url,
+            options.concurrency,
+        )
+        try:
+            await worker.run(stop)
+        finally:
+            await store.close()
+        log.info("worker stopped after %d task(s)", worker.completed)
+        return 0
+
+    return serve(body)

@@ -1,0 +1,325 @@
+"""The Python client: submit and inspect workflows from scripts and notebooks.
+
+``Client`` is async; ``Client.sync()`` (or ``SyncClient``) gives the same methods as
+plain blocking calls. Results are typed, frozen structs whose fields are the stable
+``--json`` output of the CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import functools
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from dagq import keys
+from dagq.builder import Workflow, load_python_file
+from dagq.definition import WorkflowDef
+from dagq.errors import UsageError
+from dagq.history import HistoryEntry, read_history
+from dagq.loading import load_file
+from dagq.plan import Plan
+from dagq.state import UNSET, WORKFLOW_TERMINAL, RunState, TaskStatus
+from dagq.stores import open_store
+from dagq.stores.base import IndexRow, Store
+from dagq.submission import request_cancel, request_retry, submit
+from dagq.views import load_run
+
+T = TypeVar("T")
+
+
+class TaskInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One task of a run."""
+
+    name: str
+    status: str
+    attempt: int
+    queue: str
+    started_at: float | None
+    finished_at: float | None
+    duration_s: float | None
+    error: str | None
+    output_ref: str | None
+
+
+class WorkflowStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a run stands: its state, counts per task state, and what failed."""
+
+    id: str
+    name: str
+    status: str
+    total: int
+    done: int
+    counts: dict[str, int]
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    error: str | None
+    failed: list[TaskInfo]
+
+    @property
+    def terminal(self) -> bool:
+        """Has the run ended (completed, failed or cancelled)?"""
+        return self.status in WORKFLOW_TERMINAL
+
+
+class WorkflowSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of a listing (from the index)."""
+
+    id: str
+    name: str
+    status: str
+    total: int
+    counts: dict[str, int]
+    created_at: float
+    updated_at: float
+    tenant: str
+    error: str | None
+
+
+class Submission(msgspec.Struct, frozen=True, kw_only=True):
+    """The id of a submitted workflow, and whether this call created it."""
+
+    id: str
+    created: bool
+
+
+def _time(value: float) -> float | None:
+    return None if value == UNSET else value
+
+
+def task_info(plan: Plan, st: RunState, i: int) -> TaskInfo:
+    """The public view of one task."""
+    started, finished = st.started_at[i], st.task_finished_at[i]
+    return TaskInfo(
+        name=plan.tasks[i].name,
+        status=TaskStatus(st.task_status[i]).label,
+        attempt=st.attempt[i],
+        queue=plan.tasks[i].queue,
+        started_at=_time(started),
+        finished_at=_time(finished),
+        duration_s=None if UNSET in (started, finished) else finished - started,
+        error=st.errors.get(i),
+        output_ref=st.output_refs.get(i),
+    )
+
+
+def workflow_status(name: str, plan: Plan, st: RunState) -> WorkflowStatus:
+    """The public view of a run."""
+    bad = (TaskStatus.FAILED, TaskStatus.UPSTREAM_FAILED)
+    failed = [task_info(plan, st, i) for i, c in enumerate(st.task_status) if c == bad[0]]
+    failed += [task_info(plan, st, i) for i, c in enumerate(st.task_status) if c == bad[1]][:20]
+    return WorkflowStatus(
+        id=st.workflow_id,
+        name=name,
+        status=st.status,
+        total=st.n_tasks,
+        done=st.n_terminal,
+        counts=st.count_map(),
+        created_at=st.created_at,
+        updated_at=st.updated_at,
+        finished_at=_time(st.finished_at),
+        error=st.error,
+        failed=failed,
+    )
+
+
+class Client:
+    """Operations on the workflows of one store."""
+
+    def __init__(self, store: Store | str) -> None:
+        self.store = open_store(store) if isinstance(store, str) else store
+        self._owns_store = isinstance(store, str)
+
+    async def close(self) -> None:
+        """Release the store if this client opened it."""
+        if self._owns_store:
+            await self.store.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def sync(self) -> SyncClient:
+        """A blocking facade over this client."""
+        return SyncClient(self)
+
+    async def submit(
+        self,
+        workflow: WorkflowDef | Workflow | str | Path,
+        *,
+        params: Mapping[str, Any] | None = None,
+        workflow_id: str | None = None,
+        tenant: str = "",
+    ) -> Submission:
+        """Store a workflow (a definition, a builder, or a YAML/JSON/Python file path)."""
+        result = await submit(
+            self.store, _definition(workflow), params=params, workflow_id=workflow_id, tenant=tenant
+        )
+        return Submission(id=result.workflow_id, created=result.created)
+
+    async def status(self, workflow_id: str) -> WorkflowStatus:
+        """The current status of a run, read from its runtime state."""
+        submitted, plan, st = await load_run(self.store, workflow_id)
+        return workflow_status(submitted.definition.name, plan, st)
+
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+    ) -> list[WorkflowSummary]:
+        """Runs newest first, filtered by status, name and tenant."""
+        rows: list[WorkflowSummary] = []
+        cursor: str | None = None
+        while len(rows) < limit:
+            page = await self.store.index.query(
+                status=[status] if status else None,
+                name=name,
+                tenant=tenant,
+                limit=min(limit - len(rows), 500),
+                cursor=cursor,
+            )
+            rows += [_summary(row) for row in page.rows]
+            cursor = page.cursor
+            if cursor is None:
+                break
+        return rows
+
+    async def tasks(self, workflow_id: str, *, state: str | None = None) -> builtins.list[TaskInfo]:
+        """Every task of a run (or those in one state)."""
+        if state is not None and state.upper() not in TaskStatus.__members__:
+            known = ", ".join(s.label for s in TaskStatus)
+            raise UsageError(f"unknown task state {state!r} (known: {known})")
+        _, plan, st = await load_run(self.store, workflow_id)
+        infos = [task_info(plan, st, i) for i in range(st.n_tasks)]
+        return [t for t in infos if state is None or t.status == state]
+
+    async def output(self, workflow_id: str, task: str) -> Any:
+        """The output of a completed task (fetched from its document if stored by reference)."""
+        _, plan, st = await load_run(self.store, workflow_id)
+        i = _task_index(plan, workflow_id, task)
+        if st.task_status[i] != TaskStatus.COMPLETED:
+            label = TaskStatus(st.task_status[i]).label
+            raise UsageError(f"task '{task}' of {workflow_id} is {label}; it has no output")
+        ref = st.output_refs.get(i)
+        if ref is None:
+            return st.outputs.get(i)
+        doc = await self.store.documents.get(ref)
+        if doc is None:
+            raise UsageError(f"the output of '{task}' ({ref}) is missing from the store")
+        return msgspec.json.decode(doc.data)
+
+    async def logs(self, workflow_id: str, task: str, *, attempt: int | None = None) -> str:
+        """The kept stdout/stderr tail of an attempt (the latest by default)."""
+        _, plan, st = await load_run(self.store, workflow_id)
+        i = _task_index(plan, workflow_id, task)
+        number = attempt or st.attempt[i]
+        if number < 1 or number > st.attempt[i]:
+            raise UsageError(f"task '{task}' has no attempt {number} (it has {st.attempt[i]})")
+        doc = await self.store.documents.get(keys.log(workflow_id, i, number))
+        return "" if doc is None else doc.data.decode("utf-8", "replace")
+
+    async def events(self, workflow_id: str) -> builtins.list[HistoryEntry]:
+        """The run's history, oldest first."""
+        await load_run(self.store, workflow_id)
+        return await read_history(self.store, workflow_id)
+
+    async def cancel(self, workflow_id: str, reason: str = "cancelled by request") -> None:
+        """Ask the coordinator to cancel a run."""
+        await request_cancel(self.store, workflow_id, reason)
+
+    async def retry(self, workflow_id: str, tasks: builtins.list[str] | None = None) -> None:
+        """Re-run the failed, upstream_failed and cancelled tasks of a finished run."""
+        status = await self.status(workflow_id)
+        if not status.terminal:
+            raise UsageError(
+                f"workflow {workflow_id} is still {status.status}; retry it once it ends"
+            )
+        await request_retry(self.store, workflow_id, tasks)
+
+    async def wait(
+        self, workflow_id: str, *, timeout_s: float | None = None, poll_s: float = 0.2
+    ) -> WorkflowStatus:
+        """Return the status once the run is terminal; TimeoutError after ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        delay = 0.02
+        while True:
+            status = await self.status(workflow_id)
+            if status.terminal:
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"workflow {workflow_id} is still {status.status}")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, poll_s)
+
+
+class SyncClient:
+    """Blocking versions of every :class:`Client` method, on a private event loop."""
+
+    def __init__(self, client: Client | Store | str) -> None:
+        self._client = client if isinstance(client, Client) else Client(client)
+        self._runner = asyncio.Runner()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not asyncio.iscoroutinefunction(attribute):
+            return attribute
+        return self._blocking(attribute)
+
+    def _blocking(self, method: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
+        @functools.wraps(method)
+        def call(*args: Any, **kwargs: Any) -> T:
+            return self._runner.run(method(*args, **kwargs))
+
+        return call
+
+    def close(self) -> None:
+        """Close the client and its loop."""
+        self._runner.run(self._client.close())
+        self._runner.close()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _definition(workflow: WorkflowDef | Workflow | str | Path) -> WorkflowDef:
+    if isinstance(workflow, WorkflowDef):
+        return workflow
+    if isinstance(workflow, Workflow):
+        return workflow.to_definition()
+    path = Path(workflow)
+    return load_python_file(path) if path.suffix == ".py" else load_file(path)
+
+
+def _task_index(plan: Plan, workflow_id: str, task: str) -> int:
+    index = plan.by_name.get(task)
+    if index is None:
+        raise UsageError(f"workflow {workflow_id} has no task named '{task}'")
+    return index
+
+
+def _summary(row: IndexRow) -> WorkflowSummary:
+    return WorkflowSummary(
+        id=row.id,
+        name=row.name,
+        status=row.status,
+        total=int(row.data.get("total", 0)),
+        counts=dict(row.data.get("counts", {})),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        tenant=row.tenant,
+        error=row.data.get("error"),
+    )

@@ -1,0 +1,122 @@
+"""Drawing a workflow's DAG as Mermaid, Graphviz dot, or plain text.
+
+Given task states (a running or finished workflow), each node shows its state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+FORMATS = ("mermaid", "dot", "text")
+
+_COLOURS = {
+    "pending": "#eeeeee",
+    "ready": "#b3e5fc",
+    "running": "#90caf9",
+    "waiting": "#e1bee7",
+    "completed": "#c8e6c9",
+    "failed": "#ef9a9a",
+    "skipped": "#fff59d",
+    "upstream_failed": "#ffccbc",
+    "cancelled": "#bdbdbd",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One task as drawn: its name, parents, policy and (optionally) state."""
+
+    name: str
+    parents: Sequence[str]
+    policy: str
+    condition: str | None
+    state: str | None = None
+
+
+def render(nodes: Sequence[Node], fmt: str) -> str:
+    """The graph in the chosen format."""
+    if fmt == "mermaid":
+        return _mermaid(nodes)
+    if fmt == "dot":
+        return _dot(nodes)
+    if fmt == "text":
+        return _text(nodes)
+    raise ValueError(f"unknown graph format {fmt!r} (known: {', '.join(FORMATS)})")
+
+
+def _ids(nodes: Sequence[Node]) -> Mapping[str, str]:
+    return {node.name: f"t{i}" for i, node in enumerate(nodes)}
+
+
+def _mermaid(nodes: Sequence[Node]) -> str:
+    ids = _ids(nodes)
+    lines = ["flowchart TD"]
+    for node in nodes:
+        label = node.name + (f"<br/><i>{node.state}</i>" if node.state else "")
+        lines.append(f"  {ids[node.name]}[{json.dumps(label)}]")
+    for node in nodes:
+        for parent in node.parents:
+            arrow = "-.->" if node.condition else "-->"
+            lines.append(f"  {ids[parent]} {arrow} {ids[node.name]}")
+    states = sorted({n.state for n in nodes if n.state})
+    for state in states:
+        lines.append(f"  classDef {state} fill:{_COLOURS.get(state, '#ffffff')}")
+        members = ",".join(ids[n.name] for n in nodes if n.state == state)
+        lines.append(f"  class {members} {state}")
+    return "\n".join(lines)
+
+
+def _dot(nodes: Sequence[Node]) -> str:
+    lines = ["digraph workflow {", "  rankdir=TB;", '  node [shape=box, style="rounded,filled"];']
+    for node in nodes:
+        label = node.name + (f"\\n{node.state}" if node.state else "")
+        colour = _COLOURS.get(node.state or "", "#ffffff")
+        lines.append(
+            f'  {json.dumps(node.name)} [label={json.dumps(label)}, fillcolor="{colour}"];'
+        )
+    for node in nodes:
+        for parent in node.parents:
+            style = " [style=dashed]" if node.condition else ""
+            lines.append(f"  {json.dumps(parent)} -> {json.dumps(node.name)}{style};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _text(nodes: Sequence[Node]) -> str:
+    """Tasks in layers (a task's layer is one more than its deepest parent's)."""
+    layer: dict[str, int] = {}
+    for node in nodes:  # definitions are validated acyclic; parents may come later
+        _depth(node.name, {n.name: n for n in nodes}, layer)
+    width = max(len(n.name) for n in nodes)
+    lines = []
+    for depth in range(max(layer.values()) + 1):
+        lines.append(f"layer {depth}")
+        for node in nodes:
+            if layer[node.name] != depth:
+                continue
+            state = f"[{node.state}] " if node.state else ""
+            after = ""
+            if node.parents:
+                policy = "" if node.policy == "all" else f" ({node.policy})"
+                after = f"  <- {', '.join(node.parents)}{policy}"
+            when = f"  if {node.condition}" if node.condition else ""
+            lines.append(f"  {node.name:<{width}}  {state}{after}{when}".rstrip())
+    return "\n".join(lines)
+
+
+def _depth(name: str, by_name: Mapping[str, Node], memo: dict[str, int]) -> int:
+    stack = [name]
+    while stack:
+        current = stack[-1]
+        if current in memo:
+            stack.pop()
+            continue
+        missing = [p for p in by_name[current].parents if p not in memo]
+        if missing:
+            stack.extend(missing)
+            continue
+        memo[current] = 1 + max((memo[p] for p in by_name[current].parents), default=-1)
+        stack.pop()
+    return memo[name]
