@@ -41,6 +41,7 @@ from dagq.submission import Submitted
 log = logging.getLogger("dagq.coordinator")
 
 _CAS_ATTEMPTS = 8
+_FIRST_POLL_S = 0.005
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +52,9 @@ class CoordinatorOptions:
     event_visibility_s: float = 15.0
     lease_ttl_s: float = 30.0
     sweep_interval_s: float = 1.0
+    #: Longest sleep between polls of the completion queue when idle (the first are
+    #: shorter, doubling from a few milliseconds); in one process a send wakes it at once.
+    poll_interval_s: float = 0.5
     rescan_interval_s: float = 30.0
     repair_grace_s: float = 5.0
     timeout_grace_s: float = 30.0
@@ -109,6 +113,7 @@ class Coordinator:
         self._plans: OrderedDict[str, Plan] = OrderedDict()
         self._next_sweep = 0.0
         self._next_rescan = 0.0
+        self._poll_delay = _FIRST_POLL_S
 
     # --- running --------------------------------------------------------------------
 
@@ -123,8 +128,11 @@ class Coordinator:
                 handled = await self._guarded(self.step())
                 if self.clock() >= self._next_sweep:
                     await self._guarded(self.sweep())
-                if not handled:
+                if handled:
+                    self._poll_delay = _FIRST_POLL_S
+                else:
                     await self._idle(stop)
+                    self._poll_delay = min(self._poll_delay * 2, self.options.poll_interval_s)
         finally:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
@@ -144,7 +152,7 @@ class Coordinator:
         return int(result or 0)
 
     async def _idle(self, stop: asyncio.Event) -> None:
-        timeout = max(0.0, min(self._next_sweep - self.clock(), self.options.sweep_interval_s))
+        timeout = max(0.0, min(self._next_sweep - self.clock(), self._poll_delay))
         waiter = asyncio.ensure_future(self.store.queues.wait(keys.COMPLETIONS_QUEUE, timeout))
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -50,6 +50,12 @@ def validate(definition: WorkflowDef) -> None:
     _check_acyclic(definition)
 
 
+def check_queue_name(queue: str, where: str = "queue") -> str:
+    """Refuse queue names no backend can hold."""
+    _check_queue(where, queue)
+    return queue
+
+
 def _check_queue(where: str, queue: str) -> None:
     if not QUEUE_PATTERN.match(queue):
         raise ValidationError(

@@ -37,6 +37,7 @@ from dagq.stores.base import Message, Store
 log = logging.getLogger("dagq.worker")
 
 _ARG_ROOTS = frozenset({"inputs", "params"})
+_FIRST_POLL_S = 0.005
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +112,7 @@ class Worker:
     async def _serve(self, stop: asyncio.Event) -> None:
         idle_since = self.clock()
         queue_index = 0
+        poll = _FIRST_POLL_S
         while not stop.is_set():
             free = self.options.concurrency - len(self._running)
             if free <= 0:
@@ -127,6 +129,7 @@ class Worker:
             if got or self._running:
                 idle_since = self.clock()
             if got:
+                poll = _FIRST_POLL_S
                 continue
             idle = self.options.idle_timeout_s
             if idle is not None and self.clock() - idle_since >= idle:
@@ -135,10 +138,10 @@ class Worker:
             # Cleared here too: left set by an earlier finished task, it would turn this
             # idle wait into a busy loop of empty receives.
             self._slot_freed.clear()
-            waits = [
-                self.store.queues.wait(q, self.options.poll_interval_s) for q in self.options.queues
-            ]
+            # Across processes ``wait`` is a sleep: poll soon after work, then back off.
+            waits = [self.store.queues.wait(q, poll) for q in self.options.queues]
             await _first(*waits, stop.wait(), self._slot_freed.wait())
+            poll = min(poll * 2, self.options.poll_interval_s)
 
     async def _take(self, queue: str, n: int) -> int:
         if n <= 0:

@@ -7,7 +7,6 @@ validation error.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -109,9 +108,286 @@ def schema() -> None:
     click.echo(json.dumps(json_schema(), indent=2))
 
 
-def entry() -> None:
-    """Console-script entry point with a friendly stance on Ctrl-C and broken pipes."""
-    try:
-        main()
-    except BrokenPipeError:
-        os._exit(EXIT_OK)
+def json_option(function: F) -> F:
+    """``--json``: stable machine-readable output."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON (stable fields).")(
+        function
+    )
+
+
+def _exit(run: Callable[[], int]) -> NoReturn:
+    from dagq.cli.inspect import guarded
+
+    sys.exit(guarded(run))
+
+
+# --- long-running processes --------------------------------------------------------------
+
+
+@main.command()
+@store_option
+@click.option("--break-lease", is_flag=True, help="Take over from a coordinator that died.")
+@click.option(
+    "--log-interval",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.1),
+    help="Seconds between throughput/backlog log lines.",
+)
+def coordinator(*, store_url: str, break_lease: bool, log_interval: float) -> None:
+    """Advance every workflow of the store until stopped (SIGTERM/SIGINT: graceful)."""
+    from dagq.cli.serve import run_coordinator
+
+    _exit(lambda: run_coordinator(store_url, break_lease=break_lease, log_interval_s=log_interval))
+
+
+@main.command()
+@store_option
+@click.option(
+    "-q",
+    "--queue",
+    "queues",
+    multiple=True,
+    default=("default",),
+    show_default=True,
+    help="A queue to serve (repeatable).",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 4096),
+    help="How many tasks run at once.",
+)
+@click.option(
+    "--import-path",
+    "import_paths",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="A directory to import Python tasks from (repeatable).",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(0),
+    default=None,
+    help="Exit after this many seconds without work.",
+)
+@click.option(
+    "--visibility-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="Seconds a task's message stays hidden per heartbeat.",
+)
+@click.option(
+    "--grace",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="On SIGTERM, seconds running tasks get to finish before being released.",
+)
+def worker(
+    *,
+    store_url: str,
+    queues: tuple[str, ...],
+    concurrency: int,
+    import_paths: tuple[str, ...],
+    idle_timeout: float | None,
+    visibility_timeout: float,
+    grace: float,
+) -> None:
+    """Run tasks from the given queues until stopped (SIGTERM: finish, then release)."""
+    from dagq.cli.serve import run_worker
+    from dagq.validation import check_queue_name
+    from dagq.worker import WorkerOptions
+
+    def body() -> int:
+        for queue in queues:
+            check_queue_name(queue)
+        options = WorkerOptions(
+            queues=queues,
+            concurrency=concurrency,
+            import_paths=(*import_paths, str(Path.cwd())),
+            idle_timeout_s=idle_timeout,
+            visibility_timeout_s=visibility_timeout,
+            shutdown_grace_s=grace,
+        )
+        return run_worker(store_url, options)
+
+    _exit(body)
+
+
+# --- submitting and controlling ------------------------------------------------------------
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "-p",
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a param (repeatable).",
+)
+@click.option("--id", "workflow_id", default=None, help="Name the workflow (idempotent).")
+@store_option
+@json_option
+def submit(
+    *, file: Path, params: tuple[str, ...], workflow_id: str | None, store_url: str, as_json: bool
+) -> None:
+    """Submit a workflow FILE to the store's coordinator; prints its id."""
+    from dagq.cli.control import run_submit
+
+    _exit(lambda: run_submit(store_url, file, params, workflow_id=workflow_id, as_json=as_json))
+
+
+@main.command()
+@click.argument("workflow_id")
+@store_option
+def cancel(*, workflow_id: str, store_url: str) -> None:
+    """Cancel a workflow: pending tasks at once, running ones are stopped."""
+    from dagq.cli.control import run_cancel
+
+    _exit(lambda: run_cancel(store_url, workflow_id))
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.option("--task", "tasks", multiple=True, help="Only this task (repeatable).")
+@store_option
+def retry(*, workflow_id: str, tasks: tuple[str, ...], store_url: str) -> None:
+    """Re-run the failed, upstream_failed and cancelled tasks of a finished workflow."""
+    from dagq.cli.control import run_retry
+
+    _exit(lambda: run_retry(store_url, workflow_id, list(tasks)))
+
+
+# --- looking -------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.option("--watch", is_flag=True, help="Refresh until it ends; exit with its code.")
+@store_option
+@json_option
+def status(*, workflow_id: str, watch: bool, store_url: str, as_json: bool) -> None:
+    """State, counts, progress, rate, ETA and failed tasks of a workflow."""
+    from dagq.cli.inspect import run_status
+
+    _exit(lambda: run_status(store_url, workflow_id, watch=watch, as_json=as_json))
+
+
+@main.command(name="list")
+@click.option("--status", "status_filter", default=None, help="Only workflows in this state.")
+@click.option("--name", default=None, help="Only workflows with this name.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
+@store_option
+@json_option
+def list_(
+    *, status_filter: str | None, name: str | None, limit: int, store_url: str, as_json: bool
+) -> None:
+    """Workflows, newest first."""
+    from dagq.cli.inspect import run_list
+
+    _exit(
+        lambda: run_list(store_url, status=status_filter, name=name, limit=limit, as_json=as_json)
+    )
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.option("--state", default=None, help="Only tasks in this state.")
+@store_option
+@json_option
+def tasks(*, workflow_id: str, state: str | None, store_url: str, as_json: bool) -> None:
+    """Every task of a workflow: state, attempt, queue, timing, error."""
+    from dagq.cli.inspect import run_tasks
+
+    _exit(lambda: run_tasks(store_url, workflow_id, state=state, as_json=as_json))
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.argument("task")
+@store_option
+def output(*, workflow_id: str, task: str, store_url: str) -> None:
+    """The output of a completed task, as JSON."""
+    from dagq.cli.inspect import run_output
+
+    _exit(lambda: run_output(store_url, workflow_id, task))
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.argument("task")
+@click.option("--attempt", type=click.IntRange(1), default=None, help="Default: the latest.")
+@store_option
+def logs(*, workflow_id: str, task: str, attempt: int | None, store_url: str) -> None:
+    """The kept stdout/stderr of a task's attempt."""
+    from dagq.cli.inspect import run_logs
+
+    _exit(lambda: run_logs(store_url, workflow_id, task, attempt=attempt))
+
+
+@main.command()
+@click.argument("workflow_id")
+@store_option
+@json_option
+def events(*, workflow_id: str, store_url: str, as_json: bool) -> None:
+    """The history of a workflow: what happened, when, to which task, and why."""
+    from dagq.cli.inspect import run_events
+
+    _exit(lambda: run_events(store_url, workflow_id, as_json=as_json))
+
+
+@main.command()
+@click.argument("target")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "mermaid", "dot"]),
+    default="text",
+    show_default=True,
+)
+@store_option
+def graph(*, target: str, fmt: str, store_url: str) -> None:
+    """Draw a workflow FILE, or a submitted workflow ID with its task states."""
+    from dagq.cli.control import run_graph
+
+    _exit(lambda: run_graph(store_url, target, fmt))
+
+
+# --- looking after the store --------------------------------------------------------------
+
+
+@main.command()
+@store_option
+@json_option
+def doctor(*, store_url: str, as_json: bool) -> None:
+    """Check the store, coordinator, queues and workflows; suggest a fix for each problem."""
+    from dagq.cli.admin import run_doctor
+
+    _exit(lambda: run_doctor(store_url, as_json=as_json))
+
+
+@main.command()
+@click.argument("workflow_id", required=False)
+@click.option(
+    "--older-than",
+    "older_than",
+    type=click.FloatRange(0),
+    default=None,
+    metavar="DAYS",
+    help="Purge every finished workflow older than this.",
+)
+@click.option("--force", is_flag=True, help="Also purge an unfinished workflow.")
+@store_option
+def purge(
+    *, workflow_id: str | None, older_than: float | None, force: bool, store_url: str
+) -> None:
+    """Remove a workflow's state, outputs, logs and index row (finished ones only)."""
+    from dagq.cli.admin import run_purge
+
+    _exit(lambda: run_purge(store_url, workflow_id, older_than_days=older_than, force=force))

@@ -7,6 +7,7 @@ stable JSON with ``--json`` (the fields of the structs in :mod:`dagq.client`).
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -16,7 +17,7 @@ import msgspec
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress_bar import ProgressBar
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from dagq.cli.display import STYLES, counts_text, duration, first_line
@@ -48,10 +49,13 @@ def print_json(value: Any) -> None:
 
 
 def when(timestamp: float | None) -> str:
-    """A local wall-clock time, or '-'."""
+    """A local wall-clock time (just the time of day if today), or '-'."""
     if timestamp is None:
         return "-"
-    return datetime.fromtimestamp(timestamp, UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    moment = datetime.fromtimestamp(timestamp, UTC).astimezone()
+    if moment.date() == datetime.now(UTC).astimezone().date():
+        return moment.strftime("%H:%M:%S.%f")[:-3]
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
 # --- status -------------------------------------------------------------------------
@@ -133,7 +137,14 @@ def run_list(
     if as_json:
         print_json(rows)
         return EXIT_OK
-    table = Table("id", "name", "status", "progress", "created", "error")
+    table = Table(
+        Column("id", no_wrap=True),
+        "name",
+        "status",
+        "progress",
+        Column("created", no_wrap=True),
+        "error",
+    )
     for row in rows:
         done = sum(n for s, n in row.counts.items() if s not in ("pending", "ready", "running"))
         style = STYLES.get(row.status, "")
@@ -203,7 +214,9 @@ def run_events(store_url: str, workflow_id: str, *, as_json: bool) -> int:
             ]
         )
         return EXIT_OK
-    table = Table("time", "event", "task", "attempt", "detail")
+    table = Table(
+        Column("time", no_wrap=True), Column("event", no_wrap=True), "task", "attempt", "detail"
+    )
     for e in entries:
         table.add_row(when(e.at), e.kind, e.task or "", str(e.attempt or ""), _cut(e.detail))
     console().print(table)
@@ -215,7 +228,7 @@ def guarded(run: Callable[[], int]) -> int:
     try:
         return run()
     except DagqError as exc:
-        Console(stderr=True, highlight=False).print(f"error: {exc}", markup=False)
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 

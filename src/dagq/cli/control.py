@@ -1,0 +1,75 @@
+"""Commands that change or draw workflows: submit, cancel, retry, graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagq import graph
+from dagq.cli.inspect import EXIT_OK, console, print_json, with_client
+from dagq.cli.run import load_definition
+from dagq.client import Client
+from dagq.definition import WorkflowDef
+from dagq.plan import parse_param
+from dagq.state import TaskStatus
+from dagq.views import load_run
+
+
+def run_submit(
+    store_url: str, file: Path, params: tuple[str, ...], *, workflow_id: str | None, as_json: bool
+) -> int:
+    """``dagq submit``: store the workflow and print its id."""
+    definition = load_definition(file)
+    overrides = dict(parse_param(p) for p in params)
+    submission = with_client(
+        store_url, lambda c: c.submit(definition, params=overrides, workflow_id=workflow_id)
+    )
+    if as_json:
+        print_json(submission)
+    else:
+        print(submission.id)
+    return EXIT_OK
+
+
+def run_cancel(store_url: str, workflow_id: str) -> int:
+    """``dagq cancel``."""
+    with_client(store_url, lambda c: c.cancel(workflow_id))
+    console().print(f"cancel requested for {workflow_id}")
+    return EXIT_OK
+
+
+def run_retry(store_url: str, workflow_id: str, tasks: list[str]) -> int:
+    """``dagq retry``."""
+    with_client(store_url, lambda c: c.retry(workflow_id, tasks or None))
+    which = ", ".join(tasks) if tasks else "all failed, upstream_failed and cancelled tasks"
+    console().print(f"retry requested for {workflow_id}: {which}")
+    return EXIT_OK
+
+
+def run_graph(store_url: str, target: str, fmt: str) -> int:
+    """``dagq graph``: a file is drawn as defined; an id with its task states."""
+    path = Path(target)
+    if path.suffix in (".yaml", ".yml", ".json", ".py") and path.exists():
+        nodes = _nodes(load_definition(path), None)
+    else:
+        nodes = with_client(store_url, lambda c: _submitted_nodes(c, target))
+    print(graph.render(nodes, fmt))
+    return EXIT_OK
+
+
+async def _submitted_nodes(client: Client, workflow_id: str) -> list[graph.Node]:
+    submitted, _, st = await load_run(client.store, workflow_id)
+    states = [TaskStatus(code).label for code in st.task_status]
+    return _nodes(submitted.definition, states)
+
+
+def _nodes(definition: WorkflowDef, states: list[str] | None) -> list[graph.Node]:
+    return [
+        graph.Node(
+            name=task.name,
+            parents=task.depends_on,
+            policy=str(task.dep_policy),
+            condition=task.condition,
+            state=states[i] if states else None,
+        )
+        for i, task in enumerate(definition.tasks)
+    ]

@@ -1,0 +1,222 @@
+"""Keeping a store tidy: purging finished workflows, and checking its health.
+
+``purge`` removes everything a workflow left (index row, state, definition, outputs,
+inputs, logs, history, markers). ``diagnose`` looks for what keeps workflows from
+finishing and says how to fix each problem.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from dagq import keys
+from dagq.errors import DagqError, UsageError
+from dagq.state import WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
+from dagq.stores.base import Store
+from dagq.submission import Submitted
+from dagq.validation import check_workflow_id
+
+#: How long a workflow may sit un-activated before doctor calls it stuck.
+PENDING_STUCK_S = 120.0
+#: How long an unfinished workflow may go without a state change before doctor asks.
+STALE_S = 3600.0
+#: How old the oldest message of a task queue may be before doctor suspects no worker.
+QUEUE_WAIT_S = 300.0
+
+
+async def purge(store: Store, workflow_id: str, *, force: bool = False) -> int:
+    """Delete everything of one workflow; refuses an active one unless ``force``.
+
+    Returns how many documents were deleted. Safe to repeat after an interruption.
+    """
+    check_workflow_id(workflow_id)
+    row = await store.index.get(workflow_id)
+    docs = store.documents
+    state_doc = await docs.get(keys.state(workflow_id))
+    if row is None and state_doc is None and await docs.get(keys.definition(workflow_id)) is None:
+        raise UsageError(f"no workflow '{workflow_id}' in {store.url}")
+    status = row.status if row is not None else None
+    if status in WORKFLOW_ACTIVE and not force:
+        raise UsageError(
+            f"workflow '{workflow_id}' is still {status}; cancel it first, or pass --force"
+        )
+    await store.index.delete(workflow_id)
+    deleted = 0
+    for key in (keys.state(workflow_id), keys.definition(workflow_id), keys.control(workflow_id)):
+        deleted += await docs.delete(key)
+    for prefix in _prefixes(workflow_id):
+        deleted += await _delete_prefix(store, prefix)
+    return deleted
+
+
+async def purge_older_than(store: Store, days: float, *, now: float | None = None) -> list[str]:
+    """Purge every finished workflow that ended more than ``days`` ago; their ids."""
+    cutoff = (now or time.time()) - days * 86400
+    purged: list[str] = []
+    cursor: str | None = None
+    while True:
+        page = await store.index.query(status=sorted(WORKFLOW_TERMINAL), limit=500, cursor=cursor)
+        for row in page.rows:
+            if row.updated_at < cutoff:
+                await purge(store, row.id)
+                purged.append(row.id)
+        cursor = page.cursor
+        if cursor is None:
+            return purged
+
+
+def _prefixes(workflow_id: str) -> Sequence[str]:
+    return (
+        keys.history_prefix(workflow_id),
+        f"outputs/{workflow_id}/",
+        f"inputs/{workflow_id}/",
+        f"logs/{workflow_id}/",
+    )
+
+
+async def _delete_prefix(store: Store, prefix: str) -> int:
+    deleted = 0
+    while names := await store.documents.list(prefix, limit=1000):
+        for name in names:
+            deleted += await store.documents.delete(name)
+    return deleted
+
+
+# --- doctor ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing doctor checked: ``ok``, ``warn`` or ``fail``, what it saw, what to do."""
+
+    level: str
+    check: str
+    detail: str
+    fix: str = ""
+
+
+async def diagnose(store: Store, *, now: float | None = None) -> list[Finding]:
+    """Check the store, the coordinator, the queues and the workflows."""
+    now = now or time.time()
+    findings: list[Finding] = []
+    try:
+        await store.documents.get("doctor/probe")
+    except DagqError as exc:
+        return [
+            Finding(
+                "fail",
+                "store",
+                f"{store.url} cannot be reached: {exc}",
+                "check the --store URL / DAGQ_STORE and the credentials",
+            )
+        ]
+    findings.append(Finding("ok", "store", f"{store.url} is reachable"))
+    active = await _active_rows(store)
+    findings.append(await _coordinator(store, now, needed=bool(active)))
+    findings += await _queues(store, active, now)
+    findings += _workflows(active, now)
+    return findings
+
+
+async def _coordinator(store: Store, now: float) -> Finding:
+    lease = await store.leases.get(keys.COORDINATOR_LEASE)
+    if lease is None:
+        return Finding(
+            "warn",
+            "coordinator",
+            "no coordinator holds the lease",
+            "start one: dagq coordinator (dagq run starts its own)",
+        )
+    return Finding(
+        "ok",
+        "coordinator",
+        f"held by {lease.owner} for {now - lease.acquired_at:.0f}s, "
+        f"renewed until {lease.expires_at - now:.0f}s from now",
+    )
+
+
+async def _active_rows(store: Store) -> list[tuple[str, str, float, float, list[str]]]:
+    """(id, status, created_at, updated_at, queues) of every unfinished workflow."""
+    rows = []
+    cursor: str | None = None
+    while True:
+        page = await store.index.query(status=sorted(WORKFLOW_ACTIVE), limit=500, cursor=cursor)
+        for row in page.rows:
+            doc = await store.documents.get(keys.definition(row.id))
+            queues: list[str] = []
+            if doc is not None:
+                submitted = msgspec.json.decode(doc.data, type=Submitted)
+                definition = submitted.definition
+                defaults = definition.defaults.queue if definition.defaults else None
+                queues = sorted(
+                    {t.queue or defaults or definition.default_queue for t in definition.tasks}
+                )
+            rows.append((row.id, row.status, row.created_at, row.updated_at, queues))
+        cursor = page.cursor
+        if cursor is None:
+            return rows
+
+
+async def _queues(
+    store: Store, active: list[tuple[str, str, float, float, list[str]]], now: float
+) -> list[Finding]:
+    names = sorted({q for *_, queues in active for q in queues} | {keys.COMPLETIONS_QUEUE})
+    findings = []
+    for name in names:
+        depth = await store.queues.depth(name)
+        dead = await store.queues.dead_letters(name, limit=1000)
+        label = "completion queue" if name == keys.COMPLETIONS_QUEUE else f"queue '{name}'"
+        detail = (
+            f"{depth.visible} waiting, {depth.invisible} in flight, "
+            f"oldest {depth.oldest_age_s:.0f}s"
+        )
+        if dead:
+            findings.append(
+                Finding(
+                    "warn",
+                    label,
+                    f"{len(dead)} dead-lettered message(s); {detail}",
+                    "inspect them: dagq dlq list",
+                )
+            )
+        elif depth.visible and depth.oldest_age_s > QUEUE_WAIT_S:
+            fix = (
+                "is a coordinator running? dagq coordinator"
+                if name == keys.COMPLETIONS_QUEUE
+                else f"is a worker serving it? dagq worker -q {name}"
+            )
+            findings.append(Finding("warn", label, detail, fix))
+        else:
+            findings.append(Finding("ok", label, detail))
+    return findings
+
+
+def _workflows(active: list[tuple[str, str, float, float, list[str]]], now: float) -> list[Finding]:
+    findings = []
+    for workflow_id, status, created, updated, _ in active:
+        if status == "pending" and now - created > PENDING_STUCK_S:
+            findings.append(
+                Finding(
+                    "warn",
+                    f"workflow {workflow_id}",
+                    f"submitted {now - created:.0f}s ago and not started",
+                    "is a coordinator running? dagq coordinator",
+                )
+            )
+        elif now - updated > STALE_S:
+            findings.append(
+                Finding(
+                    "warn",
+                    f"workflow {workflow_id}",
+                    f"{status}, no change for {(now - updated) / 60:.0f} min",
+                    f"look at its tasks: dagq tasks {workflow_id}; "
+                    f"cancel it: dagq cancel {workflow_id}",
+                )
+            )
+    if not findings:
+        findings.append(Finding("ok", "workflows", f"{len(active)} unfinished, none stuck"))
+    return findings
