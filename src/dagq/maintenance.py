@@ -122,13 +122,15 @@ async def diagnose(store: Store, *, now: float | None = None) -> list[Finding]:
     return findings
 
 
-async def _coordinator(store: Store, now: float) -> Finding:
+async def _coordinator(store: Store, now: float, *, needed: bool) -> Finding:
     lease = await store.leases.get(keys.COORDINATOR_LEASE)
+    if lease is None and not needed:
+        return Finding("ok", "coordinator", "none running (no unfinished workflow needs one)")
     if lease is None:
         return Finding(
-            "warn",
+            "fail",
             "coordinator",
-            "no coordinator holds the lease",
+            "no coordinator holds the lease, so nothing advances",
             "start one: dagq coordinator (dagq run starts its own)",
         )
     return Finding(
