@@ -61,3 +61,11 @@ def test_python_example_in_the_readme_builds_a_valid_definition(
     definition = load_python_file(module)
     assert [t.name for t in definition.tasks] == ["download", "transform", "load"]
     assert definition.tasks[1].call == "readme_example:transform"
+
+
+def test_client_example_in_the_readme_is_valid_python() -> None:
+    import ast
+
+    source = next(b for b in blocks("python") if "Client(" in b)
+    compile(source, "README", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    assert "client.wait(" in source

@@ -11,14 +11,17 @@ from dagq.errors import DagqError, NonRetryable, RetryAfter, ValidationError
 
 if TYPE_CHECKING:
     from dagq.builder import Workflow
+    from dagq.client import Client, SyncClient
     from dagq.definition import WorkflowDef
     from dagq.loading import load_file
     from dagq.runners import TaskContext
 
 __all__ = [
+    "Client",
     "DagqError",
     "NonRetryable",
     "RetryAfter",
+    "SyncClient",
     "TaskContext",
     "ValidationError",
     "Workflow",
@@ -27,6 +30,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "Client": "dagq.client",
+    "SyncClient": "dagq.client",
     "Workflow": "dagq.builder",
     "WorkflowDef": "dagq.definition",
     "load_file": "dagq.loading",

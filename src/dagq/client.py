@@ -24,13 +24,14 @@ from dagq.errors import UsageError
 from dagq.history import HistoryEntry, read_history
 from dagq.loading import load_file
 from dagq.plan import Plan
-from dagq.state import UNSET, WORKFLOW_TERMINAL, RunState, TaskStatus
+from dagq.state import UNSET, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL, RunState, TaskStatus
 from dagq.stores import open_store
 from dagq.stores.base import IndexRow, Store
 from dagq.submission import request_cancel, request_retry, submit
 from dagq.views import load_run
 
 T = TypeVar("T")
+WORKFLOW_STATUSES = WORKFLOW_ACTIVE | WORKFLOW_TERMINAL
 
 
 class TaskInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -179,6 +180,9 @@ class Client:
         limit: int = 100,
     ) -> list[WorkflowSummary]:
         """Runs newest first, filtered by status, name and tenant."""
+        if status is not None and status not in WORKFLOW_STATUSES:
+            known = ", ".join(sorted(WORKFLOW_STATUSES))
+            raise UsageError(f"unknown workflow status {status!r} (known: {known})")
         rows: list[WorkflowSummary] = []
         cursor: str | None = None
         while len(rows) < limit:
