@@ -1,0 +1,1 @@
+"""The dagq benchmark suite: ``python -m bench`` (see bench/README.md)."""

@@ -1,0 +1,203 @@
+"""One benchmark run in a fresh process; prints one JSON line.
+
+    python -m bench.run_one W1 small inproc --workers 16
+
+A fresh process per run keeps peak memory figures honest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.workloads import SIZES
+from dagq import keys, state
+from dagq.coordinator import Coordinator
+from dagq.definition import WorkflowDef
+from dagq.local import LOCAL_COORDINATOR
+from dagq.plan import Plan
+from dagq.state import WORKFLOW_TERMINAL, RunState
+from dagq.stores import open_store
+from dagq.stores.base import Store
+from dagq.stores.counting import counted
+from dagq.submission import submit
+from dagq.worker import Worker, WorkerOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def _submit_all(store: Store, definition: WorkflowDef, count: int) -> list[tuple[str, Plan]]:
+    submitted = []
+    for i in range(count):
+        result = await submit(store, definition, workflow_id=f"bench-{i}")
+        submitted.append((result.workflow_id, result.plan))
+    return submitted
+
+
+async def _final_states(store: Store, runs: list[tuple[str, Plan]]) -> list[RunState]:
+    states = []
+    for workflow_id, plan in runs:
+        doc = await store.documents.get(keys.state(workflow_id))
+        assert doc is not None
+        states.append(state.decode(doc.data, plan))
+    return states
+
+
+async def inproc(definition: WorkflowDef, count: int, workers: int, db: Path) -> dict[str, Any]:
+    """Coordinator and workers in this process, as ``dagq run`` does."""
+    store, counts = counted(open_store(f"sqlite:///{db}"))
+    coordinator = Coordinator(store, LOCAL_COORDINATOR)
+    worker = Worker(
+        store,
+        WorkerOptions(
+            queues=("default",),
+            concurrency=workers,
+            import_paths=(str(ROOT),),
+            poll_interval_s=0.05,
+        ),
+    )
+    stop = asyncio.Event()
+    running = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(worker.run(stop))]
+    started = time.perf_counter()
+    runs = await _submit_all(store, definition, count)
+    pending = {wid for wid, _ in runs}
+    while pending:
+        coordinator.changed.clear()
+        pending = {
+            w
+            for w in pending
+            if (s := coordinator.state_of(w)) is None or s.status not in WORKFLOW_TERMINAL
+        }
+        if pending:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(coordinator.changed.wait(), 0.2)
+    wall = time.perf_counter() - started
+    ops = dict(counts)
+    stop.set()
+    await asyncio.gather(*running, return_exceptions=True)
+    states = await _final_states(store, runs)
+    size = len((await store.documents.get(keys.state(runs[0][0]))).data)  # type: ignore[union-attr]
+    await store.close()
+    rss = {"process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return _result(states, wall, size, rss, ops)
+
+
+async def multiproc(definition: WorkflowDef, count: int, workers: int, db: Path) -> dict[str, Any]:
+    """``dagq coordinator`` and two ``dagq worker`` processes; this process submits and waits."""
+    url = f"sqlite:///{db}"
+    dagq = str(Path(sys.executable).with_name("dagq"))
+    env = {**os.environ, "DAGQ_STORE": url}
+    per_worker = max(1, workers // 2)
+    commands = {
+        "coordinator": [dagq, "coordinator", "--log-interval", "3600"],
+        "worker-1": [dagq, "worker", "-c", str(per_worker), "--import-path", str(ROOT)],
+        "worker-2": [dagq, "worker", "-c", str(per_worker), "--import-path", str(ROOT)],
+    }
+    processes = {
+        name: subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+        for name, cmd in commands.items()
+    }
+    store = open_store(url)
+    try:
+        started = time.perf_counter()
+        runs = await _submit_all(store, definition, count)
+        pending = {wid for wid, _ in runs}
+        while pending:
+            await asyncio.sleep(0.005)
+            rows = [await store.index.get(w) for w in pending]
+            pending = {r.id for r in rows if r is None or r.status not in WORKFLOW_TERMINAL}
+        wall = time.perf_counter() - started
+        rss = {name: _peak_rss_mb(p.pid) for name, p in processes.items()}
+        states = await _final_states(store, runs)
+        size = len((await store.documents.get(keys.state(runs[0][0]))).data)  # type: ignore[union-attr]
+    finally:
+        for p in processes.values():
+            p.terminate()
+        for p in processes.values():
+            p.wait(timeout=60)
+        await store.close()
+    return _result(states, wall, size, rss, None)
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _result(
+    states: list[RunState],
+    wall: float,
+    size: int,
+    rss: dict[str, float],
+    ops: dict[str, int] | None,
+) -> dict[str, Any]:
+    n_tasks = sum(s.n_tasks for s in states)
+    result: dict[str, Any] = {
+        "status": sorted({s.status for s in states}),
+        "tasks": n_tasks,
+        "wall_s": round(wall, 4),
+        "tasks_per_s": round(n_tasks / wall, 1),
+        "state_bytes": size,
+        "peak_rss_mb": {k: round(v, 1) for k, v in rss.items()},
+    }
+    gaps = _step_gaps(states[0])
+    if gaps:
+        result["step_p50_ms"] = round(statistics.median(gaps) * 1000, 3)
+        result["step_p95_ms"] = round(statistics.quantiles(gaps, n=20)[-1] * 1000, 3)
+    if ops is not None:
+        calls = {k: v for k, v in ops.items() if not k.endswith(":items")}
+        result["ops_per_task"] = round(sum(calls.values()) / n_tasks, 2)
+        result["ops"] = dict(sorted(ops.items()))
+    return result
+
+
+def _step_gaps(st: RunState) -> list[float]:
+    """For a chain: time from one step's end to the next step's start."""
+    ends, starts = st.task_finished_at, st.started_at
+    return [starts[i + 1] - ends[i] for i in range(len(ends) - 1) if starts[i + 1] >= ends[i] >= 0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("workload", choices=sorted(SIZES))
+    parser.add_argument("size")
+    parser.add_argument("mode", choices=["inproc", "multiproc"])
+    parser.add_argument("--workers", type=int, default=16)
+    args = parser.parse_args()
+    build, count = SIZES[args.workload][args.size]
+    definition = build()
+    with tempfile.TemporaryDirectory(prefix="dagq-bench-") as tmp:
+        body = inproc if args.mode == "inproc" else multiproc
+        result = asyncio.run(body(definition, count, args.workers, Path(tmp) / "bench.db"))
+    chain = args.workload == "W2"
+    if not chain:
+        result.pop("step_p50_ms", None)
+        result.pop("step_p95_ms", None)
+    print(
+        json.dumps(
+            {
+                "workload": args.workload,
+                "size": args.size,
+                "mode": args.mode,
+                "workflows": count,
+                **result,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

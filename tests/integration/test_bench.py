@@ -1,0 +1,44 @@
+"""The benchmark suite runs (in its tiny size): CI proves it works, it does not time it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(180)
+def test_benchmark_suite_runs_every_workload_in_both_modes() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--sizes",
+            "tiny",
+            "--runs",
+            "1",
+            "--modes",
+            "inproc,multiproc",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert {(r["workload"], r["mode"]) for r in lines} == {
+        (w, m) for w in ("W1", "W2", "W3", "W4") for m in ("inproc", "multiproc")
+    }
+    assert all(r["status"] == ["completed"] and r["tasks_per_s"] > 0 for r in lines)
+    chain = next(r for r in lines if r["workload"] == "W2" and r["mode"] == "inproc")
+    assert chain["step_p95_ms"] >= chain["step_p50_ms"] > 0
+    assert all("ops_per_task" in r for r in lines if r["mode"] == "inproc")
+    assert "dagq benchmark" in done.stdout
