@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.workloads import SIZES
-from dagq import keys, state
+from dagq import keys
 from dagq.coordinator import Coordinator
 from dagq.definition import WorkflowDef
 from dagq.local import LOCAL_COORDINATOR
+from dagq.persistence import read_state
 from dagq.plan import Plan
 from dagq.state import WORKFLOW_TERMINAL, RunState
 from dagq.stores import open_store
@@ -48,9 +49,9 @@ async def _submit_all(store: Store, definition: WorkflowDef, count: int) -> list
 async def _final_states(store: Store, runs: list[tuple[str, Plan]]) -> list[RunState]:
     states = []
     for workflow_id, plan in runs:
-        doc = await store.documents.get(keys.state(workflow_id))
-        assert doc is not None
-        states.append(state.decode(doc.data, plan))
+        found = await read_state(store, workflow_id, plan)
+        assert found is not None
+        states.append(found[0])
     return states
 
 

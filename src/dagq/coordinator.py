@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from dagq import keys, machine, state
+from dagq import keys, machine
 from dagq.dispatching import Outgoing, task_message
 from dagq.errors import ConflictError, DagqError, LeaseLost
 from dagq.history import encode_chunk
@@ -33,6 +33,7 @@ from dagq.messages import (
     TaskStarted,
     decode_events,
 )
+from dagq.persistence import Stored, read_state, write_state
 from dagq.plan import Plan, compile_plan
 from dagq.state import UNSET, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL, RunState, TaskStatus
 from dagq.stores.base import IndexRow, Message, OutgoingMessage, Store
@@ -70,7 +71,7 @@ class Entry:
 
     plan: Plan
     state: RunState
-    etag: str
+    stored: Stored
     name: str
     tenant: str
     deadlines: list[tuple[float, int, int]] = field(default_factory=list)
@@ -245,9 +246,7 @@ class Coordinator:
         if fx.history:
             await docs.put(keys.history(st.workflow_id, st.history_seq), encode_chunk(fx.history))
             st.history_seq += 1
-        entry.etag = await docs.put(
-            keys.state(st.workflow_id), state.encode(st), if_match=entry.etag
-        )
+        entry.stored = await write_state(self.store, st, entry.stored)
         st.dirty = False
         self.stats.flushes += 1
         outgoing = [task_message(entry.plan, st, d) for d in fx.dispatch]
@@ -332,18 +331,19 @@ class Coordinator:
             del self._cache[workflow_id]
 
     async def _load(self, workflow_id: str) -> Entry | None:
-        docs = self.store.documents
-        doc = await docs.get(keys.state(workflow_id))
-        definition = await docs.get(keys.definition(workflow_id))
-        if doc is None or definition is None:
+        definition = await self.store.documents.get(keys.definition(workflow_id))
+        if definition is None:
             return None
         submitted = msgspec.json.decode(definition.data, type=Submitted)
         plan = self._plans.get(submitted.fingerprint)
         if plan is None:
             plan = compile_plan(submitted.definition, submitted.params)
             self.remember_plan(submitted.fingerprint, plan)
-        st = state.decode(doc.data, plan)
-        entry = Entry(plan, st, doc.etag, submitted.definition.name, submitted.tenant)
+        found = await read_state(self.store, workflow_id, plan)
+        if found is None:
+            return None
+        st, stored = found
+        entry = Entry(plan, st, stored, submitted.definition.name, submitted.tenant)
         if st.status in WORKFLOW_ACTIVE:
             self._schedule_repairs(entry)
             self._track_deadlines(entry, ())

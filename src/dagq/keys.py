@@ -20,6 +20,16 @@ def state(workflow_id: str) -> str:
     return f"states/{check_workflow_id(workflow_id)}"
 
 
+def state_parts_prefix(workflow_id: str) -> str:
+    """The base snapshot and deltas of a large workflow's state."""
+    return f"state-parts/{check_workflow_id(workflow_id)}/"
+
+
+def state_part(workflow_id: str, name: str) -> str:
+    """One base snapshot or delta of a large workflow's state."""
+    return f"{state_parts_prefix(workflow_id)}{name}"
+
+
 def history_prefix(workflow_id: str) -> str:
     """All history chunks of a workflow, in order."""
     return f"history/{check_workflow_id(workflow_id)}/"

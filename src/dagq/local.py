@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dagq import keys, state
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.definition import WorkflowDef
 from dagq.errors import LeaseHeld
+from dagq.persistence import read_state
 from dagq.plan import Plan
 from dagq.state import WORKFLOW_TERMINAL, RunState
 from dagq.stores.base import Store
@@ -81,9 +81,9 @@ class LocalRunner:
         cached = self.coordinator.state_of(self.submitted.workflow_id)
         if cached is not None:
             return cached
-        doc = await self.store.documents.get(keys.state(self.submitted.workflow_id))
-        assert doc is not None, "the state document exists once submit returned"
-        return state.decode(doc.data, self.submitted.plan)
+        found = await read_state(self.store, self.submitted.workflow_id, self.submitted.plan)
+        assert found is not None, "the state document exists once submit returned"
+        return found[0]
 
     async def drive(self, observer: Observer | None = None, *, interval_s: float = 0.1) -> str:
         """Run coordinator and workers until the workflow is terminal; return its status."""

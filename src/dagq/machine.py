@@ -190,7 +190,7 @@ def _on_started(plan: Plan, state: RunState, event: Any, now: float, fx: Effects
             state.in_flight += 1
         state.set_status(i, TaskStatus.RUNNING)
     state.started_at[i] = event.at
-    state.dirty = True
+    state.touch(i)
 
 
 def _on_finished(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
@@ -387,7 +387,7 @@ def _dispatch(
 ) -> None:
     state.dispatched_at[i] = now + delay
     state.in_flight += 1
-    state.dirty = True
+    state.touch(i)
     fx.dispatch.append(Dispatch(i, state.attempt[i], delay))
     fx.note(now, "dispatched", plan.tasks[i].name, state.attempt[i])
 

@@ -7,18 +7,13 @@ the other bookkeeping below ``--- derived`` are rebuilt on load, never stored.
 
 from __future__ import annotations
 
-import sys
-import zlib
 from array import array
 from collections import deque
 from enum import IntEnum
 from typing import Any
 
-import msgspec
-
 from dagq.plan import Plan
 
-FORMAT_VERSION = 1
 UNSET = -1.0
 
 
@@ -68,6 +63,7 @@ class RunState:
         "attempt",
         "cancel_reason",
         "cancelled_at",
+        "changed",
         "counts",
         "created_at",
         "dirty",
@@ -127,6 +123,8 @@ class RunState:
         self.held: deque[int] = deque()
         self.resolved: dict[str, Any] = {}
         self.dirty = False
+        #: Tasks changed since the last flush (what a delta must carry).
+        self.changed: set[int] = set()
 
     @property
     def n_tasks(self) -> int:
@@ -147,6 +145,12 @@ class RunState:
         elif old in TERMINAL and status not in TERMINAL:
             self.n_terminal -= 1
         self.task_status[task] = status
+        self.changed.add(task)
+        self.dirty = True
+
+    def touch(self, task: int) -> None:
+        """Note a change to a task's fields other than its status."""
+        self.changed.add(task)
         self.dirty = True
 
     def count_map(self) -> dict[str, int]:
@@ -184,106 +188,3 @@ class RunState:
         if status is TaskStatus.SKIPPED:
             return self.n_skip
         return self.n_bad
-
-
-# --- encoding -----------------------------------------------------------------
-
-
-class _Doc(msgspec.Struct, array_like=True):
-    version: int
-    workflow_id: str
-    status: str
-    created_at: float
-    updated_at: float
-    finished_at: float
-    error: str | None
-    cancel_reason: str | None
-    cancelled_at: float
-    final_on_cancel: str
-    history_seq: int
-    task_status: bytes
-    attempt: list[int]
-    dispatched_at: bytes
-    started_at: bytes
-    task_finished_at: bytes
-    outputs: dict[int, Any]
-    output_refs: dict[int, str]
-    errors: dict[int, str]
-    retry_base: dict[int, int]
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(_Doc)
-
-
-def _pack(values: array[float]) -> bytes:
-    """Little-endian doubles, whatever this machine's byte order."""
-    if sys.byteorder == "big":  # pragma: no cover - every supported platform is little-endian
-        values = array("d", values)
-        values.byteswap()
-    return values.tobytes()
-
-
-def _unpack(data: bytes, n: int) -> array[float]:
-    values = array("d")
-    values.frombytes(data)
-    if sys.byteorder == "big":  # pragma: no cover
-        values.byteswap()
-    if len(values) != n:
-        raise ValueError(f"state document is damaged: {len(values)} times for {n} tasks")
-    return values
-
-
-def encode(state: RunState) -> bytes:
-    """The compressed document form of a state."""
-    doc = _Doc(
-        version=FORMAT_VERSION,
-        workflow_id=state.workflow_id,
-        status=state.status,
-        created_at=state.created_at,
-        updated_at=state.updated_at,
-        finished_at=state.finished_at,
-        error=state.error,
-        cancel_reason=state.cancel_reason,
-        cancelled_at=state.cancelled_at,
-        final_on_cancel=state.final_on_cancel,
-        history_seq=state.history_seq,
-        task_status=bytes(state.task_status),
-        attempt=state.attempt,
-        dispatched_at=_pack(state.dispatched_at),
-        started_at=_pack(state.started_at),
-        task_finished_at=_pack(state.task_finished_at),
-        outputs=state.outputs,
-        output_refs=state.output_refs,
-        errors=state.errors,
-        retry_base=state.retry_base,
-    )
-    return zlib.compress(_encoder.encode(doc), 1)  # level 1: as small as 6 here, twice as fast
-
-
-def decode(data: bytes, plan: Plan) -> RunState:
-    """Rebuild a working state from its document."""
-    doc = _decoder.decode(zlib.decompress(data))
-    if doc.version != FORMAT_VERSION:
-        raise ValueError(f"state document format {doc.version} is not supported")
-    state = RunState(doc.workflow_id, len(doc.task_status), doc.created_at)
-    state.status = doc.status
-    state.updated_at = doc.updated_at
-    state.finished_at = doc.finished_at
-    state.error = doc.error
-    state.cancel_reason = doc.cancel_reason
-    state.cancelled_at = doc.cancelled_at
-    state.final_on_cancel = doc.final_on_cancel
-    state.history_seq = doc.history_seq
-    state.task_status = bytearray(doc.task_status)
-    state.attempt = doc.attempt
-    n = len(doc.task_status)
-    state.dispatched_at = _unpack(doc.dispatched_at, n)
-    state.started_at = _unpack(doc.started_at, n)
-    state.task_finished_at = _unpack(doc.task_finished_at, n)
-    state.outputs = doc.outputs
-    state.output_refs = doc.output_refs
-    state.errors = doc.errors
-    state.retry_base = doc.retry_base
-    state.rebuild(plan)
-    return state

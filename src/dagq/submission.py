@@ -24,6 +24,7 @@ from dagq import keys, state
 from dagq.definition import WorkflowDef
 from dagq.errors import ConflictError, UsageError, WorkflowExists, WorkflowNotFound
 from dagq.messages import CancelRequested, RetryRequested, SubmitRequested, encode_events
+from dagq.persistence import create_state
 from dagq.plan import Plan, compile_plan, resolve_params
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
 from dagq.validation import check_workflow_id
@@ -108,9 +109,7 @@ async def submit(
             )
     initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
     with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
-        await store.documents.put(
-            keys.state(workflow_id), state.encode(initial), if_none_match=True
-        )
+        await create_state(store, initial)
     await store.queues.send(
         keys.COMPLETIONS_QUEUE,
         [OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))],

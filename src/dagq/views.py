@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from dagq import keys, state
 from dagq.errors import WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
+from dagq.persistence import read_state
 from dagq.plan import Plan, compile_plan
 from dagq.state import UNSET, RunState, TaskStatus
 from dagq.stores.base import Store
@@ -87,11 +87,11 @@ def run_view(
 async def load_run(store: Store, workflow_id: str) -> tuple[Submitted, Plan, RunState]:
     """Read a workflow's definition and current state from the store."""
     submitted = await require_submitted(store, workflow_id)
-    doc = await store.documents.get(keys.state(workflow_id))
-    if doc is None:
-        raise WorkflowNotFound(f"workflow '{workflow_id}' has no runtime state yet")
     plan = compile_plan(submitted.definition, submitted.params)
-    return submitted, plan, state.decode(doc.data, plan)
+    found = await read_state(store, workflow_id, plan)
+    if found is None:
+        raise WorkflowNotFound(f"workflow '{workflow_id}' has no runtime state yet")
+    return submitted, plan, found[0]
 
 
 async def load_view(store: Store, workflow_id: str) -> RunView:

@@ -12,6 +12,7 @@ from dagq import keys, state
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.errors import LeaseHeld, StoreUnavailable
 from dagq.messages import TaskFinished, TaskStarted, decode_task, encode_events
+from dagq.persistence import read_state
 from dagq.stores.base import OutgoingMessage, Store
 from dagq.stores.memory import open_memory_store
 from dagq.submission import request_cancel, submit
@@ -79,9 +80,9 @@ def finished(task: Any, clock: FakeClock, ok: bool = True, **extra: Any) -> Task
 
 
 async def load_state(store: Store, workflow_id: str, plan: Any) -> state.RunState:
-    doc = await store.documents.get(keys.state(workflow_id))
-    assert doc is not None
-    return state.decode(doc.data, plan)
+    found = await read_state(store, workflow_id, plan)
+    assert found is not None
+    return found[0]
 
 
 async def test_a_batch_writes_each_touched_state_once(store: Store, clock: FakeClock) -> None:

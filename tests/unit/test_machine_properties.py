@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dagq import machine, state
+from dagq import machine, snapshots, state
 from dagq.messages import CancelRequested, Event, SubmitRequested, TaskFinished, TaskStarted
 from dagq.state import BAD, TERMINAL, TaskStatus
 from tests.helpers import Sim
@@ -58,6 +58,8 @@ class World:
         self.sent: list[Event] = []
         self.dispatch_ids: Counter[tuple[int, int]] = Counter()
         self.max_in_flight = 0
+        self.base = snapshots.encode_tasks(sim.state)
+        self.deltas: list[bytes] = []
 
     def absorb(self, fx: machine.Effects) -> None:
         for d in fx.dispatch:
@@ -70,10 +72,45 @@ class World:
         machine.apply(self.sim.plan, self.sim.state, event, self.sim.now, fx)
         self.absorb(fx)
         self.max_in_flight = max(self.max_in_flight, self.sim.state.in_flight)
+        self.flush()
+
+    def flush(self) -> None:
+        """What the coordinator stores: a delta of the changed tasks, now and then a base."""
+        st = self.sim.state
+        if len(self.deltas) >= 4:
+            self.base, self.deltas = snapshots.encode_tasks(st), []
+        else:
+            self.deltas.append(snapshots.encode_delta(st, st.changed))
+        st.changed.clear()
 
     def crash(self) -> None:
-        """Throw the working copy away; rebuild it from its stored form."""
-        self.sim.state = state.decode(state.encode(self.sim.state), self.sim.plan)
+        """Throw the working copy away; rebuild it from the base and deltas stored so far."""
+        old = self.sim.state
+        new = snapshots.empty_state(snapshots.header(old))
+        snapshots.load_tasks(new, self.base)
+        for delta in self.deltas:
+            snapshots.apply_delta(new, delta)
+        new.rebuild(self.sim.plan)
+        for column in (
+            "task_status",
+            "attempt",
+            "dispatched_at",
+            "started_at",
+            "task_finished_at",
+            "outputs",
+            "output_refs",
+            "errors",
+            "retry_base",
+            "n_done",
+            "n_skip",
+            "n_bad",
+            "counts",
+            "in_flight",
+        ):
+            assert getattr(new, column) == getattr(old, column), column
+        # Held tasks come back in task order rather than readiness order: same set.
+        assert sorted(new.held) == sorted(old.held)
+        self.sim.state = new
 
     def step(self) -> None:
         action = self.draw(
