@@ -24,7 +24,7 @@ from dagq.errors import UsageError
 from dagq.history import HistoryEntry, read_history
 from dagq.loading import load_file
 from dagq.plan import Plan
-from dagq.state import UNSET, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL, RunState, TaskStatus
+from dagq.state import BAD, UNSET, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL, RunState, TaskStatus
 from dagq.stores import open_store
 from dagq.stores.base import IndexRow, Store
 from dagq.submission import request_cancel, request_retry, submit
@@ -227,6 +227,9 @@ class Client:
         """The kept stdout/stderr tail of an attempt (the latest by default)."""
         _, plan, st = await load_run(self.store, workflow_id)
         i = _task_index(plan, workflow_id, task)
+        if st.attempt[i] == 0:
+            label = TaskStatus(st.task_status[i]).label
+            raise UsageError(f"task '{task}' of {workflow_id} has never run (it is {label})")
         number = attempt or st.attempt[i]
         if number < 1 or number > st.attempt[i]:
             raise UsageError(f"task '{task}' has no attempt {number} (it has {st.attempt[i]})")
@@ -242,14 +245,39 @@ class Client:
         """Ask the coordinator to cancel a run."""
         await request_cancel(self.store, workflow_id, reason)
 
-    async def retry(self, workflow_id: str, tasks: builtins.list[str] | None = None) -> None:
-        """Re-run the failed, upstream_failed and cancelled tasks of a finished run."""
-        status = await self.status(workflow_id)
-        if not status.terminal:
-            raise UsageError(
-                f"workflow {workflow_id} is still {status.status}; retry it once it ends"
-            )
+    async def retry(
+        self,
+        workflow_id: str,
+        tasks: builtins.list[str] | None = None,
+        *,
+        ack_timeout_s: float = 10.0,
+    ) -> bool:
+        """Re-run the failed, upstream_failed and cancelled tasks of a finished run.
+
+        Returns once the coordinator has taken the request up (True), so that a
+        ``wait`` or ``status`` right after sees the new run, not the old ending; False
+        if no coordinator did within ``ack_timeout_s`` (the request stays queued).
+        """
+        _, plan, st = await load_run(self.store, workflow_id)
+        if st.status not in WORKFLOW_TERMINAL:
+            raise UsageError(f"workflow {workflow_id} is still {st.status}; retry it once it ends")
+        _check_retryable(plan, st, workflow_id, tasks)
         await request_retry(self.store, workflow_id, tasks)
+        return await self._taken_up(workflow_id, st.updated_at, ack_timeout_s)
+
+    async def _taken_up(self, workflow_id: str, updated_at: float, timeout_s: float) -> bool:
+        """Wait until the run's state moved on from ``updated_at`` (while a coordinator runs)."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.02
+        while await self.store.leases.get(keys.COORDINATOR_LEASE) is not None:
+            _, _, st = await load_run(self.store, workflow_id)
+            if st.status not in WORKFLOW_TERMINAL or st.updated_at != updated_at:
+                return True
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        return False
 
     async def wait(
         self, workflow_id: str, *, timeout_s: float | None = None, poll_s: float = 0.2
@@ -306,6 +334,18 @@ def _definition(workflow: WorkflowDef | Workflow | str | Path) -> WorkflowDef:
         return workflow.to_definition()
     path = Path(workflow)
     return load_python_file(path) if path.suffix == ".py" else load_file(path)
+
+
+def _check_retryable(plan: Plan, st: RunState, workflow_id: str, tasks: list[str] | None) -> None:
+    """Refuse a retry the coordinator would ignore: unknown tasks, or none to re-run."""
+    for name in tasks or []:
+        _task_index(plan, workflow_id, name)
+    names = tasks or [task.name for task in plan.tasks]
+    if not any(st.task_status[plan.by_name[name]] in BAD for name in names):
+        which = f"task(s) {', '.join(map(repr, names))} are not" if tasks else "no task is"
+        raise UsageError(
+            f"nothing to retry in {workflow_id}: {which} failed, upstream_failed or cancelled"
+        )
 
 
 def _task_index(plan: Plan, workflow_id: str, task: str) -> int:

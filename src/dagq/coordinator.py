@@ -33,10 +33,11 @@ from dagq.messages import (
     TaskStarted,
     decode_events,
 )
-from dagq.persistence import Stored, read_state, write_state
+from dagq.persistence import Staged, Stored, read_state, stage_state
+from dagq.persistence import settle as settle_state
 from dagq.plan import Plan, compile_plan
 from dagq.state import UNSET, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL, RunState, TaskStatus
-from dagq.stores.base import IndexRow, Message, OutgoingMessage, Store
+from dagq.stores.base import Batch, IndexRow, Message, OutgoingMessage, Store
 from dagq.submission import Submitted
 
 log = logging.getLogger("dagq.coordinator")
@@ -77,6 +78,16 @@ class Entry:
     deadlines: list[tuple[float, int, int]] = field(default_factory=list)
     repairs: list[tuple[float, int, int]] = field(default_factory=list)
     unsent: list[Outgoing] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Flush:
+    """A workflow's writes staged in a batch, and what to do once it commits."""
+
+    entry: Entry
+    staged: Staged
+    dispatched: int
+    finished: bool
 
 
 @dataclass
@@ -129,10 +140,14 @@ class Coordinator:
                 handled = await self._guarded(self.step())
                 if self.clock() >= self._next_sweep:
                     await self._guarded(self.sweep())
+                if handled >= self.options.batch_size:
+                    self._poll_delay = _FIRST_POLL_S
+                    continue  # a full batch: there may be more waiting
+                # The wait returns at once if an event arrived since the receive.
+                await self._idle(stop)
                 if handled:
                     self._poll_delay = _FIRST_POLL_S
                 else:
-                    await self._idle(stop)
                     self._poll_delay = min(self._poll_delay * 2, self.options.poll_interval_s)
         finally:
             keeper.cancel()
@@ -179,11 +194,54 @@ class Coordinator:
                 grouped[event.workflow_id].append(event)
             touched.append((message, {e.workflow_id for e in events}))
         self.stats.events += sum(len(v) for v in grouped.values())
+        if await self._advance_together(grouped, [m.receipt for m, _ in touched]):
+            return len(messages)
+        # One write for the whole batch failed (a lost race, an outage): go one by one.
         outcome = await self._advance_all(grouped)
         done = [m.receipt for m, ids in touched if all(outcome[i] for i in ids)]
         if done:
             await self.store.queues.delete(keys.COMPLETIONS_QUEUE, done)
         return len(messages)
+
+    async def _advance_together(self, grouped: dict[str, list[Event]], receipts: list[str]) -> bool:
+        """Apply a batch's events to every workflow, then commit all writes and acks at once.
+
+        On a transactional store this is one transaction per batch; False means it failed
+        and nothing may be assumed written (the cached copies are dropped).
+        """
+        ids = list(grouped)
+        try:
+            entries = await asyncio.gather(*(self._entry(i) for i in ids))
+            now = self.clock()
+            batch = self.store.batch()
+            flushes = []
+            for workflow_id, entry in zip(ids, entries, strict=True):
+                if entry is None:
+                    log.info("dropping events for unknown workflow %s", workflow_id)
+                    continue
+                events = grouped[workflow_id]
+                await self._resolve_refs(entry, events)
+                fx = machine.Effects()
+                for event in events:
+                    machine.apply(entry.plan, entry.state, event, now, fx)
+                self._track_deadlines(entry, events)
+                flushes.append(self._stage(batch, entry, fx))
+            batch.ack(keys.COMPLETIONS_QUEUE, receipts)
+            if self.lease.lost:
+                raise LeaseLost("the coordinator lease was lost; refusing to write")
+            etags = await batch.commit()
+        except DagqError as exc:
+            if isinstance(exc, ConflictError):
+                self.stats.conflicts += 1
+            else:
+                log.warning("writing a batch failed, retrying one workflow at a time: %s", exc)
+            for workflow_id in ids:
+                self._evict(workflow_id)
+            return False
+        for flush in flushes:
+            if flush is not None:
+                await self._settle(flush, etags)
+        return True
 
     async def _decode(self, message: Message) -> list[Event] | None:
         try:
@@ -237,25 +295,52 @@ class Coordinator:
         return False
 
     async def _flush(self, entry: Entry, fx: machine.Effects) -> None:
-        st = entry.state
-        if not st.dirty and not fx.history and not fx.dispatch:
-            return
+        """Make one workflow's new state durable (a batch of its own)."""
         if self.lease.lost:
             raise LeaseLost("the coordinator lease was lost; refusing to write")
-        docs = self.store.documents
+        batch = self.store.batch()
+        flush = self._stage(batch, entry, fx)
+        if flush is not None:
+            await self._settle(flush, await batch.commit())
+
+    def _stage(self, batch: Batch, entry: Entry, fx: machine.Effects) -> _Flush | None:
+        """Stage a workflow's writes, in the order that keeps a partial write safe:
+        history, then the state (the commit point), then task messages, then the index.
+        """
+        st = entry.state
+        if not st.dirty and not fx.history and not fx.dispatch:
+            return None
+        workflow_id = st.workflow_id
         if fx.history:
-            await docs.put(keys.history(st.workflow_id, st.history_seq), encode_chunk(fx.history))
+            batch.put(keys.history(workflow_id, st.history_seq), encode_chunk(fx.history))
             st.history_seq += 1
-        entry.stored = await write_state(self.store, st, entry.stored)
+        staged = stage_state(batch, st, entry.stored)
+        outgoing = [task_message(entry.plan, st, d) for d in fx.dispatch]
+        for key, data in (o.inputs_doc for o in outgoing if o.inputs_doc):
+            batch.put(key, data)
+        by_queue: dict[str, list[OutgoingMessage]] = defaultdict(list)
+        for o in outgoing:
+            by_queue[o.queue].append(o.message)
+        for queue, messages in by_queue.items():
+            batch.send(queue, messages)
+        if fx.stop:
+            batch.put(keys.control(workflow_id), b"cancel")
+        if fx.finished:
+            batch.delete(keys.control(workflow_id))
+        batch.upsert(index_row(entry))
+        return _Flush(entry, staged, len(outgoing), fx.finished)
+
+    async def _settle(self, flush: _Flush, etags: list[str]) -> None:
+        """After the commit: remember the new version; count; announce a finished run."""
+        entry, st = flush.entry, flush.entry.state
+        entry.stored = await settle_state(self.store, st, flush.staged, etags)
         st.dirty = False
         self.stats.flushes += 1
-        outgoing = [task_message(entry.plan, st, d) for d in fx.dispatch]
-        await self._send(entry, outgoing)
-        if fx.stop:
-            await docs.put(keys.control(st.workflow_id), b"cancel")
-        await self.store.index.upsert(index_row(entry))
-        if fx.finished:
-            await self._finished(entry)
+        self.stats.dispatched += flush.dispatched
+        if flush.finished:
+            self._active.discard(st.workflow_id)
+            self.stats.finished_workflows += 1
+            log.info("workflow %s %s", st.workflow_id, st.status)
         self.changed.set()
 
     async def _send(self, entry: Entry, outgoing: list[Outgoing]) -> None:
@@ -274,13 +359,6 @@ class Coordinator:
         except DagqError as exc:
             log.warning("sending %d task(s) failed, will retry: %s", len(outgoing), exc)
             entry.unsent.extend(outgoing)
-
-    async def _finished(self, entry: Entry) -> None:
-        st = entry.state
-        self._active.discard(st.workflow_id)
-        self.stats.finished_workflows += 1
-        await self.store.documents.delete(keys.control(st.workflow_id))
-        log.info("workflow %s %s", st.workflow_id, st.status)
 
     # --- the cache ------------------------------------------------------------------
 

@@ -71,17 +71,21 @@ def _mermaid(nodes: Sequence[Node]) -> str:
 def _dot(nodes: Sequence[Node]) -> str:
     lines = ["digraph workflow {", "  rankdir=TB;", '  node [shape=box, style="rounded,filled"];']
     for node in nodes:
-        label = node.name + (f"\\n{node.state}" if node.state else "")
+        label = _dot_string(node.name, *([node.state] if node.state else []))
         colour = _COLOURS.get(node.state or "", "#ffffff")
-        lines.append(
-            f'  {json.dumps(node.name)} [label={json.dumps(label)}, fillcolor="{colour}"];'
-        )
+        lines.append(f'  {_dot_string(node.name)} [label={label}, fillcolor="{colour}"];')
     for node in nodes:
         for parent in node.parents:
             style = " [style=dashed]" if node.condition else ""
-            lines.append(f"  {json.dumps(parent)} -> {json.dumps(node.name)}{style};")
+            lines.append(f"  {_dot_string(parent)} -> {_dot_string(node.name)}{style};")
     lines.append("}")
     return "\n".join(lines)
+
+
+def _dot_string(*parts: str) -> str:
+    """A quoted DOT string; parts go on separate lines (DOT's own ``\\n`` escape)."""
+    quoted = (part.replace("\\", "\\\\").replace('"', '\\"') for part in parts)
+    return '"' + "\\n".join(quoted) + '"'
 
 
 def _text(nodes: Sequence[Node]) -> str:

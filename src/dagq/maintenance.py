@@ -15,6 +15,7 @@ import msgspec
 
 from dagq import keys
 from dagq.errors import DagqError, UsageError
+from dagq.leasing import holder_is_dead_here
 from dagq.state import WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
 from dagq.stores.base import Store
 from dagq.submission import Submitted
@@ -124,13 +125,21 @@ async def diagnose(store: Store, *, now: float | None = None) -> list[Finding]:
 
 async def _coordinator(store: Store, now: float, *, needed: bool) -> Finding:
     lease = await store.leases.get(keys.COORDINATOR_LEASE)
-    if lease is None and not needed:
+    # A holder killed on this host cannot release its lease; it is as good as none.
+    dead = lease is not None and holder_is_dead_here(lease.owner)
+    if (lease is None or dead) and not needed:
         return Finding("ok", "coordinator", "none running (no unfinished workflow needs one)")
-    if lease is None:
+    if lease is None or dead:
+        detail = "no coordinator holds the lease, so nothing advances"
+        if lease is not None:
+            detail = (
+                f"the lease is held by {lease.owner}, a process that is no longer running, "
+                "so nothing advances"
+            )
         return Finding(
             "fail",
             "coordinator",
-            "no coordinator holds the lease, so nothing advances",
+            detail,
             "start one: dagq coordinator (dagq run starts its own)",
         )
     return Finding(
@@ -181,8 +190,10 @@ async def _queues(
                 Finding(
                     "warn",
                     label,
-                    f"{len(dead)} dead-lettered message(s); {detail}",
-                    "inspect them: dagq dlq list",
+                    f"{len(dead)} dead-lettered message(s), the last because "
+                    f"{dead[-1].reason!r}; {detail}",
+                    "the worker and coordinator logs name each one; fix the cause, then "
+                    "re-run the workflows they held up: dagq cancel ID, dagq retry ID",
                 )
             )
         elif depth.visible and depth.oldest_age_s > QUEUE_WAIT_S:

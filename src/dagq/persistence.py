@@ -17,7 +17,7 @@ from dagq import keys, snapshots
 from dagq.errors import DagqError, StoreError
 from dagq.plan import Plan
 from dagq.state import RunState
-from dagq.stores.base import Store
+from dagq.stores.base import Batch, Store
 
 #: Workflows up to this many tasks keep their task columns in the header itself.
 INLINE_TASKS = 2048
@@ -65,9 +65,17 @@ async def read_state(store: Store, workflow_id: str, plan: Plan) -> tuple[RunSta
     return state, stored
 
 
-async def write_state(store: Store, state: RunState, stored: Stored) -> Stored:
-    """Write ``state`` over the version ``stored`` names; ConflictError if it moved on."""
-    docs = store.documents
+@dataclass(slots=True)
+class Staged:
+    """A state write staged in a batch: where it will live, once the batch commits."""
+
+    stored: Stored
+    slot: int
+    previous_base: str | None
+
+
+def stage_state(batch: Batch, state: RunState, stored: Stored) -> Staged:
+    """Stage the writes of ``state`` over the version ``stored`` names (header last)."""
     workflow_id = state.workflow_id
     if state.n_tasks <= INLINE_TASKS:
         head = snapshots.header(state, inline=snapshots.encode_tasks(state))
@@ -75,7 +83,7 @@ async def write_state(store: Store, state: RunState, stored: Stored) -> Stored:
     elif _compact(stored):
         data = snapshots.encode_tasks(state)
         base = keys.state_part(workflow_id, f"base-{_token()}")
-        await docs.put(base, data)
+        batch.put(base, data)
         head = snapshots.header(state, base=base, base_bytes=len(data))
         written = Stored("", base, [], len(data), 0)
     else:
@@ -84,19 +92,31 @@ async def write_state(store: Store, state: RunState, stored: Stored) -> Stored:
         if state.changed:
             data = snapshots.encode_delta(state, state.changed)
             deltas.append(keys.state_part(workflow_id, f"delta-{len(deltas) + 1:04d}-{_token()}"))
-            await docs.put(deltas[-1], data)
+            batch.put(deltas[-1], data)
             size += len(data)
         head = snapshots.header(
             state, base=stored.base, deltas=deltas, base_bytes=stored.base_bytes, delta_bytes=size
         )
         written = Stored("", stored.base, deltas, stored.base_bytes, size)
-    written.etag = await docs.put(
-        keys.state(workflow_id), snapshots.encode_header(head), if_match=stored.etag
-    )
+    slot = batch.put(keys.state(workflow_id), snapshots.encode_header(head), if_match=stored.etag)
+    return Staged(written, slot, stored.base)
+
+
+async def settle(store: Store, state: RunState, staged: Staged, etags: list[str]) -> Stored:
+    """After the batch committed: the new version, and old parts cleaned up."""
+    staged.stored.etag = etags[staged.slot]
     state.changed.clear()
-    if written.base != stored.base:
-        await _forget(store, workflow_id, keep={written.base} if written.base else set())
-    return written
+    if staged.stored.base != staged.previous_base:
+        keep = {staged.stored.base} if staged.stored.base else set()
+        await _forget(store, state.workflow_id, keep=keep)
+    return staged.stored
+
+
+async def write_state(store: Store, state: RunState, stored: Stored) -> Stored:
+    """Write ``state`` over the version ``stored`` names; ConflictError if it moved on."""
+    batch = store.batch()
+    staged = stage_state(batch, state, stored)
+    return await settle(store, state, staged, await batch.commit())
 
 
 def _compact(stored: Stored) -> bool:

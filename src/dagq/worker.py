@@ -28,7 +28,7 @@ from dagq.messages import (
     TaskStarted,
     decode_task,
 )
-from dagq.outbox import Deleter, Outbox
+from dagq.outbox import Outbox
 from dagq.runners import Outcome, TaskContext
 from dagq.runners.python import add_import_paths, run_python
 from dagq.runners.shell import run_shell
@@ -37,6 +37,8 @@ from dagq.stores.base import Message, Store
 log = logging.getLogger("dagq.worker")
 
 _ARG_ROOTS = frozenset({"inputs", "params"})
+#: The name prefix of the threads that run synchronous Python tasks.
+TASK_THREAD_PREFIX = "dagq-task"
 _FIRST_POLL_S = 0.005
 
 
@@ -67,6 +69,11 @@ class _Running:
     lost: bool = False
     stopping: bool = False
 
+    @property
+    def queue(self) -> str:
+        """The queue the message came from."""
+        return self.message.queue
+
 
 class Worker:
     """Runs tasks from one store's queues with a concurrency limit."""
@@ -84,10 +91,9 @@ class Worker:
         self.completed = 0
         self._running: dict[str, _Running] = {}
         self._slot_freed = asyncio.Event()
-        self._outbox = Outbox(store.queues, keys.COMPLETIONS_QUEUE)
-        self._deleter = Deleter(store.queues)
+        self._outbox = Outbox(store, keys.COMPLETIONS_QUEUE)
         self._executor = ThreadPoolExecutor(
-            max_workers=self.options.concurrency, thread_name_prefix="dagq-task"
+            max_workers=self.options.concurrency, thread_name_prefix=TASK_THREAD_PREFIX
         )
         self._cancelled: dict[str, tuple[float, bool]] = {}
         add_import_paths(self.options.import_paths)
@@ -97,7 +103,6 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set (or idle too long), then drain gracefully."""
         self._outbox.start()
-        self._deleter.start()
         keeper = asyncio.create_task(self._heartbeat(), name="dagq-heartbeat")
         try:
             await self._serve(stop)
@@ -106,7 +111,6 @@ class Worker:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
             await self._outbox.close()
-            await self._deleter.close()
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _serve(self, stop: asyncio.Event) -> None:
@@ -119,10 +123,12 @@ class Worker:
                 self._slot_freed.clear()
                 await _first(self._slot_freed.wait(), stop.wait())
                 continue
-            got = 0
+            got = asked = 0
             for offset in range(len(self.options.queues)):
                 queue = self.options.queues[(queue_index + offset) % len(self.options.queues)]
-                got += await self._take(queue, min(free - got, self.options.batch_size))
+                want = min(free - got, self.options.batch_size)
+                asked += want
+                got += await self._take(queue, want)
                 if got >= free:
                     break
             queue_index += 1
@@ -130,9 +136,10 @@ class Worker:
                 idle_since = self.clock()
             if got:
                 poll = _FIRST_POLL_S
-                continue
+                if got >= asked:  # there may be more; otherwise wait (no send is missed)
+                    continue
             idle = self.options.idle_timeout_s
-            if idle is not None and self.clock() - idle_since >= idle:
+            if not got and idle is not None and self.clock() - idle_since >= idle:
                 log.info("idle for %.0fs, stopping", idle)
                 return
             # Cleared here too: left set by an earlier finished task, it would turn this
@@ -176,7 +183,7 @@ class Worker:
         if not jobs:
             return
         log.info(
-            "waiting up to %.0fs for %d running task(s)", self.options.shutdown_grace_s, len(jobs)
+            "waiting up to %gs for %d running task(s)", self.options.shutdown_grace_s, len(jobs)
         )
         _, unfinished = await asyncio.wait(jobs, timeout=self.options.shutdown_grace_s)
         for job in unfinished:
@@ -200,8 +207,8 @@ class Worker:
                 outcome = Outcome(
                     ok=False, error="not run: the workflow was cancelled", retryable=False
                 )
-                await self._outbox.post(await self._report(task, outcome, self.clock()))
-                await self._deleter.delete(message.queue, running.receipt)
+                report = await self._report(task, outcome, self.clock())
+                await self._outbox.post(report, ack=running)
                 return
             self._outbox.post_nowait(
                 TaskStarted(
@@ -222,9 +229,7 @@ class Worker:
                     ok=False, error="stopped: the workflow was cancelled", retryable=False
                 )
             finished = await self._report(task, outcome, started)
-            await self._outbox.post(finished)
-            if not running.lost:
-                await self._deleter.delete(message.queue, running.receipt)
+            await self._outbox.post(finished, ack=None if running.lost else running)
             self.completed += 1
         except asyncio.CancelledError:
             raise

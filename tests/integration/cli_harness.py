@@ -8,6 +8,7 @@ colours, a wide terminal so table rows do not wrap) and a deadline.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -15,23 +16,51 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
+from dagq import keys
+from dagq.client import Client
+from dagq.errors import WorkflowNotFound
+from dagq.loading import load_data
+from dagq.local import LocalRunner
 from dagq.plan import Plan
-from dagq.state import RunState
+from dagq.state import WORKFLOW_TERMINAL, RunState
 from dagq.stores import open_store
+from dagq.stores.base import Lease, Store
 from dagq.submission import Submitted
 from dagq.views import RunView, load_run, load_view
+from tests.helpers import definition
 
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
+
+#: The commands that take ``--store``; the harness gives them the scratch store.
+STORE_COMMANDS = frozenset(
+    {
+        "run",
+        "coordinator",
+        "worker",
+        "submit",
+        "cancel",
+        "retry",
+        "status",
+        "list",
+        "tasks",
+        "output",
+        "logs",
+        "events",
+        "graph",
+        "doctor",
+        "purge",
+    }
+)
 
 #: Variables that would change what a plain pipe shows; a user's pipe has none of them.
 _SCRUBBED = (
@@ -71,6 +100,15 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(interval_s)
+
+
+def wait_for_file(name: str, *, timeout_s: float = 20) -> str:
+    """Shell that waits until the file ``name`` exists, giving up after ``timeout_s``.
+
+    Bounded, so a task left behind by a failed test (or a killed worker) ends anyway.
+    """
+    polls = int(timeout_s / 0.05)
+    return f"i=0; while [ ! -f {name} ] && [ $i -lt {polls} ]; do sleep 0.05; i=$((i+1)); done"
 
 
 def pid_alive(pid: int) -> bool:
@@ -170,6 +208,15 @@ class Started:
             self.process.kill()
         self.process.wait()
 
+    def stderr(self) -> str:
+        """What the process has written to stderr so far (its log)."""
+        return self.stderr_file.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, *, timeout_s: float = 10) -> Finished:
+        """Send ``sig`` and wait for the process to exit."""
+        self.send(sig)
+        return self.wait(timeout_s)
+
     def _text_parts(self) -> tuple[str, str]:
         return (
             self.stdout_file.read_text(encoding="utf-8", errors="replace"),
@@ -189,7 +236,7 @@ class DagqCli:
         self.env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
         self.env["COLUMNS"] = "200"
         self.env["PYTHONUNBUFFERED"] = "1"
-        self._started: list[Started] = []
+        self.processes: list[Started] = []
         self._outputs = 0
 
     # --- files --------------------------------------------------------------------
@@ -209,9 +256,9 @@ class DagqCli:
     # --- running ------------------------------------------------------------------
 
     def command(self, *args: str | Path, store: bool = True) -> list[str]:
-        """``dagq ARGS`` (``run`` gets the scratch store unless ``store`` is False)."""
+        """``dagq ARGS``; commands taking a store get the scratch one unless given one."""
         words = [str(a) for a in args]
-        if store and words and words[0] == "run":
+        if store and words and words[0] in STORE_COMMANDS and "--store" not in words:
             words += ["--store", self.store_url]
         return [*dagq_command(), *words]
 
@@ -238,6 +285,46 @@ class DagqCli:
             done.stderr.decode("utf-8", "replace"),
         )
 
+    def run_many(
+        self, commands: dict[str, list[str]], *, timeout_s: float = 60
+    ) -> dict[str, Finished]:
+        """Run independent ``dagq`` commands side by side, a few at a time; results by key."""
+        pending = list(commands.items())
+        running: dict[str, subprocess.Popen[bytes]] = {}
+        results: dict[str, Finished] = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while pending or running:
+                while pending and len(running) < 2 * (os.cpu_count() or 1):
+                    key, args = pending.pop()
+                    running[key] = subprocess.Popen(
+                        self.command(*args),
+                        cwd=self.workdir,
+                        env=self.env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                    )
+                key, process = next(iter(running.items()))
+                out, err = process.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                del running[key]
+                results[key] = Finished(
+                    process.returncode,
+                    out.decode("utf-8", "replace"),
+                    err.decode("utf-8", "replace"),
+                )
+        finally:
+            for process in running.values():
+                process.kill()
+                process.wait()
+        return results
+
+    def json(self, *args: str | Path, timeout_s: float = 30) -> Any:
+        """Run ``dagq ARGS --json``, expect exit code 0, and parse what it printed."""
+        result = self.run(*args, "--json", timeout_s=timeout_s)
+        assert result.code == 0, result.output
+        return json.loads(result.stdout)
+
     def start(self, *args: str | Path) -> Started:
         """Start ``dagq`` in the background (stopped at teardown if still running)."""
         self._outputs += 1
@@ -253,12 +340,43 @@ class DagqCli:
                 stdin=subprocess.DEVNULL,
             )
         started = Started(process, stdout, stderr)
-        self._started.append(started)
+        self.processes.append(started)
+        return started
+
+    def start_coordinator(self, *args: str | Path, timeout_s: float = 15) -> Started:
+        """Start ``dagq coordinator ARGS`` and wait until it holds the store's lease."""
+        started = self.start("coordinator", *args)
+        wait_until(
+            lambda: self.holds_lease(started) or started.process.poll() is not None,
+            timeout_s=timeout_s,
+            what="the coordinator to take the lease",
+        )
+        assert started.process.poll() is None, f"the coordinator exited:\n{started.stderr()}"
+        return started
+
+    def holds_lease(self, started: Started) -> bool:
+        """Whether the coordinator lease belongs to that process."""
+        lease = self.lease()
+        return lease is not None and f":{started.pid}:" in lease.owner
+
+    def start_worker(self, *args: str | Path, timeout_s: float = 15) -> Started:
+        """Start ``dagq worker ARGS`` and wait until it says it is serving."""
+        started = self.start("worker", *args)
+        wait_until(
+            lambda: " serving " in started.stderr() or started.process.poll() is not None,
+            timeout_s=timeout_s,
+            what="the worker to start serving",
+        )
+        assert started.process.poll() is None, f"the worker exited:\n{started.stderr()}"
         return started
 
     def close(self) -> None:
         """Stop every background ``dagq`` this object started."""
-        for started in self._started:
+        self.stop_processes()
+
+    def stop_processes(self, since: int = 0) -> None:
+        """Kill the background ``dagq`` processes started after the first ``since``."""
+        for started in self.processes[since:]:
             started.kill()
 
     def __enter__(self) -> DagqCli:
@@ -281,9 +399,57 @@ class DagqCli:
         """Each task's state, by name."""
         return {row.name: row.status for row in self.view(workflow_id).tasks}
 
+    def workflow_status(self, workflow_id: str) -> str | None:
+        """The workflow's status from its runtime state (None before the state exists)."""
+        try:
+            return self.run_state(workflow_id)[2].status
+        except WorkflowNotFound:
+            return None
+
+    def wait_for_end(self, workflow_id: str, *, timeout_s: float) -> str:
+        """Poll the store until the workflow is terminal; its final status."""
+        return wait_until(
+            lambda: _terminal(self.workflow_status(workflow_id)),
+            timeout_s=timeout_s,
+            what=f"workflow {workflow_id} to end",
+        )
+
+    def submit_here(self, workflow_id: str, workflow: dict[str, Any]) -> None:
+        """Submit a workflow from this process, as a Python client would (faster than
+        ``dagq submit`` where submitting is not what a test is about)."""
+        definition = load_data(workflow, source=f"{workflow_id}.yaml")
+
+        async def send(store: Store) -> None:
+            await Client(store).submit(definition, workflow_id=workflow_id)
+
+        self.with_store(send)
+
+    def run_here(self, workflow_id: str, tasks: list[dict[str, Any]]) -> str:
+        """Run a workflow to its end in this process, on the scratch store; its status."""
+
+        async def drive(store: Store) -> str:
+            runner = LocalRunner(store, workers=2)
+            await runner.submit(definition(tasks), params={}, workflow_id=workflow_id)
+            return await asyncio.wait_for(runner.drive(), 20)
+
+        return self.with_store(drive)
+
+    def lease(self) -> Lease | None:
+        """The coordinator lease as the store holds it (None when free or expired)."""
+        return self.with_store(lambda store: store.leases.get(keys.COORDINATOR_LEASE))
+
+    def with_store(self, use: Callable[[Store], Awaitable[T]]) -> T:
+        """Open the scratch store in this process, run ``use`` on it, close it."""
+        result: T = asyncio.run(self._read(use))
+        return result
+
     async def _read(self, read: Callable[[Any], Any]) -> Any:
         store = open_store(self.store_url)
         try:
             return await read(store)
         finally:
             await store.close()
+
+
+def _terminal(status: str | None) -> str | None:
+    return status if status in WORKFLOW_TERMINAL else None

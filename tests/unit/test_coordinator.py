@@ -11,7 +11,13 @@ import pytest
 from dagq import keys, state
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.errors import LeaseHeld, StoreUnavailable
-from dagq.messages import TaskFinished, TaskStarted, decode_task, encode_events
+from dagq.messages import (
+    SubmitRequested,
+    TaskFinished,
+    TaskStarted,
+    decode_task,
+    encode_events,
+)
 from dagq.persistence import read_state
 from dagq.stores.base import OutgoingMessage, Store
 from dagq.stores.memory import open_memory_store
@@ -269,10 +275,8 @@ async def test_a_coordinator_that_lost_its_lease_stops_writing(
     await submit(store, fan_out(1), workflow_id="w", clock=clock)
     coord.lease.lost = True
     before = store.documents.puts["states"]
-    assert await coord.advance("w", []) is True  # nothing to write yet
-    assert (
-        await coord.advance("w", [TaskStarted(workflow_id="w", task=0, attempt=1, at=clock())])
-        is True
-    )
+    assert await coord.advance("w", [SubmitRequested(workflow_id="w")]) is False
     await coord.step()
     assert store.documents.puts["states"] == before
+    depth = await store.queues.depth(keys.COMPLETIONS_QUEUE)
+    assert depth.visible + depth.invisible == 1  # the submit event is not acknowledged

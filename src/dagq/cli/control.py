@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from dagq import graph
@@ -39,9 +40,15 @@ def run_cancel(store_url: str, workflow_id: str) -> int:
 
 def run_retry(store_url: str, workflow_id: str, tasks: list[str]) -> int:
     """``dagq retry``."""
-    with_client(store_url, lambda c: c.retry(workflow_id, tasks or None))
+    taken_up = with_client(store_url, lambda c: c.retry(workflow_id, tasks or None))
     which = ", ".join(tasks) if tasks else "all failed, upstream_failed and cancelled tasks"
     console().print(f"retry requested for {workflow_id}: {which}")
+    if not taken_up:
+        print(
+            "warning: no coordinator has taken the request up yet; it runs when one does "
+            "(start one: dagq coordinator)",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 
@@ -14,7 +16,7 @@ from dagq.coordinator import Coordinator
 from dagq.errors import DagqError, LeaseHeld
 from dagq.stores import open_store
 from dagq.stores.base import Store
-from dagq.worker import Worker, WorkerOptions
+from dagq.worker import TASK_THREAD_PREFIX, Worker, WorkerOptions
 
 log = logging.getLogger("dagq")
 
@@ -126,4 +128,24 @@ def run_worker(store_url: str, options: WorkerOptions) -> int:
         log.info("worker stopped after %d task(s)", worker.completed)
         return 0
 
-    return serve(body)
+    code = serve(body)
+    _leave_stuck_task_threads(code)
+    return code
+
+
+def _leave_stuck_task_threads(code: int) -> None:
+    """Exit at once if a Python task's thread outlived the grace period.
+
+    A thread cannot be killed, and the interpreter would wait for it before exiting;
+    its message is back in the queue already, so nothing is lost by leaving it.
+    """
+    deadline = time.monotonic() + 0.5  # idle pool threads need a moment to wind down
+    stuck = [t for t in threading.enumerate() if t.name.startswith(TASK_THREAD_PREFIX)]
+    for thread in stuck:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(thread.is_alive() for thread in stuck):
+        log.warning("leaving Python task(s) still running past the grace period")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

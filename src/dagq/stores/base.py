@@ -13,7 +13,7 @@ translate driver errors into :mod:`dagq.errors` at their boundary.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -254,6 +254,122 @@ class Leases(Protocol):
         ...
 
 
+# --- batches of writes -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutOp:
+    """``documents.put`` inside a batch."""
+
+    key: str
+    data: bytes
+    if_match: str | None = None
+    if_none_match: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteOp:
+    """``documents.delete`` (unconditional) inside a batch."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class SendOp:
+    """``queues.send`` inside a batch."""
+
+    queue: str
+    messages: Sequence[OutgoingMessage]
+
+
+@dataclass(frozen=True, slots=True)
+class AckOp:
+    """``queues.delete`` inside a batch."""
+
+    queue: str
+    receipts: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
+class UpsertOp:
+    """``index.upsert`` inside a batch."""
+
+    row: IndexRow
+
+
+BatchOp = PutOp | DeleteOp | SendOp | AckOp | UpsertOp
+#: Commits a list of operations; returns the etags of the puts, in order.
+Committer = Callable[[Sequence[BatchOp]], Awaitable[list[str]]]
+
+
+class Batch:
+    """Writes to commit together.
+
+    A backend with transactions (sqlite) commits them all or none, in one round trip;
+    elsewhere they run one after another in order and stop at the first failure, which
+    is exactly what the same calls made one by one would do. Either way a failed
+    conditional put raises ConflictError from :meth:`commit`.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.ops: list[BatchOp] = []
+
+    def put(
+        self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
+    ) -> int:
+        """Stage a document write; returns the position of its etag in commit()'s result."""
+        self.ops.append(PutOp(key, data, if_match, if_none_match))
+        return sum(isinstance(op, PutOp) for op in self.ops) - 1
+
+    def delete(self, key: str) -> None:
+        """Stage a document delete."""
+        self.ops.append(DeleteOp(key))
+
+    def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
+        """Stage messages to send."""
+        if messages:
+            self.ops.append(SendOp(queue, list(messages)))
+
+    def ack(self, queue: str, receipts: Sequence[str]) -> None:
+        """Stage the delete of received messages."""
+        if receipts:
+            self.ops.append(AckOp(queue, list(receipts)))
+
+    def upsert(self, row: IndexRow) -> None:
+        """Stage an index row."""
+        self.ops.append(UpsertOp(row))
+
+    async def commit(self) -> list[str]:
+        """Apply the staged writes; the etags of the puts, in order."""
+        ops, self.ops = self.ops, []
+        if not ops:
+            return []
+        if self._store.committer is not None:
+            return await self._store.committer(ops)
+        return await commit_in_order(self._store, ops)
+
+
+async def commit_in_order(store: Store, ops: Sequence[BatchOp]) -> list[str]:
+    """Apply batch operations one by one through the primitives."""
+    etags: list[str] = []
+    for op in ops:
+        if isinstance(op, PutOp):
+            etag = await store.documents.put(
+                op.key, op.data, if_match=op.if_match, if_none_match=op.if_none_match
+            )
+            etags.append(etag)
+        elif isinstance(op, DeleteOp):
+            await store.documents.delete(op.key)
+        elif isinstance(op, SendOp):
+            await store.queues.send(op.queue, op.messages)
+        elif isinstance(op, AckOp):
+            await store.queues.delete(op.queue, op.receipts)
+        else:
+            await store.index.upsert(op.row)
+    return etags
+
+
 # --- the bundle -------------------------------------------------------------
 
 
@@ -267,6 +383,12 @@ class Store:
     index: Index
     leases: Leases
     closers: list[Callable[[], Any]] = field(default_factory=list)
+    #: Commits a :class:`Batch` natively (e.g. in one transaction); None: in order.
+    committer: Committer | None = None
+
+    def batch(self) -> Batch:
+        """A new, empty batch of writes for this store."""
+        return Batch(self)
 
     async def close(self) -> None:
         """Release connections and threads; the store is unusable afterwards."""

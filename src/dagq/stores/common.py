@@ -169,14 +169,25 @@ class Wakeups:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._sends: dict[str, int] = {}
 
-    async def wait(self, queue: str, timeout_s: float) -> None:
-        """Return at the next ``notify(queue)``, or after ``timeout_s``."""
+    def sends(self, queue: str) -> int:
+        """How many sends to ``queue`` were announced so far (a receiver notes it)."""
+        return self._sends.get(queue, 0)
+
+    async def wait(self, queue: str, timeout_s: float, *, seen: int | None = None) -> None:
+        """Return at the next ``notify(queue)``, or after ``timeout_s``.
+
+        With ``seen`` (the ``sends`` count noted before the caller's last receive), a send
+        that came in between returns at once: no wakeup is lost to that race.
+        """
         if timeout_s <= 0:
             await asyncio.sleep(0)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         with self._lock:
+            if seen is not None and self._sends.get(queue, 0) != seen:
+                return
             self._waiters.setdefault(queue, set()).add(future)
         try:
             with contextlib.suppress(TimeoutError):
@@ -191,6 +202,7 @@ class Wakeups:
     def notify(self, queue: str) -> None:
         """Wake every current waiter of ``queue``."""
         with self._lock:
+            self._sends[queue] = self._sends.get(queue, 0) + 1
             waiters = self._waiters.pop(queue, set())
         for future in waiters:
             # The loop may be closed by now (a finished test); its waiter is gone too.

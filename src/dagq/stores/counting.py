@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from dagq.stores.base import Store
+from dagq.stores.base import BatchOp, Committer, Store
 
 
 class _Counted:
@@ -40,8 +40,21 @@ class _Counted:
         return counted
 
 
+def _counted_committer(committer: Committer, counts: Counter[str]) -> Committer:
+    async def commit(ops: Sequence[BatchOp]) -> list[str]:
+        counts["batch.commit"] += 1
+        counts["batch.commit:items"] += len(ops)
+        return await committer(ops)
+
+    return commit
+
+
 def counted(store: Store) -> tuple[Store, Counter[str]]:
-    """A counting view of ``store`` and the live counter it fills."""
+    """A counting view of ``store`` and the live counter it fills.
+
+    A batch committed natively (one transaction) counts as one ``batch.commit``; one
+    committed in order counts each operation under its primitive.
+    """
     counts: Counter[str] = Counter()
     view = Store(
         url=store.url,
@@ -50,5 +63,8 @@ def counted(store: Store) -> tuple[Store, Counter[str]]:
         index=_Counted(store.index, "index", counts),
         leases=_Counted(store.leases, "leases", counts),
         closers=[store.close],
+        committer=(
+            None if store.committer is None else _counted_committer(store.committer, counts)
+        ),
     )
     return view, counts

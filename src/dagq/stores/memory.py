@@ -113,6 +113,7 @@ class MemoryQueues:
         self._dead: dict[str, list[DeadLetter]] = {}
         self._seq = itertools.count()
         self._wakeups = Wakeups()
+        self._seen: dict[str, int] = {}
 
     async def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
         check_outgoing(queue, messages)
@@ -131,6 +132,7 @@ class MemoryQueues:
         self, queue: str, *, max_messages: int, visibility_timeout_s: float
     ) -> list[Message]:
         check_receive(max_messages, visibility_timeout_s)
+        self._seen[queue] = self._wakeups.sends(queue)
         now = self._clock()
         visible = sorted(
             (m for m in self._queues.get(queue, {}).values() if m.visible_at <= now),
@@ -182,7 +184,7 @@ class MemoryQueues:
         return QueueDepth(visible, len(queued) - visible, max(0.0, now - oldest))
 
     async def wait(self, queue: str, timeout_s: float) -> None:
-        await self._wakeups.wait(queue, timeout_s)
+        await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
 
     def _find(self, queue: str, receipt: str) -> _Queued | None:
         for queued in self._queues.get(queue, {}).values():

@@ -25,15 +25,20 @@ from typing import Any, TypeVar
 from dagq.errors import LeaseHeld, StoreUnavailable, ValidationError
 from dagq.stores.base import (
     DEFAULT_MAX_DELIVERIES,
+    AckOp,
+    BatchOp,
     Clock,
     DeadLetter,
+    DeleteOp,
     Document,
     IndexPage,
     IndexRow,
     Lease,
     Message,
     OutgoingMessage,
+    PutOp,
     QueueDepth,
+    SendOp,
     Store,
 )
 from dagq.stores.common import (
@@ -101,6 +106,7 @@ def open_sqlite_store(
         index=SqliteIndex(db),
         leases=SqliteLeases(db),
         closers=[db.close],
+        committer=_Committer(db, wakeups),
     )
 
 
@@ -150,7 +156,15 @@ def _immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 
 class _Database:
-    """One connection owned by one thread; ``run`` executes work there."""
+    """Two connections: a quick one used inline, a patient one on its own thread.
+
+    Most operations take tens of microseconds, less than handing them to a thread
+    costs, so they run inline on the caller's thread on a connection that never waits
+    for a lock. When another connection (another process, or our own patient one)
+    holds the write lock, that connection fails at once with nothing done, and the
+    operation is handed to the patient connection, whose thread waits for the lock so
+    the event loop never does.
+    """
 
     def __init__(self, path: Path, clock: Clock) -> None:
         self.path = path
@@ -159,13 +173,23 @@ class _Database:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dagq-sqlite")
         try:
             self._conn = self._executor.submit(_connect, path).result()
+            self._quick = _connect_quick(path)
         except BaseException:
             self._executor.shutdown(wait=False)
             raise
+        self._quick_thread = threading.get_ident()
 
     async def run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
         if self._closed:
             raise StoreUnavailable(f"sqlite store {self.path} is closed")
+        if threading.get_ident() == self._quick_thread:
+            try:
+                return work(self._quick)
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from exc
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from exc
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor, work, self._conn)
@@ -176,8 +200,26 @@ class _Database:
         if self._closed:
             return
         self._closed = True
+        self._quick.close()
         await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
         self._executor.shutdown(wait=True)
+
+
+def _connect_quick(path: Path) -> sqlite3.Connection:
+    """The inline connection: it never waits for a lock (busy timeout 0)."""
+    try:
+        conn = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 0")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.create_function("dead_letter_reason", 1, too_many_deliveries, deterministic=True)
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"cannot open sqlite store {path}: {exc}") from exc
+    return conn
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc)
+    return "locked" in text or "busy" in text
 
 
 class SqliteDocuments:
@@ -195,19 +237,8 @@ class SqliteDocuments:
         self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
     ) -> str:
         check_put(if_match, if_none_match)
-        etag = new_token()
-        sql = "INSERT INTO documents (key, data, etag) VALUES (?, ?, ?) ON CONFLICT (key) DO "
-        args: tuple[Any, ...] = (key, bytes(data), etag)
-        if if_none_match:
-            sql += "NOTHING"
-        elif if_match is None:
-            sql += "UPDATE SET data = excluded.data, etag = excluded.etag"
-        else:
-            sql = "UPDATE documents SET data = ?, etag = ? WHERE key = ? AND etag = ?"
-            args = (bytes(data), etag, key, if_match)
-        if await self._db.run(lambda c: c.execute(sql, args).rowcount) == 0:
-            raise conflict(key, if_match)
-        return etag
+        op = PutOp(key, data, if_match, if_none_match)
+        return await self._db.run(lambda c: _put(c, op))
 
     async def delete(self, key: str, *, if_match: str | None = None) -> bool:
         def work(c: sqlite3.Connection) -> bool:
@@ -245,6 +276,95 @@ class SqliteDocuments:
         return await self._db.run(work)
 
 
+def _put(c: sqlite3.Connection, op: PutOp) -> str:
+    """One conditional or plain document write (a single statement: atomic)."""
+    etag = new_token()
+    sql = "INSERT INTO documents (key, data, etag) VALUES (?, ?, ?) ON CONFLICT (key) DO "
+    args: tuple[Any, ...] = (op.key, bytes(op.data), etag)
+    if op.if_none_match:
+        sql += "NOTHING"
+    elif op.if_match is None:
+        sql += "UPDATE SET data = excluded.data, etag = excluded.etag"
+    else:
+        sql = "UPDATE documents SET data = ?, etag = ? WHERE key = ? AND etag = ?"
+        args = (bytes(op.data), etag, op.key, op.if_match)
+    if c.execute(sql, args).rowcount == 0:
+        raise conflict(op.key, op.if_match)
+    return etag
+
+
+_INSERT_MESSAGE = (
+    "INSERT OR IGNORE INTO messages (queue, id, body, enqueued_at, visible_at) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+_DELETE_MESSAGE = "DELETE FROM messages WHERE queue = ? AND receipt = ?"
+_UPSERT_ROW = (
+    "INSERT OR REPLACE INTO index_rows "
+    "(id, name, status, tenant, created_at, updated_at, row) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _message_rows(op: SendOp, now: float) -> list[tuple[Any, ...]]:
+    return [
+        (op.queue, m.id or new_message_id(), bytes(m.body), now, now + m.delay_s)
+        for m in op.messages
+    ]
+
+
+def _row_args(row: IndexRow) -> tuple[Any, ...]:
+    return (
+        row.id,
+        row.name,
+        row.status,
+        row.tenant,
+        row.created_at,
+        row.updated_at,
+        encode_row(row),
+    )
+
+
+def _apply(c: sqlite3.Connection, op: BatchOp, now: float, etags: list[str]) -> None:
+    """One batch operation, inside the caller's transaction."""
+    if isinstance(op, PutOp):
+        etags.append(_put(c, op))
+    elif isinstance(op, DeleteOp):
+        c.execute("DELETE FROM documents WHERE key = ?", (op.key,))
+    elif isinstance(op, SendOp):
+        c.executemany(_INSERT_MESSAGE, _message_rows(op, now))
+    elif isinstance(op, AckOp):
+        c.executemany(_DELETE_MESSAGE, [(op.queue, r) for r in op.receipts])
+    else:
+        c.execute(_UPSERT_ROW, _row_args(op.row))
+
+
+class _Committer:
+    """Commits a whole batch in one ``BEGIN IMMEDIATE`` transaction: all or nothing."""
+
+    def __init__(self, db: _Database, wakeups: Wakeups) -> None:
+        self._db = db
+        self._wakeups = wakeups
+
+    async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
+        for op in ops:
+            if isinstance(op, PutOp):
+                check_put(op.if_match, op.if_none_match)
+            elif isinstance(op, SendOp):
+                check_outgoing(op.queue, op.messages)
+        now = self._db.clock()
+
+        def work(c: sqlite3.Connection) -> list[str]:
+            etags: list[str] = []
+            with _immediate(c):
+                for op in ops:
+                    _apply(c, op, now, etags)
+            return etags
+
+        etags = await self._db.run(work)
+        for queue in {op.queue for op in ops if isinstance(op, SendOp)}:
+            self._wakeups.notify(queue)
+        return etags
+
+
 _DEAD_LETTER_OVERDUE = """
 INSERT INTO dead_letters (queue, id, body, dequeue_count, reason, dead_at)
 SELECT queue, id, body, dequeue_count, dead_letter_reason(dequeue_count), ?
@@ -268,22 +388,16 @@ class SqliteQueues:
     def __init__(self, db: _Database, wakeups: Wakeups, max_deliveries: int) -> None:
         self._db = db
         self._wakeups = wakeups
+        self._seen: dict[str, int] = {}
         self._max_deliveries = max_deliveries
 
     async def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
         check_outgoing(queue, messages)
-        now = self._db.clock()
-        rows = [
-            (queue, m.id or new_message_id(), bytes(m.body), now, now + m.delay_s) for m in messages
-        ]
-        sql = (
-            "INSERT OR IGNORE INTO messages (queue, id, body, enqueued_at, visible_at) "
-            "VALUES (?, ?, ?, ?, ?)"
-        )
+        rows = _message_rows(SendOp(queue, messages), self._db.clock())
 
         def work(c: sqlite3.Connection) -> None:
             with _immediate(c):
-                c.executemany(sql, rows)
+                c.executemany(_INSERT_MESSAGE, rows)
 
         await self._db.run(work)
         if rows:
@@ -293,6 +407,7 @@ class SqliteQueues:
         self, queue: str, *, max_messages: int, visibility_timeout_s: float
     ) -> list[Message]:
         check_receive(max_messages, visibility_timeout_s)
+        self._seen[queue] = self._wakeups.sends(queue)
         now = self._db.clock()
         most = self._max_deliveries
         overdue = (now, queue, most, now)
@@ -312,11 +427,11 @@ class SqliteQueues:
         return [Message(queue, row[1], row[2], row[3], row[4], row[5]) for row in rows]
 
     async def delete(self, queue: str, receipts: Sequence[str]) -> int:
-        sql = "DELETE FROM messages WHERE queue = ? AND receipt = ?"
-
         def work(c: sqlite3.Connection) -> int:
             with _immediate(c):
-                return sum(c.execute(sql, (queue, receipt)).rowcount for receipt in receipts)
+                return sum(
+                    c.execute(_DELETE_MESSAGE, (queue, receipt)).rowcount for receipt in receipts
+                )
 
         return await self._db.run(work)
 
@@ -370,7 +485,7 @@ class SqliteQueues:
         return QueueDepth(visible, total - visible, age)
 
     async def wait(self, queue: str, timeout_s: float) -> None:
-        await self._wakeups.wait(queue, timeout_s)
+        await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
 
 
 class SqliteIndex:
@@ -380,13 +495,8 @@ class SqliteIndex:
         self._db = db
 
     async def upsert(self, row: IndexRow) -> None:
-        sql = (
-            "INSERT OR REPLACE INTO index_rows "
-            "(id, name, status, tenant, created_at, updated_at, row) VALUES (?, ?, ?, ?, ?, ?, ?)"
-        )
-        args = (row.id, row.name, row.status, row.tenant, row.created_at, row.updated_at)
-        data = encode_row(row)
-        await self._db.run(lambda c: c.execute(sql, (*args, data)))
+        args = _row_args(row)
+        await self._db.run(lambda c: c.execute(_UPSERT_ROW, args))
 
     async def get(self, workflow_id: str) -> IndexRow | None:
         sql = "SELECT row FROM index_rows WHERE id = ?"

@@ -1,0 +1,130 @@
+"""``dagq coordinator``: one per store (by lease), logs its pace, stops cleanly.
+
+Each test runs real ``dagq coordinator`` processes on one scratch SQLite store and
+looks at the lease in the store itself.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dagq.stores.base import Lease, Store
+from tests.integration.cli_harness import DagqCli, wait_for_file, wait_until
+
+pytestmark = pytest.mark.timeout(30)
+
+PACE_LINE = re.compile(
+    r"(?P<events>[\d.]+) events/s, (?P<dispatched>[\d.]+) tasks dispatched/s, "
+    r"\d+ active workflow\(s\), \d+ event message\(s\) waiting \(oldest \d+s\)"
+)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[DagqCli]:
+    with DagqCli(tmp_path) as cli:
+        yield cli
+
+
+def test_second_coordinator_is_refused_naming_the_holder_and_the_lease_age(
+    cli: DagqCli,
+) -> None:
+    first = cli.start_coordinator()
+
+    second = cli.run("coordinator", timeout_s=15)
+
+    assert second.code != 0
+    assert f":{first.pid}:" in second.stderr  # the holder is host:pid:token
+    assert re.search(r"acquired \d+s ago", second.stderr), second.stderr
+    assert "--break-lease" in second.stderr
+    assert "Traceback" not in second.output
+    assert cli.holds_lease(first)
+
+
+def test_break_lease_takes_the_lease_from_a_running_coordinator(cli: DagqCli) -> None:
+    cli.start_coordinator()
+
+    second = cli.start_coordinator("--break-lease")
+
+    assert cli.holds_lease(second)
+
+
+def test_coordinator_takes_over_the_lease_of_a_killed_holder_on_this_host(cli: DagqCli) -> None:
+    first = cli.start_coordinator()
+    first.stop(signal.SIGKILL)
+    assert cli.lease() is not None  # a killed holder cannot release; the lease lives on
+
+    second = cli.start_coordinator()
+
+    assert cli.holds_lease(second)
+    assert "no longer running" in second.stderr()
+
+
+def test_coordinator_takes_over_an_expired_lease_of_another_host(cli: DagqCli) -> None:
+    async def hold(store: Store) -> Lease:
+        return await store.leases.acquire("coordinator", "elsewhere:4242:feed", 0.5)
+
+    cli.with_store(hold)
+    refused = cli.run("coordinator", timeout_s=15)
+    assert refused.code != 0
+    assert "elsewhere:4242:feed" in refused.stderr
+    wait_until(lambda: cli.lease() is None, timeout_s=5, what="the lease to expire")
+
+    taker = cli.start_coordinator()
+
+    assert cli.holds_lease(taker)
+
+
+def test_coordinator_logs_throughput_and_backlog_every_interval(cli: DagqCli) -> None:
+    coordinator = cli.start_coordinator("--log-interval", "0.2")
+    cli.start_worker("-q", "default")
+    cli.submit_here("two", {"name": "two", "tasks": [{"name": "a", "cmd": "true"}]})
+    assert cli.wait_for_end("two", timeout_s=10) == "completed"
+
+    def pace() -> list[re.Match[str]]:
+        found = list(PACE_LINE.finditer(coordinator.stderr()))
+        busy = [m for m in found if float(m["events"]) > 0 and float(m["dispatched"]) > 0]
+        return found if len(found) >= 3 and busy else []
+
+    wait_until(pace, timeout_s=5, what="three pace lines, one with work in it")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_signal_stops_the_coordinator_with_exit_0_and_releases_the_lease(
+    cli: DagqCli, sig: signal.Signals
+) -> None:
+    coordinator = cli.start_coordinator()
+
+    stopped = coordinator.stop(sig)
+
+    assert stopped.code == 0, stopped.output
+    assert "lease released" in stopped.stderr
+    assert "Traceback" not in stopped.output
+    assert cli.lease() is None
+
+
+def test_a_new_coordinator_finishes_the_workflow_a_stopped_one_left(cli: DagqCli) -> None:
+    first = cli.start_coordinator()
+    cli.start_worker("-q", "default")
+    cli.submit_here(
+        "chain",
+        {
+            "name": "chain",
+            "tasks": [
+                {"name": "a", "cmd": f"touch a.started; {wait_for_file('a.go')}"},
+                {"name": "b", "depends_on": ["a"], "cmd": "touch b.ran"},
+            ],
+        },
+    )
+    wait_until((cli.workdir / "a.started").exists, timeout_s=10, what="'a' to start")
+    assert first.stop(signal.SIGTERM).code == 0
+    (cli.workdir / "a.go").touch()  # 'a' ends while no coordinator runs
+
+    cli.start_coordinator()
+
+    assert cli.wait_for_end("chain", timeout_s=10) == "completed"
+    assert (cli.workdir / "b.ran").exists()

@@ -1,0 +1,363 @@
+"""The Python client: every operation, typed results, and its blocking facade.
+
+Most tests run a coordinator and a worker in this event loop on the memory store;
+the sync facade is tested from plain (non-async) code against a SQLite file served
+by a coordinator and a worker in another thread, as another process would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dagq import Workflow
+from dagq.client import (
+    Client,
+    Submission,
+    SyncClient,
+    TaskInfo,
+    WorkflowStatus,
+    WorkflowSummary,
+)
+from dagq.coordinator import Coordinator, CoordinatorOptions
+from dagq.errors import UsageError, WorkflowExists, WorkflowNotFound
+from dagq.history import HistoryEntry
+from dagq.messages import OUTPUT_INLINE_LIMIT
+from dagq.stores import open_store
+from dagq.stores.base import Store
+from dagq.stores.memory import open_memory_store
+from dagq.worker import Worker, WorkerOptions
+
+pytestmark = pytest.mark.timeout(30)
+
+FAST_COORDINATOR = CoordinatorOptions(sweep_interval_s=0.1, poll_interval_s=0.05)
+FAST_WORKER = WorkerOptions(
+    queues=("default",),
+    concurrency=4,
+    poll_interval_s=0.05,
+    cancel_check_s=0.1,
+    shutdown_grace_s=1.0,
+)
+
+#: Whether ``gated`` lets its caller through (flipped by a test, read by the worker).
+GATE = {"open": False}
+
+
+def gated() -> str:
+    """A Python task that fails until the gate is opened."""
+    if not GATE["open"]:
+        raise RuntimeError("the gate is closed")
+    return "through"
+
+
+def pipeline(name: str = "pipeline") -> Workflow:
+    """A shell task, a Python task fed by it, a large output and a skipped branch."""
+    wf = Workflow(name)
+    wf.shell("hello", 'echo hello; echo \'{"n": 2}\' > "$DAGQ_OUTPUT"')
+    wf.call(
+        "double",
+        "tests.sample_tasks:echo",
+        args={"n": "{{ inputs.hello.n }}"},
+        depends_on=["hello"],
+    )
+    wf.call("big", "tests.sample_tasks:big", args={"size": OUTPUT_INLINE_LIMIT + 1})
+    wf.shell("never", "true", depends_on=["double"], condition="inputs.double.n > 5")
+    return wf
+
+
+@pytest.fixture
+def store() -> Store:
+    return open_memory_store()
+
+
+@pytest.fixture
+async def client(store: Store) -> AsyncIterator[Client]:
+    async with Client(store) as client:
+        yield client
+
+
+@pytest.fixture
+async def cluster(store: Store) -> AsyncIterator[None]:
+    """A coordinator and a worker serving the memory store in this event loop."""
+    stop = asyncio.Event()
+    running = [
+        asyncio.create_task(Coordinator(store, FAST_COORDINATOR).run(stop)),
+        asyncio.create_task(Worker(store, FAST_WORKER).run(stop)),
+    ]
+    yield
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*running), 10)
+
+
+@pytest.fixture
+async def finished(client: Client, cluster: None) -> str:
+    """The id of a completed run of :func:`pipeline`."""
+    await client.submit(pipeline(), workflow_id="done")
+    status = await client.wait("done", timeout_s=10)
+    assert status.status == "completed", status
+    return "done"
+
+
+# --- submit ----------------------------------------------------------------------------
+
+
+async def test_submit_of_a_builder_and_of_its_yaml_file_is_the_same_workflow(
+    client: Client, tmp_path: Path
+) -> None:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(pipeline().to_yaml())
+
+    built = await client.submit(pipeline(), workflow_id="same")
+    loaded = await client.submit(path, workflow_id="same")
+    loaded_by_name = await client.submit(str(path), workflow_id="same")
+
+    assert built == Submission(id="same", created=True)
+    assert loaded == loaded_by_name == Submission(id="same", created=False)
+
+
+async def test_builder_and_yaml_file_run_to_the_same_result(
+    client: Client, cluster: None, tmp_path: Path
+) -> None:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(pipeline().to_yaml())
+    await client.submit(pipeline(), workflow_id="built")
+    await client.submit(path, workflow_id="loaded")
+
+    built = await client.wait("built", timeout_s=10)
+    loaded = await client.wait("loaded", timeout_s=10)
+
+    assert built.status == loaded.status == "completed"
+    assert built.counts == loaded.counts == {"completed": 3, "skipped": 1}
+    for task in ("hello", "double", "big"):
+        assert await client.output("built", task) == await client.output("loaded", task)
+
+
+async def test_submit_of_the_same_id_with_another_definition_is_refused(client: Client) -> None:
+    await client.submit(pipeline(), workflow_id="taken")
+
+    with pytest.raises(WorkflowExists, match="different definition"):
+        await client.submit(pipeline("other"), workflow_id="taken")
+
+
+# --- typed results -----------------------------------------------------------------------
+
+
+async def test_status_returns_a_typed_status_of_the_run(client: Client, finished: str) -> None:
+    status = await client.status(finished)
+
+    assert isinstance(status, WorkflowStatus)
+    assert status.terminal
+    assert (status.id, status.name, status.status) == (finished, "pipeline", "completed")
+    assert (status.total, status.done) == (4, 4)
+    assert status.failed == []
+
+
+async def test_list_returns_summaries_filtered_by_status_and_name(
+    client: Client, finished: str
+) -> None:
+    await client.submit(_one("other"), workflow_id="p")
+
+    everything = await client.list()
+    completed = await client.list(status="completed")
+    named = await client.list(name="other")
+
+    assert all(isinstance(row, WorkflowSummary) for row in everything)
+    assert {row.id for row in everything} == {finished, "p"}
+    assert [row.id for row in completed] == [finished]
+    assert [row.id for row in named] == ["p"]
+
+
+def _one(name: str, *, queue: str = "unserved", cmd: str = "true") -> Workflow:
+    """One shell task, by default on a queue no worker serves (so it never ends)."""
+    wf = Workflow(name)
+    wf.shell("a", cmd, queue=queue)
+    return wf
+
+
+async def test_list_refuses_an_unknown_status(client: Client) -> None:
+    with pytest.raises(UsageError, match="unknown workflow status 'bogus'"):
+        await client.list(status="bogus")
+
+
+async def test_tasks_returns_task_infos_filtered_by_state(client: Client, finished: str) -> None:
+    tasks = await client.tasks(finished)
+    skipped = await client.tasks(finished, state="skipped")
+
+    assert all(isinstance(task, TaskInfo) for task in tasks)
+    assert [(t.name, t.status, t.attempt) for t in tasks] == [
+        ("hello", "completed", 1),
+        ("double", "completed", 1),
+        ("big", "completed", 1),
+        ("never", "skipped", 0),
+    ]
+    assert [t.name for t in skipped] == ["never"]
+
+
+async def test_output_returns_inline_and_referenced_values(client: Client, finished: str) -> None:
+    assert await client.output(finished, "double") == {"n": 2}
+    assert await client.output(finished, "big") == "x" * (OUTPUT_INLINE_LIMIT + 1)
+
+
+async def test_output_of_a_skipped_task_is_refused(client: Client, finished: str) -> None:
+    with pytest.raises(UsageError, match="skipped"):
+        await client.output(finished, "never")
+
+
+async def test_logs_return_what_the_attempt_printed(client: Client, finished: str) -> None:
+    assert "hello" in await client.logs(finished, "hello")
+    assert "hello" in await client.logs(finished, "hello", attempt=1)
+
+
+async def test_events_return_history_entries_oldest_first(client: Client, finished: str) -> None:
+    events = await client.events(finished)
+
+    assert all(isinstance(e, HistoryEntry) for e in events)
+    assert events[0].kind == "submitted"
+    assert events[-1].kind == "workflow_completed"
+    assert ("completed", "double", 1) in [(e.kind, e.task, e.attempt) for e in events]
+
+
+async def test_wait_gives_up_with_timeout_error(client: Client) -> None:
+    await client.submit(_one("stuck"), workflow_id="stuck")  # no coordinator runs
+
+    with pytest.raises(TimeoutError, match="stuck"):
+        await client.wait("stuck", timeout_s=0.1)
+
+
+# --- cancel and retry ----------------------------------------------------------------------
+
+
+async def test_cancel_ends_a_running_workflow_cancelled(client: Client, cluster: None) -> None:
+    await client.submit(_one("long", queue="default", cmd="sleep 30"), workflow_id="long")
+    await _until(lambda: _status_of(client, "long", "a"), "running")
+
+    await client.cancel("long")
+    status = await client.wait("long", timeout_s=10)
+
+    assert status.status == "cancelled"
+    assert status.counts == {"cancelled": 1}
+
+
+async def test_retry_reruns_the_failed_task_and_wait_sees_the_new_run(
+    client: Client, cluster: None
+) -> None:
+    GATE["open"] = False
+    wf = Workflow("gated")
+    wf.shell("first", "true")
+    wf.call("gate", "tests.unit.test_client:gated", depends_on=["first"])
+    await client.submit(wf, workflow_id="gated")
+    assert (await client.wait("gated", timeout_s=10)).status == "failed"
+    GATE["open"] = True
+
+    taken_up = await client.retry("gated")
+    status = await client.wait("gated", timeout_s=10)
+
+    assert taken_up
+    assert status.status == "completed"
+    assert [(t.name, t.attempt) for t in await client.tasks("gated")] == [("first", 1), ("gate", 2)]
+
+
+async def test_retry_of_a_completed_workflow_is_refused(client: Client, finished: str) -> None:
+    with pytest.raises(UsageError, match="nothing to retry"):
+        await client.retry(finished)
+
+
+# --- unknown ids ---------------------------------------------------------------------------
+
+UNKNOWN_ID_CALLS: dict[str, Callable[[Client], Awaitable[Any]]] = {
+    "status": lambda c: c.status("ghost"),
+    "tasks": lambda c: c.tasks("ghost"),
+    "output": lambda c: c.output("ghost", "a"),
+    "logs": lambda c: c.logs("ghost", "a"),
+    "events": lambda c: c.events("ghost"),
+    "cancel": lambda c: c.cancel("ghost"),
+    "retry": lambda c: c.retry("ghost"),
+    "wait": lambda c: c.wait("ghost", timeout_s=1),
+}
+
+
+@pytest.mark.parametrize("call", UNKNOWN_ID_CALLS.values(), ids=UNKNOWN_ID_CALLS.keys())
+async def test_unknown_id_raises_workflow_not_found(
+    client: Client, call: Callable[[Client], Awaitable[Any]]
+) -> None:
+    with pytest.raises(WorkflowNotFound, match="ghost"):
+        await call(client)
+
+
+# --- the blocking facade -------------------------------------------------------------------
+
+
+async def _status_of(client: Client, workflow_id: str, task: str) -> str:
+    return next(t.status for t in await client.tasks(workflow_id) if t.name == task)
+
+
+async def _until(read: Callable[[], Awaitable[str]], wanted: str, timeout_s: float = 10) -> None:
+    async with asyncio.timeout(timeout_s):
+        while await read() != wanted:
+            await asyncio.sleep(0.01)
+
+
+@contextmanager
+def served(url: str) -> Iterator[None]:
+    """A coordinator and a worker on the store at ``url``, in a thread of their own."""
+    ready = threading.Event()
+    control: dict[str, Any] = {}
+
+    async def serve() -> None:
+        store = open_store(url)
+        stop = asyncio.Event()
+        control.update(loop=asyncio.get_running_loop(), stop=stop)
+        ready.set()
+        try:
+            await asyncio.gather(
+                Coordinator(store, FAST_COORDINATOR).run(stop), Worker(store, FAST_WORKER).run(stop)
+            )
+        finally:
+            await store.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), name="dagq-served")
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield
+    finally:
+        control["loop"].call_soon_threadsafe(control["stop"].set)
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def test_sync_facade_runs_every_operation_from_plain_code(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'dagq.db'}"
+    with served(url), Client(url).sync() as client:
+        submitted = client.submit(pipeline(), workflow_id="sync")
+        status = client.wait("sync", timeout_s=10)
+        tasks = client.tasks("sync")
+        listed = client.list()
+        output = client.output("sync", "double")
+        logs = client.logs("sync", "hello")
+        events = client.events("sync")
+
+    assert submitted == Submission(id="sync", created=True)
+    assert isinstance(status, WorkflowStatus)
+    assert status.status == "completed"
+    assert [t.status for t in tasks] == ["completed", "completed", "completed", "skipped"]
+    assert [row.id for row in listed] == ["sync"]
+    assert output == {"n": 2}
+    assert "hello" in logs
+    assert events[-1].kind == "workflow_completed"
+
+
+def test_sync_client_of_a_url_raises_workflow_not_found_for_an_unknown_id(
+    tmp_path: Path,
+) -> None:
+    with SyncClient(f"sqlite:///{tmp_path / 'dagq.db'}") as client:
+        assert client.submit(_one("x"), workflow_id="x").created
+        assert client.status("x").status == "pending"
+        with pytest.raises(WorkflowNotFound, match="ghost"):
+            client.status("ghost")
