@@ -133,8 +133,9 @@ def workflow_status(name: str, plan: Plan, st: RunState) -> WorkflowStatus:
 class Client:
     """Operations on the workflows of one store."""
 
-    def __init__(self, store: Store | str) -> None:
-        self.store = open_store(store) if isinstance(store, str) else store
+    def __init__(self, store: Store | str, *, create: bool = True) -> None:
+        """``store`` is a Store or a URL; ``create=False`` refuses a store that does not exist."""
+        self.store = open_store(store, create=create) if isinstance(store, str) else store
         self._owns_store = isinstance(store, str)
 
     async def close(self) -> None:
@@ -242,7 +243,10 @@ class Client:
         return await read_history(self.store, workflow_id)
 
     async def cancel(self, workflow_id: str, reason: str = "cancelled by request") -> None:
-        """Ask the coordinator to cancel a run."""
+        """Ask the coordinator to cancel a run (an error if it has already ended)."""
+        status = await self.status(workflow_id)
+        if status.terminal:
+            raise UsageError(f"workflow {workflow_id} already {status.status}; nothing to cancel")
         await request_cancel(self.store, workflow_id, reason)
 
     async def retry(

@@ -132,6 +132,7 @@ class Coordinator:
     async def run(self, stop: asyncio.Event, *, break_lease: bool = False) -> None:
         """Hold the lease and advance workflows until ``stop`` is set."""
         await self.lease.acquire(force=break_lease)
+        log.info("coordinator %s holds the lease on %s", self.lease.owner, self.store.url)
         keeper = asyncio.create_task(self.lease.keep(), name="dagq-lease")
         try:
             while not stop.is_set():

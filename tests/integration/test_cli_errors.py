@@ -69,7 +69,10 @@ CASES = {
         "list", "--store", "azure://acct/prefix", mentions=("azure", "not available")
     ),
     "status-unreachable-store": case(
-        "status", "x", "--store", UNREACHABLE, mentions=("cannot open",)
+        "status", "x", "--store", UNREACHABLE, mentions=("no dagq store at /dev/null/dagq.db",)
+    ),
+    "list-mistyped-store": case(
+        "list", "--store", "sqlite:////tmp/no/such/dagq.db", mentions=("no dagq store at",)
     ),
     "coordinator-unreachable-store": case(
         "coordinator", "--store", UNREACHABLE, mentions=("cannot open",)

@@ -7,6 +7,7 @@ then put into the condition under test through the storage API.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 
 from dagq import keys
 from dagq.cli import main as dagq_main
+from dagq.stores import open_store
 from dagq.stores.base import OutgoingMessage, Store
 from tests.integration.cli_harness import DagqCli
 
@@ -71,10 +73,20 @@ def findings(cli: DagqCli) -> tuple[int, dict[str, dict[str, str]]]:
 
 
 def test_doctor_exits_0_on_an_empty_store(cli: DagqCli) -> None:
+    asyncio.run(open_store(cli.store_url).close())  # exists, holds nothing
+
     code, found = findings(cli)
 
     assert code == 0
     assert {f["level"] for f in found.values()} == {"ok"}
+
+
+def test_doctor_fails_on_a_store_that_does_not_exist(cli: DagqCli) -> None:
+    code, found = findings(cli)
+
+    assert code == 1
+    assert found["store"]["level"] == "fail"
+    assert "no dagq store at" in found["store"]["detail"]
 
 
 def test_doctor_fails_with_a_fix_when_an_unfinished_workflow_has_no_coordinator(

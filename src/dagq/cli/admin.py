@@ -6,7 +6,7 @@ from rich.text import Text
 
 from dagq.cli.inspect import EXIT_FAILED, EXIT_OK, console, print_json, with_client
 from dagq.client import Client
-from dagq.errors import UsageError
+from dagq.errors import StoreUnavailable, UsageError
 from dagq.maintenance import Finding, diagnose, purge, purge_older_than
 
 _MARKS = {"ok": ("✔", "green"), "warn": ("!", "yellow"), "fail": ("✘", "bold red")}
@@ -18,7 +18,10 @@ def run_doctor(store_url: str, *, as_json: bool) -> int:
     async def body(client: Client) -> list[Finding]:
         return await diagnose(client.store)
 
-    findings = with_client(store_url, body)
+    try:
+        findings = with_client(store_url, body)
+    except StoreUnavailable as exc:
+        findings = [Finding("fail", "store", str(exc), "check --store or DAGQ_STORE")]
     if as_json:
         print_json(findings)
     else:

@@ -22,7 +22,9 @@ def run_submit(
     definition = load_definition(file)
     overrides = dict(parse_param(p) for p in params)
     submission = with_client(
-        store_url, lambda c: c.submit(definition, params=overrides, workflow_id=workflow_id)
+        store_url,
+        lambda c: c.submit(definition, params=overrides, workflow_id=workflow_id),
+        create=True,
     )
     if as_json:
         print_json(submission)
@@ -55,7 +57,7 @@ def run_retry(store_url: str, workflow_id: str, tasks: list[str]) -> int:
 def run_graph(store_url: str, target: str, fmt: str) -> int:
     """``dagq graph``: a file is drawn as defined; an id with its task states."""
     path = Path(target)
-    if path.suffix in (".yaml", ".yml", ".json", ".py") and path.exists():
+    if path.suffix in (".yaml", ".yml", ".json", ".py"):  # a missing file says so
         nodes = _nodes(load_definition(path), None)
     else:
         nodes = with_client(store_url, lambda c: _submitted_nodes(c, target))

@@ -33,11 +33,13 @@ def console() -> Console:
     return Console(highlight=False)
 
 
-def with_client(store_url: str, body: Callable[[Client], Awaitable[T]]) -> T:
-    """Open the store, run ``body`` with a client, close it."""
+def with_client(
+    store_url: str, body: Callable[[Client], Awaitable[T]], *, create: bool = False
+) -> T:
+    """Open the store (which must exist unless ``create``), run ``body``, close it."""
 
     async def main() -> T:
-        async with Client(store_url) as client:
+        async with Client(store_url, create=create) as client:
             return await body(client)
 
     return asyncio.run(main())

@@ -63,7 +63,6 @@ def run_coordinator(store_url: str, *, break_lease: bool, log_interval_s: float)
         coordinator = Coordinator(store)
         reporter = asyncio.create_task(_report(coordinator, store, log_interval_s))
         try:
-            log.info("coordinator %s serving %s", coordinator.lease.owner, store.url)
             await coordinator.run(stop, break_lease=break_lease)
         except LeaseHeld as held:
             log.error(

@@ -22,13 +22,20 @@ __all__ = ["Store", "open_memory_store", "open_sqlite_store", "open_store"]
 
 
 def open_store(
-    url: str, *, clock: Clock = time.time, max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    url: str,
+    *,
+    clock: Clock = time.time,
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+    create: bool = True,
 ) -> Store:
-    """Open the store a URL names; an unknown scheme raises ValidationError."""
+    """Open the store a URL names; an unknown scheme raises ValidationError.
+
+    ``create=False`` (for commands that only look) refuses a store that does not exist.
+    """
     if url == "memory://":
         return open_memory_store(url, clock=clock, max_deliveries=max_deliveries)
     if url.startswith("sqlite:") or ("://" not in url and url.endswith(".db")):
-        return open_sqlite_store(url, clock=clock, max_deliveries=max_deliveries)
+        return open_sqlite_store(url, clock=clock, max_deliveries=max_deliveries, create=create)
     if url.startswith("azure://"):
         raise ValidationError(
             f"store URL {url!r}: the azure backend is not available yet; "

@@ -90,12 +90,22 @@ def open_sqlite_store(
     *,
     clock: Clock = time.time,
     max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+    create: bool = True,
 ) -> Store:
-    """Open (creating if needed) the store in one sqlite file; also takes a sqlite URL."""
+    """Open the store in one sqlite file (also given as a sqlite URL).
+
+    ``create=False`` refuses a file that does not exist yet, so a mistyped path is an
+    error rather than a new, empty store.
+    """
     check_max_deliveries(max_deliveries)
     file = (
         path_from_url(path) if isinstance(path, str) and path.startswith("sqlite:") else Path(path)
     )
+    if not create and not file.exists():
+        raise StoreUnavailable(
+            f"no dagq store at {file}: nothing was ever submitted there; "
+            "check --store or DAGQ_STORE"
+        )
     db = _Database(file, clock)
     with _WAKEUPS_LOCK:
         wakeups = _WAKEUPS.setdefault(file.resolve(), Wakeups())
