@@ -212,7 +212,10 @@ class Coordinator:
         """
         ids = list(grouped)
         try:
-            entries = await asyncio.gather(*(self._entry(i) for i in ids))
+            if len(ids) == 1:  # the common case when events trickle in: skip gather's tasks
+                entries = [await self._entry(ids[0])]
+            else:
+                entries = list(await asyncio.gather(*(self._entry(i) for i in ids)))
             now = self.clock()
             batch = self.store.batch()
             flushes = []

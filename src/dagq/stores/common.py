@@ -204,7 +204,14 @@ class Wakeups:
         with self._lock:
             self._sends[queue] = self._sends.get(queue, 0) + 1
             waiters = self._waiters.pop(queue, set())
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
         for future in waiters:
+            if future.get_loop() is here:  # same loop: no need to wake it through its pipe
+                _wake(future)
+                continue
             # The loop may be closed by now (a finished test); its waiter is gone too.
             with contextlib.suppress(RuntimeError):
                 future.get_loop().call_soon_threadsafe(_wake, future)
