@@ -61,6 +61,31 @@ def counts_text(counts: dict[str, int]) -> Text:
     return text
 
 
+def progress_lines(
+    *,
+    name: str,
+    workflow_id: str,
+    status: str,
+    done: int,
+    total: int,
+    rate: float,
+    elapsed: float,
+    eta: str | None = None,
+) -> list[Any]:
+    """Name, id and state; then a progress bar with count, rate, elapsed (and ETA)."""
+    head = Text.assemble(
+        (name, "bold"), "  ", (workflow_id, "dim"), "  ", (status, STYLES.get(status, "bold"))
+    )
+    bar = Table.grid(padding=(0, 1))
+    timing = f"{rate:,.1f} tasks/s  elapsed {duration(elapsed)}"
+    bar.add_row(
+        ProgressBar(total=max(total, 1), completed=done, width=40),
+        Text(f"{done:,}/{total:,}  {100 * done / max(total, 1):.0f}%"),
+        Text(timing + (f"  eta {eta}" if eta is not None else ""), style="dim"),
+    )
+    return [head, bar]
+
+
 class LiveProgress:
     """The live view of one run: bar, counts, rate, elapsed, tasks running now."""
 
@@ -104,21 +129,16 @@ class LiveProgress:
             self._last_plain, self._last_line = now, line
 
     def _render(self, plan: Plan, st: RunState, done: int, elapsed: float, rate: float) -> Group:
-        total = st.n_tasks
-        head = Text.assemble(
-            (self.name, "bold"),
-            "  ",
-            (self.workflow_id, "dim"),
-            "  ",
-            (st.status, STYLES.get(st.status, "bold")),
+        parts = progress_lines(
+            name=self.name,
+            workflow_id=self.workflow_id,
+            status=st.status,
+            done=done,
+            total=st.n_tasks,
+            rate=rate,
+            elapsed=elapsed,
         )
-        bar = Table.grid(padding=(0, 1))
-        bar.add_row(
-            ProgressBar(total=max(total, 1), completed=done, width=40),
-            Text(f"{done:,}/{total:,}  {100 * done / max(total, 1):.0f}%"),
-            Text(f"{rate:,.1f} tasks/s  elapsed {duration(elapsed)}", style="dim"),
-        )
-        parts: list[Any] = [head, bar, counts_text(st.count_map())]
+        parts.append(counts_text(st.count_map()))
         running = [i for i, c in enumerate(st.task_status) if c == TaskStatus.RUNNING]
         if running:
             now = time.time()

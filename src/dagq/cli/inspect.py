@@ -16,11 +16,10 @@ from typing import Any, TypeVar
 import msgspec
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress_bar import ProgressBar
 from rich.table import Column, Table
 from rich.text import Text
 
-from dagq.cli.display import STYLES, counts_text, duration, first_line
+from dagq.cli.display import STYLES, counts_text, duration, first_line, progress_lines
 from dagq.client import Client, WorkflowStatus
 from dagq.errors import DagqError
 
@@ -69,20 +68,17 @@ def status_view(status: WorkflowStatus, now: float) -> Group:
     rate = status.done / elapsed if elapsed > 0 else 0.0
     remaining = status.total - status.done
     eta = "-" if status.terminal or rate <= 0 else duration(remaining / rate)
-    head = Text.assemble(
-        (status.name, "bold"),
-        "  ",
-        (status.id, "dim"),
-        "  ",
-        (status.status, STYLES.get(status.status, "bold")),
+    parts = progress_lines(
+        name=status.name,
+        workflow_id=status.id,
+        status=status.status,
+        done=status.done,
+        total=status.total,
+        rate=rate,
+        elapsed=elapsed,
+        eta=eta,
     )
-    bar = Table.grid(padding=(0, 1))
-    bar.add_row(
-        ProgressBar(total=max(status.total, 1), completed=status.done, width=40),
-        Text(f"{status.done:,}/{status.total:,}"),
-        Text(f"{rate:,.1f} tasks/s  elapsed {duration(elapsed)}  eta {eta}", style="dim"),
-    )
-    parts: list[Any] = [head, bar, counts_text(status.counts)]
+    parts.append(counts_text(status.counts))
     if status.error:
         parts.append(Text(f"error: {status.error}", style="red"))
     if status.failed:
