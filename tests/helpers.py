@@ -14,7 +14,7 @@ from dagq.state import RunState, TaskStatus
 def definition(tasks: list[dict[str, Any]], **workflow: Any) -> Any:
     """A validated definition from task dicts (shell tasks by default)."""
     for task in tasks:
-        if not {"cmd", "call", "kwargs"} & set(task):
+        if not {"cmd", "call", "kwargs", "sleep_s", "wait_for"} & set(task):
             task["cmd"] = "true"
     return load_data({"name": "test", "tasks": tasks, **workflow}, source="test")
 

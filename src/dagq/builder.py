@@ -22,14 +22,34 @@ from typing import Any, TypeVar
 import msgspec
 import yaml
 
-from dagq.definition import Defaults, RetryPolicy, ShellKwargs, TaskDef, WorkflowDef
+from dagq.definition import (
+    Defaults,
+    Loop,
+    RetryPolicy,
+    ShellKwargs,
+    TaskDef,
+    WaitFor,
+    WorkflowDef,
+)
 from dagq.errors import ValidationError
 from dagq.loading import load_data
 
 F = TypeVar("F", bound=Callable[..., Any])
 Dependency = str | Callable[..., Any]
 
-_TASK_OPTIONS = frozenset({"queue", "dep_policy", "timeout_s", "num_retries", "condition", "retry"})
+_TASK_OPTIONS = frozenset(
+    {
+        "queue",
+        "dep_policy",
+        "timeout_s",
+        "num_retries",
+        "condition",
+        "retry",
+        "loop",
+        "cancel_remaining",
+        "task_deadline_s",
+    }
+)
 
 
 class Workflow:
@@ -97,6 +117,34 @@ class Workflow:
             task["args"] = args
         return self._add(task, depends_on, options)
 
+    def sleep(
+        self,
+        name: str,
+        seconds: float | str,
+        *,
+        depends_on: Iterable[Dependency] = (),
+        **options: Any,
+    ) -> str:
+        """Add a durable timer: it completes ``seconds`` later (a number, or an expression
+        over inputs and params), holding no worker, whatever restarts happen meanwhile."""
+        return self._add({"name": name, "sleep_s": seconds}, depends_on, options)
+
+    def wait_for(
+        self,
+        name: str,
+        signal: str,
+        *,
+        timeout_s: float | None = None,
+        on_timeout: str = "fail",
+        depends_on: Iterable[Dependency] = (),
+        **options: Any,
+    ) -> str:
+        """Add a wait for a signal (``dagq signal``): its data becomes the task's output."""
+        wait: dict[str, Any] = {"signal": signal, "on_timeout": on_timeout}
+        if timeout_s is not None:
+            wait["timeout_s"] = timeout_s
+        return self._add({"name": name, "wait_for": wait}, depends_on, options)
+
     def task(
         self,
         name: str | None = None,
@@ -160,7 +208,7 @@ class Workflow:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, RetryPolicy | Defaults | ShellKwargs | TaskDef):
+    if isinstance(value, RetryPolicy | Defaults | ShellKwargs | TaskDef | Loop | WaitFor):
         return msgspec.to_builtins(value)
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}

@@ -24,10 +24,18 @@ from dagq.errors import UsageError
 from dagq.history import HistoryEntry, read_history
 from dagq.loading import load_file
 from dagq.plan import Plan
-from dagq.state import BAD, UNSET, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL, RunState, TaskStatus
+from dagq.state import (
+    BAD,
+    TERMINAL,
+    UNSET,
+    WORKFLOW_ACTIVE,
+    WORKFLOW_TERMINAL,
+    RunState,
+    TaskStatus,
+)
 from dagq.stores import open_store
 from dagq.stores.base import IndexRow, Store
-from dagq.submission import request_cancel, request_retry, submit
+from dagq.submission import request_cancel, request_retry, request_signal, submit
 from dagq.views import load_run
 
 T = TypeVar("T")
@@ -241,6 +249,21 @@ class Client:
         """The run's history, oldest first."""
         await load_run(self.store, workflow_id)
         return await read_history(self.store, workflow_id)
+
+    async def signal(self, workflow_id: str, name: str, data: Any = None) -> None:
+        """Send a signal (an approval, a decision, with ``data``) to a workflow.
+
+        Kept until a task waits for it, so a signal may come early. Refused when no task
+        waits for that signal, when those that do have finished, or when the run ended.
+        """
+        _, plan, st = await load_run(self.store, workflow_id)
+        if st.status in WORKFLOW_TERMINAL:
+            raise UsageError(f"workflow {workflow_id} already {st.status}; signals no longer count")
+        waiting = [t for t in plan.tasks if t.wait is not None and t.wait.signal == name]
+        if waiting and all(st.task_status[t.index] in TERMINAL for t in waiting):
+            names = ", ".join(t.name for t in waiting)
+            raise UsageError(f"task(s) {names} waiting for '{name}' already finished")
+        await request_signal(self.store, workflow_id, name, data)
 
     async def cancel(self, workflow_id: str, reason: str = "cancelled by request") -> None:
         """Ask the coordinator to cancel a run (an error if it has already ended)."""

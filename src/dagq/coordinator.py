@@ -77,6 +77,7 @@ class Entry:
     tenant: str
     deadlines: list[tuple[float, int, int]] = field(default_factory=list)
     repairs: list[tuple[float, int, int]] = field(default_factory=list)
+    timers: list[tuple[float, int]] = field(default_factory=list)
     unsent: list[Outgoing] = field(default_factory=list)
 
 
@@ -229,6 +230,7 @@ class Coordinator:
                 for event in events:
                     machine.apply(entry.plan, entry.state, event, now, fx)
                 self._track_deadlines(entry, events)
+                _track_timers(entry, fx.timers)
                 flushes.append(self._stage(batch, entry, fx))
             batch.ack(keys.COMPLETIONS_QUEUE, receipts)
             if self.lease.lost:
@@ -286,6 +288,7 @@ class Coordinator:
             for event in events:
                 machine.apply(entry.plan, entry.state, event, now, fx)
             self._track_deadlines(entry, events)
+            _track_timers(entry, fx.timers)
             try:
                 await self._flush(entry, fx)
                 return True
@@ -320,7 +323,7 @@ class Coordinator:
             st.history_seq += 1
         staged = stage_state(batch, st, entry.stored)
         outgoing = [task_message(entry.plan, st, d) for d in fx.dispatch]
-        for key, data in (o.inputs_doc for o in outgoing if o.inputs_doc):
+        for key, data in (doc for o in outgoing for doc in o.documents):
             batch.put(key, data)
         by_queue: dict[str, list[OutgoingMessage]] = defaultdict(list)
         for o in outgoing:
@@ -328,7 +331,7 @@ class Coordinator:
         for queue, messages in by_queue.items():
             batch.send(queue, messages)
         if fx.stop:
-            batch.put(keys.control(workflow_id), b"cancel")
+            batch.put(keys.control(workflow_id), control_document(st))
         if fx.finished:
             batch.delete(keys.control(workflow_id))
         batch.upsert(index_row(entry))
@@ -352,7 +355,7 @@ class Coordinator:
         if not outgoing:
             return
         try:
-            for key, data in (o.inputs_doc for o in outgoing if o.inputs_doc):
+            for key, data in (doc for o in outgoing for doc in o.documents):
                 await self.store.documents.put(key, data)
             by_queue: dict[str, list[OutgoingMessage]] = defaultdict(list)
             for o in outgoing:
@@ -429,6 +432,7 @@ class Coordinator:
         if st.status in WORKFLOW_ACTIVE:
             self._schedule_repairs(entry)
             self._track_deadlines(entry, ())
+            _track_timers(entry, [(when, i) for i, when in st.wake_at.items()])
             await self._resolve_all(entry)
         return entry
 
@@ -453,28 +457,25 @@ class Coordinator:
             started = [e.task for e in events if isinstance(e, TaskStarted)]
         else:
             started = [i for i, c in enumerate(st.task_status) if c == TaskStatus.RUNNING]
-        grace = self.options.timeout_grace_s
         for i in started:
-            timeout = plan.tasks[i].timeout_s if 0 <= i < len(plan.tasks) else None
-            if timeout and st.task_status[i] == TaskStatus.RUNNING:
-                due = st.started_at[i] + timeout + grace
+            if not 0 <= i < len(plan.tasks) or st.task_status[i] != TaskStatus.RUNNING:
+                continue
+            limit = attempt_limit(plan, st, i)
+            if limit is not None:
+                due = limit + self.options.timeout_grace_s
                 heapq.heappush(entry.deadlines, (due, i, st.attempt[i]))
 
     async def _resolve_refs(self, entry: Entry, events: list[Event]) -> None:
         """Load outputs stored by reference that a condition is about to read."""
         for e in events:
-            if (
-                isinstance(e, TaskFinished)
-                and e.output_ref
-                and _feeds_condition(entry.plan, e.task)
-            ):
+            if isinstance(e, TaskFinished) and e.output_ref and _value_needed(entry.plan, e.task):
                 await self._resolve(entry.state, e.output_ref)
             elif isinstance(e, RetryRequested):
                 await self._resolve_all(entry)
 
     async def _resolve_all(self, entry: Entry) -> None:
         for i, ref in list(entry.state.output_refs.items()):
-            if _feeds_condition(entry.plan, i):
+            if _value_needed(entry.plan, i):
                 await self._resolve(entry.state, ref)
 
     async def _resolve(self, st: RunState, ref: str) -> None:
@@ -509,13 +510,16 @@ class Coordinator:
             machine.cancel(plan, st, now, fx, reason, final="failed")
         while entry.deadlines and entry.deadlines[0][0] <= now:
             _, i, attempt = heapq.heappop(entry.deadlines)
-            timeout = plan.tasks[i].timeout_s or 0
-            limit = st.started_at[i] + timeout + self.options.timeout_grace_s
-            if st.task_status[i] == TaskStatus.RUNNING and st.attempt[i] == attempt:
-                if limit <= now:
-                    machine.expire_attempt(plan, st, now, fx, task=i, attempt=attempt)
-                else:
-                    heapq.heappush(entry.deadlines, (limit, i, attempt))
+            if st.task_status[i] != TaskStatus.RUNNING or st.attempt[i] != attempt:
+                continue
+            limit = (attempt_limit(plan, st, i) or now) + self.options.timeout_grace_s
+            if limit <= now:
+                machine.expire_attempt(plan, st, now, fx, task=i, attempt=attempt)
+            else:  # redelivered and restarted since: the limit moved
+                heapq.heappush(entry.deadlines, (limit, i, attempt))
+        while entry.timers and entry.timers[0][0] <= now:
+            _, i = heapq.heappop(entry.timers)
+            machine.wake(plan, st, now, fx, task=i)
         if st.status == "cancelling" and now > st.cancelled_at + self.options.cancel_grace_s:
             machine.abandon_running(plan, st, now, fx)
         try:
@@ -562,11 +566,39 @@ class Coordinator:
                 return
 
 
-def _feeds_condition(plan: Plan, task: int) -> bool:
-    """Does some child of ``task`` have a condition (that may read its output)?"""
+def _value_needed(plan: Plan, task: int) -> bool:
+    """Will the coordinator read this task's output (a child's condition or computed
+    timer, or the task's own loop)?"""
     if not 0 <= task < len(plan.tasks):
         return False
-    return any(plan.tasks[c].condition is not None for c in plan.tasks[task].children)
+    if plan.tasks[task].loop is not None:
+        return True
+    return any(
+        plan.tasks[c].condition is not None or not isinstance(plan.tasks[c].sleep, float | None)
+        for c in plan.tasks[task].children
+    )
+
+
+def _track_timers(entry: Entry, timers: Iterable[tuple[float, int]]) -> None:
+    for timer in timers:
+        heapq.heappush(entry.timers, timer)
+
+
+def attempt_limit(plan: Plan, st: RunState, i: int) -> float | None:
+    """When the running attempt of ``i`` must end: its timeout or its task's deadline."""
+    task = plan.tasks[i]
+    limits = []
+    if task.timeout_s:
+        limits.append(st.started_at[i] + task.timeout_s)
+    if task.task_deadline_s and i in st.round_started:
+        limits.append(st.round_started[i] + task.task_deadline_s)
+    return min(limits) if limits else None
+
+
+def control_document(st: RunState) -> bytes:
+    """What workers must stop: everything (a cancelled run) or some attempts (lost races)."""
+    stop_all = st.status == "cancelling"
+    return msgspec.json.encode({"all": stop_all, "tasks": st.stop_requests})
 
 
 def index_row(entry: Entry) -> IndexRow:

@@ -16,7 +16,7 @@ ResultPolicy = Literal["all_sinks_succeed", "all_tasks_succeed"]
 
 #: Task fields reserved for later versions; a definition using them is refused
 #: with a message that says so, rather than an "unknown field".
-RESERVED_TASK_FIELDS = ("foreach", "loop", "compensate", "wait_for", "sleep_s", "priority")
+RESERVED_TASK_FIELDS = ("foreach", "compensate", "priority")
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, description="A duration in seconds (> 0).")]
 Command = str | list[str]
@@ -37,6 +37,42 @@ class RetryPolicy(_Strict, frozen=True, kw_only=True):
         msgspec.Meta(ge=0, le=1, description="Fraction of the delay randomised (0 to 1)."),
     ] = 0.1
     non_retryable_exit_codes: list[int] = msgspec.field(default_factory=list)
+    retry_on: Annotated[
+        list[str],
+        msgspec.Meta(description="Only these exception types (class names) are retried."),
+    ] = msgspec.field(default_factory=list)
+    no_retry_on: Annotated[
+        list[str], msgspec.Meta(description="These exception types (class names) fail at once.")
+    ] = msgspec.field(default_factory=list)
+    max_total_delay_s: (
+        Annotated[
+            float,
+            msgspec.Meta(
+                ge=0, description="Fail instead of retrying once the delays would pass this."
+            ),
+        ]
+        | None
+    ) = None
+
+
+SignalName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,99}$")]
+
+
+class WaitFor(_Strict, frozen=True, kw_only=True):
+    """Wait, holding no worker, for a signal (``dagq signal``) or a person's approval."""
+
+    signal: SignalName
+    timeout_s: Seconds | None = None
+    on_timeout: Literal["fail", "skip"] = "fail"
+
+
+class Loop(_Strict, frozen=True, kw_only=True):
+    """Re-run the task until ``until`` (over ``output`` and ``iteration``) holds, at most
+    ``max_iterations`` times."""
+
+    until: str
+    max_iterations: Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+    on_exhausted: Literal["fail", "complete"] = "fail"
 
 
 class ShellKwargs(_Strict, frozen=True, kw_only=True):
@@ -71,6 +107,15 @@ class TaskDef(_Strict, frozen=True, kw_only=True):
     ) = None
     args: Any = None
     retry: RetryPolicy | None = None
+    sleep_s: (
+        Annotated[float, msgspec.Meta(ge=0)]
+        | Annotated[str, msgspec.Meta(description="An expression over inputs and params.")]
+        | None
+    ) = None
+    wait_for: WaitFor | None = None
+    loop: Loop | None = None
+    cancel_remaining: bool = False
+    task_deadline_s: Seconds | None = None
 
 
 class Defaults(_Strict, frozen=True, kw_only=True):

@@ -14,9 +14,12 @@ import msgspec
 from dagq import keys
 from dagq.machine import Dispatch
 from dagq.messages import INPUTS_INLINE_LIMIT, TaskMessage, encode_task
-from dagq.plan import Plan
+from dagq.plan import Plan, PlanTask
 from dagq.state import RunState, TaskStatus
 from dagq.stores.base import OutgoingMessage
+
+#: A loop's previous output rides in the message up to this size, else as a document.
+PREVIOUS_INLINE_LIMIT = 8 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +28,7 @@ class Outgoing:
 
     queue: str
     message: OutgoingMessage
-    inputs_doc: tuple[str, bytes] | None = None
+    documents: tuple[tuple[str, bytes], ...] = ()
 
 
 def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
@@ -43,14 +46,25 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
             refs[name] = ref
         else:
             inputs[name] = state.outputs.get(p)
-    inputs_doc = None
+    documents: list[tuple[str, bytes]] = []
     inputs_ref = None
     if inputs:
         encoded = msgspec.json.encode(inputs)
         if len(encoded) > INPUTS_INLINE_LIMIT:
             inputs_ref = keys.inputs(workflow_id, dispatch.task, dispatch.attempt)
-            inputs_doc = (inputs_ref, encoded)
+            documents.append((inputs_ref, encoded))
             inputs = {}
+    iteration = state.iteration.get(dispatch.task, 0)
+    previous, previous_ref = None, None
+    if iteration > 1:  # a loop's next iteration sees what the last one returned
+        previous_ref = state.output_refs.get(dispatch.task)
+        previous = state.outputs.get(dispatch.task)
+        encoded = msgspec.json.encode(previous)
+        if previous_ref is None and len(encoded) > PREVIOUS_INLINE_LIMIT:
+            previous_ref = keys.inputs(workflow_id, dispatch.task, dispatch.attempt) + "-previous"
+            documents.append((previous_ref, encoded))
+        if previous_ref is not None:
+            previous = None
     message = TaskMessage(
         workflow_id=workflow_id,
         task=dispatch.task,
@@ -61,6 +75,10 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
         input_refs=refs,
         inputs_ref=inputs_ref,
         idempotency_key=f"{workflow_id}/{task.name}",
+        iteration=iteration,
+        previous=previous,
+        previous_ref=previous_ref,
+        timeout_s=_attempt_timeout(task, state, dispatch),
     )
     body = encode_task(message)
     return Outgoing(
@@ -70,5 +88,17 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
             id=keys.message_id(workflow_id, task.name, dispatch.attempt),
             delay_s=max(dispatch.delay_s, 0.0),
         ),
-        inputs_doc=inputs_doc,
+        documents=tuple(documents),
     )
+
+
+def _attempt_timeout(task: PlanTask, state: RunState, dispatch: Dispatch) -> float | None:
+    """A task deadline may leave this attempt less time than its own timeout."""
+    deadline = task.task_deadline_s
+    started = state.round_started.get(dispatch.task)
+    if deadline is None or started is None:
+        return None
+    remaining = max(0.001, started + deadline - state.dispatched_at[dispatch.task])
+    if task.timeout_s is not None and task.timeout_s <= remaining:
+        return None
+    return remaining

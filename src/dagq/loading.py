@@ -19,9 +19,11 @@ import yaml
 from dagq.definition import (
     RESERVED_TASK_FIELDS,
     Defaults,
+    Loop,
     RetryPolicy,
     ShellKwargs,
     TaskDef,
+    WaitFor,
     WorkflowDef,
 )
 from dagq.errors import ValidationError
@@ -36,6 +38,8 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "retry": RetryPolicy.__struct_fields__,
     "kwargs": ShellKwargs.__struct_fields__,
     "defaults": Defaults.__struct_fields__,
+    "wait_for": WaitFor.__struct_fields__,
+    "loop": Loop.__struct_fields__,
 }
 
 
@@ -199,7 +203,7 @@ def _check_fields(report: _Reporter) -> None:
                     "by this version of dagq yet"
                 )
         report.unknown(task, "task", ["tasks", i])
-        for sub in ("retry", "kwargs"):
+        for sub in ("retry", "kwargs", "wait_for", "loop"):
             if isinstance(task.get(sub), Mapping):
                 report.unknown(task[sub], sub, ["tasks", i, sub])
 

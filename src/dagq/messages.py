@@ -46,6 +46,12 @@ class TaskMessage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True)
     input_refs: dict[str, str] = msgspec.field(default_factory=dict)
     inputs_ref: str | None = None
     idempotency_key: str = ""
+    #: A looping task's iteration (1-based) and what the previous one returned.
+    iteration: int = 0
+    previous: Any = None
+    previous_ref: str | None = None
+    #: This attempt's time limit when a task deadline leaves less than ``spec.timeout_s``.
+    timeout_s: float | None = None
 
 
 # --- events to the coordinator ----------------------------------------------
@@ -74,6 +80,8 @@ class TaskFinished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=Tr
     error: str | None = None
     retryable: bool = True
     retry_after_s: float | None = None
+    #: The exception class of a failed Python task, for retry_on / no_retry_on.
+    error_type: str | None = None
     duration_s: float = 0.0
     worker: str = ""
 
@@ -91,6 +99,14 @@ class CancelRequested(msgspec.Struct, frozen=True, tag="cancel", kw_only=True):
     reason: str = "cancelled by request"
 
 
+class SignalSent(msgspec.Struct, frozen=True, tag="signal", kw_only=True):
+    """A client sent a signal (an approval, a decision) with optional data."""
+
+    workflow_id: str
+    name: str
+    data: Any = None
+
+
 class RetryRequested(msgspec.Struct, frozen=True, tag="retry", kw_only=True):
     """A client asked to re-run failed tasks (all, or the named ones) of a finished run."""
 
@@ -98,7 +114,7 @@ class RetryRequested(msgspec.Struct, frozen=True, tag="retry", kw_only=True):
     tasks: list[str] = msgspec.field(default_factory=list)
 
 
-Event = TaskStarted | TaskFinished | SubmitRequested | CancelRequested | RetryRequested
+Event = TaskStarted | TaskFinished | SubmitRequested | CancelRequested | RetryRequested | SignalSent
 
 
 _encoder = msgspec.msgpack.Encoder()

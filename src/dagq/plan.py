@@ -12,12 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from dagq import expression
-from dagq.definition import RetryPolicy, TaskDef, WorkflowDef
+from dagq.definition import Loop, RetryPolicy, TaskDef, WaitFor, WorkflowDef
 from dagq.errors import ValidationError
 from dagq.messages import TaskSpec
+from dagq.validation import LOOP_ROOTS
 
 POLICY_ALL = -1
 POLICY_ANY = -2
@@ -43,7 +42,14 @@ class PlanTask:
     max_attempts: int
     retry: RetryPolicy
     spec: TaskSpec
-    spec_bytes: bytes
+    #: "run" (a worker runs it), "sleep" (a durable timer) or "wait" (for a signal).
+    kind: str = "run"
+    sleep: float | expression.Expr | None = None
+    wait: WaitFor | None = None
+    loop: Loop | None = None
+    until: expression.Expr | None = None
+    cancel_remaining: bool = False
+    task_deadline_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +142,19 @@ def _compile_task(
             task.condition, where=f"task '{task.name}': condition", names=_CONDITION_ROOTS
         )
     spec = _spec(task, env, timeout, retry)
+    sleep: float | expression.Expr | None = None
+    if isinstance(task.sleep_s, str):
+        sleep = expression.parse(
+            task.sleep_s, where=f"task '{task.name}': sleep_s", names=_CONDITION_ROOTS
+        )
+    elif task.sleep_s is not None:
+        sleep = float(task.sleep_s)
+    until = None
+    if task.loop is not None:
+        until = expression.parse(
+            task.loop.until, where=f"task '{task.name}': loop.until", names=LOOP_ROOTS
+        )
+    kind = "sleep" if task.sleep_s is not None else "wait" if task.wait_for else "run"
     return PlanTask(
         index=index,
         name=task.name,
@@ -148,7 +167,13 @@ def _compile_task(
         max_attempts=retries + 1,
         retry=retry,
         spec=spec,
-        spec_bytes=msgspec.msgpack.encode(spec),
+        kind=kind,
+        sleep=sleep,
+        wait=task.wait_for,
+        loop=task.loop,
+        until=until,
+        cancel_remaining=task.cancel_remaining,
+        task_deadline_s=task.task_deadline_s,
     )
 
 

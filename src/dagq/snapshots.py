@@ -25,7 +25,7 @@ import msgspec
 from dagq.plan import Plan
 from dagq.state import RunState
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 T = TypeVar("T")
 
 
@@ -44,11 +44,29 @@ class Header(msgspec.Struct, array_like=True, kw_only=True):
     cancelled_at: float
     final_on_cancel: str
     history_seq: int
+    signals: dict[str, Any] = msgspec.field(default_factory=dict)
     inline: bytes | None = None
     base: str | None = None
     deltas: list[str] = msgspec.field(default_factory=list)
     base_bytes: int = 0
     delta_bytes: int = 0
+
+
+class _Sparse(msgspec.Struct, array_like=True):
+    """The per-task columns most tasks leave empty."""
+
+    outputs: dict[int, Any]
+    output_refs: dict[int, str]
+    errors: dict[int, str]
+    retry_base: dict[int, int]
+    wake_at: dict[int, float]
+    iteration: dict[int, int]
+    round_started: dict[int, float]
+    delay_spent: dict[int, float]
+    stop_requests: dict[int, int]
+
+
+_SPARSE = _Sparse.__struct_fields__
 
 
 class _Tasks(msgspec.Struct, array_like=True):
@@ -57,10 +75,7 @@ class _Tasks(msgspec.Struct, array_like=True):
     dispatched_at: bytes
     started_at: bytes
     task_finished_at: bytes
-    outputs: dict[int, Any]
-    output_refs: dict[int, str]
-    errors: dict[int, str]
-    retry_base: dict[int, int]
+    sparse: _Sparse
 
 
 class _Delta(msgspec.Struct, array_like=True):
@@ -70,10 +85,7 @@ class _Delta(msgspec.Struct, array_like=True):
     task_status: bytes
     attempt: list[int]
     times: bytes
-    outputs: dict[int, Any]
-    output_refs: dict[int, str]
-    errors: dict[int, str]
-    retry_base: dict[int, int]
+    sparse: _Sparse
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -122,6 +134,7 @@ def header(state: RunState, **where: Any) -> Header:
         cancelled_at=state.cancelled_at,
         final_on_cancel=state.final_on_cancel,
         history_seq=state.history_seq,
+        signals=state.signals,
         **where,
     )
 
@@ -152,6 +165,7 @@ def empty_state(head: Header) -> RunState:
     state.cancelled_at = head.cancelled_at
     state.final_on_cancel = head.final_on_cancel
     state.history_seq = head.history_seq
+    state.signals = dict(head.signals)
     return state
 
 
@@ -166,10 +180,7 @@ def encode_tasks(state: RunState) -> bytes:
         dispatched_at=_pack(state.dispatched_at),
         started_at=_pack(state.started_at),
         task_finished_at=_pack(state.task_finished_at),
-        outputs=state.outputs,
-        output_refs=state.output_refs,
-        errors=state.errors,
-        retry_base=state.retry_base,
+        sparse=_Sparse(*(getattr(state, name) for name in _SPARSE)),
     )
     return _compress(_encoder.encode(columns))
 
@@ -185,10 +196,8 @@ def load_tasks(state: RunState, data: bytes) -> None:
     state.dispatched_at = _unpack(columns.dispatched_at, n)
     state.started_at = _unpack(columns.started_at, n)
     state.task_finished_at = _unpack(columns.task_finished_at, n)
-    state.outputs = columns.outputs
-    state.output_refs = columns.output_refs
-    state.errors = columns.errors
-    state.retry_base = columns.retry_base
+    for name in _SPARSE:
+        setattr(state, name, getattr(columns.sparse, name))
 
 
 def encode_delta(state: RunState, tasks: Iterable[int]) -> bytes:
@@ -202,10 +211,7 @@ def encode_delta(state: RunState, tasks: Iterable[int]) -> bytes:
         task_status=bytes(state.task_status[i] for i in indexes),
         attempt=[state.attempt[i] for i in indexes],
         times=_pack(times),
-        outputs={i: state.outputs[i] for i in indexes if i in state.outputs},
-        output_refs={i: state.output_refs[i] for i in indexes if i in state.output_refs},
-        errors={i: state.errors[i] for i in indexes if i in state.errors},
-        retry_base={i: state.retry_base[i] for i in indexes if i in state.retry_base},
+        sparse=_Sparse(*(_pick(getattr(state, name), indexes) for name in _SPARSE)),
     )
     return _compress(_encoder.encode(delta))
 
@@ -225,10 +231,12 @@ def apply_delta(state: RunState, data: bytes) -> None:
         state.dispatched_at[i] = times[3 * n]
         state.started_at[i] = times[3 * n + 1]
         state.task_finished_at[i] = times[3 * n + 2]
-        _replace(state.outputs, delta.outputs, i)
-        _replace(state.output_refs, delta.output_refs, i)
-        _replace(state.errors, delta.errors, i)
-        _replace(state.retry_base, delta.retry_base, i)
+        for name in _SPARSE:
+            _replace(getattr(state, name), getattr(delta.sparse, name), i)
+
+
+def _pick(column: dict[int, T], indexes: list[int]) -> dict[int, T]:
+    return {i: column[i] for i in indexes if i in column}
 
 
 def _replace(column: dict[int, T], values: dict[int, T], i: int) -> None:

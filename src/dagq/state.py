@@ -66,6 +66,7 @@ class RunState:
         "changed",
         "counts",
         "created_at",
+        "delay_spent",
         "dirty",
         "dispatched_at",
         "error",
@@ -75,6 +76,7 @@ class RunState:
         "held",
         "history_seq",
         "in_flight",
+        "iteration",
         "n_bad",
         "n_done",
         "n_skip",
@@ -83,11 +85,15 @@ class RunState:
         "outputs",
         "resolved",
         "retry_base",
+        "round_started",
+        "signals",
         "started_at",
         "status",
+        "stop_requests",
         "task_finished_at",
         "task_status",
         "updated_at",
+        "wake_at",
         "workflow_id",
     )
 
@@ -112,6 +118,18 @@ class RunState:
         self.output_refs: dict[int, str] = {}
         self.errors: dict[int, str] = {}
         self.retry_base: dict[int, int] = {}
+        #: When a waiting task's timer fires or its wait for a signal times out.
+        self.wake_at: dict[int, float] = {}
+        #: The loop iteration of a looping task's current attempt (1-based).
+        self.iteration: dict[int, int] = {}
+        #: When a task's current round of attempts began (for ``task_deadline_s``).
+        self.round_started: dict[int, float] = {}
+        #: Seconds of retry delay a task's current round has used (``max_total_delay_s``).
+        self.delay_spent: dict[int, float] = {}
+        #: Running attempts workers must stop (a lost race), by task.
+        self.stop_requests: dict[int, int] = {}
+        #: Signals received, by name (kept even if no task waits for them yet).
+        self.signals: dict[str, Any] = {}
         # --- derived (rebuilt by ``rebuild``; never stored)
         self.n_done = [0] * n_tasks
         self.n_skip = [0] * n_tasks

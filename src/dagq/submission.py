@@ -23,7 +23,13 @@ import msgspec
 from dagq import keys, state
 from dagq.definition import WorkflowDef
 from dagq.errors import ConflictError, UsageError, WorkflowExists, WorkflowNotFound
-from dagq.messages import CancelRequested, RetryRequested, SubmitRequested, encode_events
+from dagq.messages import (
+    CancelRequested,
+    RetryRequested,
+    SignalSent,
+    SubmitRequested,
+    encode_events,
+)
 from dagq.persistence import create_state
 from dagq.plan import Plan, compile_plan, resolve_params
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
@@ -151,6 +157,24 @@ async def request_cancel(
     """Ask the coordinator to cancel a workflow (durably queued; applied once)."""
     await require_submitted(store, workflow_id)
     event = CancelRequested(workflow_id=workflow_id, reason=reason)
+    await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
+
+
+async def request_signal(store: Store, workflow_id: str, name: str, data: Any = None) -> None:
+    """Send a signal to a workflow; kept until a task waits for it.
+
+    Refused when no task of the workflow waits for that signal, or when every task that
+    does has already finished.
+    """
+    submitted = await require_submitted(store, workflow_id)
+    signals = {t.wait_for.signal for t in submitted.definition.tasks if t.wait_for}
+    if name not in signals:
+        listed = ", ".join(sorted(signals)) if signals else "none: no task has wait_for"
+        raise UsageError(
+            f"no task of workflow '{workflow_id}' waits for signal '{name}' "
+            f"(it waits for: {listed})"
+        )
+    event = SignalSent(workflow_id=workflow_id, name=name, data=data)
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
 
 

@@ -26,6 +26,8 @@ MAX_TASKS = 1_000_000
 MAX_TASK_SPEC_BYTES = 16 * 1024
 
 _CONDITION_ROOTS = frozenset({"inputs", "params"})
+#: A loop's ``until`` also sees the latest ``output`` and the ``iteration`` number.
+LOOP_ROOTS = frozenset({"inputs", "params", "output", "iteration"})
 _PARAM_ROOTS = frozenset({"params"})
 
 
@@ -88,6 +90,12 @@ def _check_task(task: TaskDef, names: Mapping[str, TaskDef], params: Mapping[str
     if task.condition is not None:
         expr = expression.parse(task.condition, where=f"{where}: condition", names=_CONDITION_ROOTS)
         _check_refs(expr, parents, params, f"{where}: condition")
+    if isinstance(task.sleep_s, str):
+        expr = expression.parse(task.sleep_s, where=f"{where}: sleep_s", names=_CONDITION_ROOTS)
+        _check_refs(expr, parents, params, f"{where}: sleep_s")
+    if task.loop is not None:
+        expr = expression.parse(task.loop.until, where=f"{where}: loop.until", names=LOOP_ROOTS)
+        _check_refs(expr, parents, params, f"{where}: loop.until")
     command = task.cmd if task.cmd is not None else (task.kwargs.cmd if task.kwargs else None)
     _check_templates(command, frozenset(), params, f"{where}: cmd", _PARAM_ROOTS)
     if task.kwargs is not None:
@@ -120,14 +128,36 @@ def _check_dependencies(task: TaskDef, names: Mapping[str, TaskDef], where: str)
 
 
 def _check_kind(task: TaskDef, where: str) -> None:
-    kinds = [k for k, v in (("cmd", task.cmd), ("kwargs", task.kwargs), ("call", task.call)) if v]
+    kinds = [
+        k
+        for k, v in (
+            ("cmd", task.cmd),
+            ("kwargs", task.kwargs),
+            ("call", task.call),
+            ("sleep_s", task.sleep_s is not None),
+            ("wait_for", task.wait_for),
+        )
+        if v
+    ]
     if not kinds:
         raise ValidationError(
             f"{where}: says nothing to run: give 'cmd' (a shell command), "
-            "'kwargs: {cmd: ...}' or 'call' (a Python function 'module:function')"
+            "'kwargs: {cmd: ...}', 'call' (a Python function 'module:function'), "
+            "'sleep_s' (a durable timer) or 'wait_for' (a signal)"
         )
     if len(kinds) > 1:
         raise ValidationError(f"{where}: give only one of {' / '.join(kinds)}")
+    if kinds[0] in ("sleep_s", "wait_for"):
+        for name, value in (("queue", task.queue), ("loop", task.loop)):
+            if value is not None:
+                raise ValidationError(
+                    f"{where}: {name}: a {kinds[0]} task runs on no worker, so it takes no {name}"
+                )
+    if task.cancel_remaining and task.dep_policy in ("all", "all_settled"):
+        raise ValidationError(
+            f"{where}: cancel_remaining: a race needs dep_policy 'any' (or a number of "
+            f"parents), not '{task.dep_policy}'"
+        )
     if task.args is not None and task.call is None:
         raise ValidationError(
             f"{where}: args: only Python tasks ('call') take args; a shell task reads its "

@@ -67,7 +67,8 @@ class _Running:
     extended_at: float
     job: asyncio.Task[None] | None = None
     lost: bool = False
-    stopping: bool = False
+    #: Why the task is being stopped (empty: it is not).
+    stopping: str = ""
 
     @property
     def queue(self) -> str:
@@ -95,7 +96,7 @@ class Worker:
         self._executor = ThreadPoolExecutor(
             max_workers=self.options.concurrency, thread_name_prefix=TASK_THREAD_PREFIX
         )
-        self._cancelled: dict[str, tuple[float, bool]] = {}
+        self._controls: dict[str, tuple[float, _Control]] = {}
         add_import_paths(self.options.import_paths)
 
     # --- the loop ---------------------------------------------------------------------
@@ -201,12 +202,11 @@ class Worker:
     async def _handle(self, running: _Running) -> None:
         message, task = running.message, running.task
         try:
-            if await self._is_cancelled(task.workflow_id):
+            why = await self._stop_reason(task)
+            if why is not None:
                 # Say so: if this attempt was running when a worker died, the coordinator
                 # is waiting for word of it before the cancellation can finish.
-                outcome = Outcome(
-                    ok=False, error="not run: the workflow was cancelled", retryable=False
-                )
+                outcome = Outcome(ok=False, error=f"not run: {why}", retryable=False)
                 report = await self._report(task, outcome, self.clock())
                 await self._outbox.post(report, ack=running)
                 return
@@ -225,9 +225,7 @@ class Worker:
             except asyncio.CancelledError:
                 if not running.stopping:
                     raise  # worker shutdown: the message goes back to the queue
-                outcome = Outcome(
-                    ok=False, error="stopped: the workflow was cancelled", retryable=False
-                )
+                outcome = Outcome(ok=False, error=f"stopped: {running.stopping}", retryable=False)
             finished = await self._report(task, outcome, started)
             await self._outbox.post(finished, ack=None if running.lost else running)
             self.completed += 1
@@ -247,15 +245,24 @@ class Worker:
             inputs = await self._inputs(task)
         except DagqError as exc:
             return Outcome(ok=False, error=f"cannot load upstream outputs: {exc}")
+        try:
+            previous = await self._previous(task)
+        except DagqError as exc:
+            return Outcome(ok=False, error=f"cannot load the previous iteration's output: {exc}")
         ctx = TaskContext(
             workflow_id=task.workflow_id,
             task=task.name,
             attempt=task.attempt,
             idempotency_key=task.idempotency_key,
             inputs=inputs,
+            iteration=task.iteration,
+            previous=previous,
         )
-        if task.spec.kind == "shell":
-            return await run_shell(task.spec, ctx, work_dir=self.options.work_dir)
+        spec = task.spec
+        if task.timeout_s is not None:  # the task's deadline leaves this attempt less time
+            spec = msgspec.structs.replace(spec, timeout_s=task.timeout_s)
+        if spec.kind == "shell":
+            return await run_shell(spec, ctx, work_dir=self.options.work_dir)
         args = task.spec.args
         if task.spec.render_args:
             env = {"inputs": inputs, "params": task.spec.params}
@@ -265,7 +272,15 @@ class Worker:
                 return Outcome(
                     ok=False, error=f"args could not be rendered: {exc}", retryable=False
                 )
-        return await run_python(task.spec, ctx, args, executor=self._executor)
+        return await run_python(spec, ctx, args, executor=self._executor)
+
+    async def _previous(self, task: TaskMessage) -> Any:
+        if task.previous_ref is None:
+            return task.previous
+        doc = await self.store.documents.get(task.previous_ref)
+        if doc is None:
+            raise DagqError(f"{task.previous_ref} is missing")
+        return msgspec.json.decode(doc.data)
 
     async def _inputs(self, task: TaskMessage) -> dict[str, Any]:
         inputs = dict(task.inputs)
@@ -312,6 +327,7 @@ class Worker:
             error=error,
             retryable=retryable,
             retry_after_s=outcome.retry_after_s,
+            error_type=outcome.error_type,
             duration_s=now - started,
             worker=self.options.name,
         )
@@ -326,9 +342,10 @@ class Worker:
             await asyncio.sleep(period)
             now = self.clock()
             for running in list(self._running.values()):
-                if await self._is_cancelled(running.task.workflow_id) and running.job:
+                why = await self._stop_reason(running.task)
+                if why is not None and running.job:
                     if not running.stopping:
-                        running.stopping = True
+                        running.stopping = why
                         running.job.cancel()
                     continue
                 if now - running.extended_at < vt / 3 or running.lost:
@@ -344,20 +361,42 @@ class Worker:
                 except DagqError as exc:
                     log.warning("heartbeat for %s failed: %s", running.message.id, exc)
 
-    async def _is_cancelled(self, workflow_id: str) -> bool:
-        """Whether the workflow is being cancelled, checked at most once a second."""
+    async def _stop_reason(self, task: TaskMessage) -> str | None:
+        """Why this attempt must stop (its workflow was cancelled, or it lost a race), if so.
+
+        The workflow's control document is read at most once a second per workflow.
+        """
         now = self.clock()
-        cached = self._cancelled.get(workflow_id)
-        if cached is not None and now - cached[0] < self.options.cancel_check_s:
-            return cached[1]
-        try:
-            cancelled = await self.store.documents.get(keys.control(workflow_id)) is not None
-        except DagqError:
-            cancelled = False
-        self._cancelled[workflow_id] = (now, cancelled)
-        if len(self._cancelled) > 10_000:
-            self._cancelled.clear()
-        return cancelled
+        cached = self._controls.get(task.workflow_id)
+        if cached is None or now - cached[0] >= self.options.cancel_check_s:
+            try:
+                doc = await self.store.documents.get(keys.control(task.workflow_id))
+                control = _Control() if doc is None else _read_control(doc.data)
+            except DagqError:
+                control = _Control()
+            if len(self._controls) > 10_000:
+                self._controls.clear()
+            cached = self._controls[task.workflow_id] = (now, control)
+        control = cached[1]
+        if control.all:
+            return "the workflow was cancelled"
+        if control.tasks.get(str(task.task)) == task.attempt:
+            return "it lost a race (another branch won)"
+        return None
+
+
+class _Control(msgspec.Struct, frozen=True):
+    """A workflow's control document: stop everything, or these attempts (by task)."""
+
+    all: bool = False
+    tasks: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+def _read_control(data: bytes) -> _Control:
+    try:
+        return msgspec.json.decode(data, type=_Control)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return _Control(all=True)  # unreadable: err on the side of stopping
 
 
 async def _first(*waits: Any) -> None:

@@ -66,13 +66,14 @@ def test_coordinator_takes_over_the_lease_of_a_killed_holder_on_this_host(cli: D
 
 def test_coordinator_takes_over_an_expired_lease_of_another_host(cli: DagqCli) -> None:
     async def hold(store: Store) -> Lease:
-        return await store.leases.acquire("coordinator", "elsewhere:4242:feed", 0.5)
+        # Long enough that the refused coordinator surely starts while it is held.
+        return await store.leases.acquire("coordinator", "elsewhere:4242:feed", 4.0)
 
     cli.with_store(hold)
     refused = cli.run("coordinator", timeout_s=15)
     assert refused.code != 0
     assert "elsewhere:4242:feed" in refused.stderr
-    wait_until(lambda: cli.lease() is None, timeout_s=5, what="the lease to expire")
+    wait_until(lambda: cli.lease() is None, timeout_s=10, what="the lease to expire")
 
     taker = cli.start_coordinator()
 

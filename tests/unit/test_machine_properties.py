@@ -14,7 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dagq import machine, snapshots, state
-from dagq.messages import CancelRequested, Event, SubmitRequested, TaskFinished, TaskStarted
+from dagq.messages import (
+    CancelRequested,
+    Event,
+    SignalSent,
+    SubmitRequested,
+    TaskFinished,
+    TaskStarted,
+)
 from dagq.state import BAD, TERMINAL, TaskStatus
 from tests.helpers import Sim
 
@@ -38,6 +45,21 @@ def workflows(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             task["dep_policy"] = draw(st.integers(1, len(parents))) if choice == "n" else choice
             if draw(st.booleans()):
                 task["condition"] = f"inputs.t{draw(st.sampled_from(parents))}.ok != false"
+            if choice != "all" and choice != "all_settled" and draw(st.integers(0, 3)) == 0:
+                task["cancel_remaining"] = True
+        kind = draw(st.sampled_from(["run"] * 6 + ["sleep", "wait", "loop"]))
+        if kind == "sleep":
+            task = {k: v for k, v in task.items() if k not in ("num_retries", "retry")}
+            task["sleep_s"] = draw(st.sampled_from([0, 5, 50]))
+        elif kind == "wait":
+            task = {k: v for k, v in task.items() if k not in ("num_retries", "retry")}
+            task["wait_for"] = {
+                "signal": f"s{draw(st.integers(0, 2))}",
+                "timeout_s": draw(st.sampled_from([10, 100])),
+                "on_timeout": draw(st.sampled_from(["fail", "skip"])),
+            }
+        elif kind == "loop":
+            task["loop"] = {"until": "output.ok", "max_iterations": draw(st.integers(1, 3))}
         tasks.append(task)
     workflow: dict[str, Any] = {}
     if draw(st.booleans()):
@@ -101,6 +123,11 @@ class World:
             "output_refs",
             "errors",
             "retry_base",
+            "wake_at",
+            "iteration",
+            "round_started",
+            "delay_spent",
+            "stop_requests",
             "n_done",
             "n_skip",
             "n_bad",
@@ -114,7 +141,9 @@ class World:
 
     def step(self) -> None:
         action = self.draw(
-            st.sampled_from(["run", "run", "run", "dup", "stale", "crash", "cancel"])
+            st.sampled_from(
+                ["run", "run", "run", "dup", "stale", "crash", "cancel", "signal", "time"]
+            )
         )
         if action == "dup" and self.sent:
             self.apply(self.draw(st.sampled_from(self.sent)))
@@ -134,8 +163,23 @@ class World:
             self.crash()
         elif action == "cancel" and self.draw(st.integers(0, 9)) == 0:
             self.apply(CancelRequested(workflow_id="wf-1"))
+        elif action == "signal":
+            name = f"s{self.draw(st.integers(0, 2))}"
+            self.apply(SignalSent(workflow_id="wf-1", name=name, data={"ok": True}))
+        elif action == "time":
+            self.pass_time(self.draw(st.sampled_from([1, 10, 100])))
         elif self.queue:
             self.run_one()
+
+    def pass_time(self, seconds: float) -> None:
+        """The clock moves on: due timers fire and expired waits time out."""
+        self.sim.now += seconds
+        for i, when in sorted(self.sim.state.wake_at.items()):
+            if when <= self.sim.now:
+                fx = machine.Effects()
+                machine.wake(self.sim.plan, self.sim.state, self.sim.now, fx, task=i)
+                self.absorb(fx)
+                self.flush()
 
     def run_one(self) -> None:
         index = self.draw(st.integers(0, len(self.queue) - 1))
@@ -157,7 +201,7 @@ class World:
         )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=workflows(), data=st.data())
 def test_every_run_terminates_and_keeps_the_invariants(
     spec: tuple[list[dict[str, Any]], dict[str, Any]], data: st.DataObject
@@ -170,8 +214,11 @@ def test_every_run_terminates_and_keeps_the_invariants(
         if sim.state.status in state.WORKFLOW_TERMINAL and not world.queue:
             break
         world.step()
-    while world.queue:  # drain: whatever chaos happened, delivering everything ends it
-        world.run_one()
+    while world.queue or sim.state.wake_at:  # drain: delivering everything ends it
+        if world.queue:
+            world.run_one()
+        else:
+            world.pass_time(1000)
     st_ = sim.state
     assert st_.status in state.WORKFLOW_TERMINAL
     assert all(code in TERMINAL for code in st_.task_status)
@@ -179,8 +226,9 @@ def test_every_run_terminates_and_keeps_the_invariants(
     # Invariant 7: every attempt got exactly one message with its own id.
     assert all(n == 1 for n in world.dispatch_ids.values())
     for (task, attempt), _ in world.dispatch_ids.items():
-        base = 0
-        assert attempt - base <= sim.plan.tasks[task].max_attempts
+        spec = sim.plan.tasks[task]
+        if spec.loop is None:  # a loop's iterations each have their own retries
+            assert attempt <= spec.max_attempts
     if sim.plan.max_parallelism:
         assert world.max_in_flight <= sim.plan.max_parallelism
     _check_dependencies(sim, world)
@@ -217,7 +265,7 @@ def _check_dependencies(sim: Sim, world: World) -> None:
             assert expected == "run", (t.name, parents)
         if status is TaskStatus.UPSTREAM_FAILED:
             assert expected == "upstream", (t.name, parents)
-        if status is TaskStatus.SKIPPED and "condition" not in spec:
+        if status is TaskStatus.SKIPPED and not {"condition", "wait_for"} & set(spec):
             assert expected == "skip", (t.name, parents)
         if not cancelled and status is TaskStatus.PENDING:
             raise AssertionError(f"{t.name} never decided")

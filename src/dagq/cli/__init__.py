@@ -391,3 +391,15 @@ def purge(
     from dagq.cli.admin import run_purge
 
     _exit(lambda: run_purge(store_url, workflow_id, older_than_days=older_than, force=force))
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.argument("name")
+@click.option("--data", default=None, metavar="JSON", help="What the waiting task outputs.")
+@store_option
+def signal(*, workflow_id: str, name: str, data: str | None, store_url: str) -> None:
+    """Send signal NAME (an approval, a decision) to a workflow; its waiting task completes."""
+    from dagq.cli.control import run_signal
+
+    _exit(lambda: run_signal(store_url, workflow_id, name, data))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from dagq.cli.inspect import EXIT_OK, console, print_json, with_client
 from dagq.cli.run import load_definition
 from dagq.client import Client
 from dagq.definition import WorkflowDef
+from dagq.errors import UsageError
 from dagq.plan import parse_param
 from dagq.state import TaskStatus
 from dagq.views import load_run
@@ -51,6 +53,19 @@ def run_retry(store_url: str, workflow_id: str, tasks: list[str]) -> int:
             "(start one: dagq coordinator)",
             file=sys.stderr,
         )
+    return EXIT_OK
+
+
+def run_signal(store_url: str, workflow_id: str, name: str, data: str | None) -> int:
+    """``dagq signal``: deliver a signal (with JSON data) to a workflow."""
+    value = None
+    if data is not None:
+        try:
+            value = json.loads(data)
+        except ValueError as exc:
+            raise UsageError(f"--data is not valid JSON: {exc}") from None
+    with_client(store_url, lambda c: c.signal(workflow_id, name, value))
+    console().print(f"signal '{name}' sent to {workflow_id}")
     return EXIT_OK
 
 

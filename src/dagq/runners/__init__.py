@@ -18,6 +18,10 @@ class TaskContext:
     attempt: int
     idempotency_key: str
     inputs: dict[str, Any] = field(default_factory=dict)
+    #: In a loop: which iteration this is (1-based; 0 outside loops) and what the
+    #: previous iteration returned.
+    iteration: int = 0
+    previous: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +33,7 @@ class Outcome:
     error: str | None = None
     retryable: bool = True
     retry_after_s: float | None = None
+    error_type: str | None = None
     log: bytes = b""
 
 

@@ -78,8 +78,10 @@ async def run_python(spec: TaskSpec, ctx: TaskContext, args: Any, *, executor: E
         return Outcome(ok=False, error=_describe(exc), retryable=False)
     except RetryAfter as exc:
         return Outcome(ok=False, error=_describe(exc), retry_after_s=exc.seconds)
-    except Exception as exc:
-        return Outcome(ok=False, error=_describe(exc, with_trace=True))
+    except Exception as exc:  # a task's own failure becomes its error
+        return Outcome(
+            ok=False, error=_describe(exc, with_trace=True), error_type=type(exc).__name__
+        )
     return Outcome(ok=True, output=result)
 
 

@@ -44,6 +44,11 @@ async def run_shell(spec: TaskSpec, ctx: TaskContext, *, work_dir: str | None = 
             "DAGQ_OUTPUT": str(output_file),
             "JOBQ_OUTPUT_FILE": str(output_file),
         }
+        if ctx.iteration:  # a loop: which iteration, and what the last one wrote
+            previous_file = Path(tmp, "previous.json")
+            previous_file.write_text(json.dumps(ctx.previous))
+            env["DAGQ_ITERATION"] = str(ctx.iteration)
+            env["DAGQ_PREVIOUS"] = str(previous_file)
         try:
             process = await _spawn(spec, env)
         except OSError as exc:

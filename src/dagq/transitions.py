@@ -1,0 +1,358 @@
+"""How tasks move: deciding a pending task, starting it, finishing it and its cascade.
+
+The event handlers in :mod:`dagq.machine` call these. Everything here is pure: it
+changes the coordinator's working copy of the state and records what must happen
+outside in an :class:`Effects`; it never does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagq.expression import ExpressionError, truthy
+from dagq.history import HistoryEntry
+from dagq.plan import POLICY_ALL, POLICY_ALL_SETTLED, POLICY_ANY, Plan, PlanTask
+from dagq.state import BAD, TERMINAL, UNSET, RunState, TaskStatus
+
+WAIT, RUN, SKIP, UPSTREAM = 0, 1, 2, 3
+#: Statuses a task leaves when it loses a race (or is cancelled) before finishing.
+UNFINISHED = (TaskStatus.PENDING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.WAITING)
+
+
+@dataclass(slots=True)
+class Dispatch:
+    """Send a task message for ``attempt`` of ``task``, visible after ``delay_s``."""
+
+    task: int
+    attempt: int
+    delay_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Effects:
+    """What the coordinator must do once the new state is durable."""
+
+    dispatch: list[Dispatch] = field(default_factory=list)
+    history: list[HistoryEntry] = field(default_factory=list)
+    #: (when, task): waiting tasks whose timer or wait timeout must be watched.
+    timers: list[tuple[float, int]] = field(default_factory=list)
+    #: Workers must stop something: the whole run (cancel) or single attempts (a race).
+    stop: bool = False
+    finished: bool = False
+
+    def note(
+        self,
+        at: float,
+        kind: str,
+        task: str | None = None,
+        attempt: int = 0,
+        detail: str | None = None,
+    ) -> None:
+        """Append a history entry."""
+        self.history.append(HistoryEntry(at, kind, task, attempt, detail))
+
+
+def verdict(policy: int, n_parents: int, done: int, skipped: int, bad: int) -> int:
+    """Decide a pending task from its parents' tallies: WAIT, RUN, SKIP or UPSTREAM.
+
+    A skipped parent counts as satisfied, except that a task whose parents were all
+    skipped is skipped too (an untaken branch stays untaken).
+    """
+    if n_parents == 0:
+        return RUN
+    open_ = n_parents - done - skipped - bad
+    if policy == POLICY_ALL:
+        if bad:
+            return UPSTREAM
+        if open_:
+            return WAIT
+        return RUN if done else SKIP
+    if policy in (POLICY_ANY, POLICY_ALL_SETTLED):
+        if done and (policy == POLICY_ANY or not open_):
+            return RUN
+        if open_:
+            return WAIT
+        return UPSTREAM if bad else SKIP
+    if done >= policy:
+        return RUN
+    if not open_:
+        if done and done + skipped >= policy:
+            return RUN
+        return UPSTREAM if bad else SKIP
+    return UPSTREAM if done + skipped + open_ < policy else WAIT
+
+
+def current(state: RunState, task: int, attempt: int) -> bool:
+    """Is this event about the live attempt of a task that can still take it?"""
+    return (
+        0 <= task < state.n_tasks
+        and state.attempt[task] == attempt
+        and state.task_status[task] in (TaskStatus.READY, TaskStatus.RUNNING)
+    )
+
+
+def decide(plan: Plan, state: RunState, task: int, now: float, fx: Effects) -> None:
+    """Decide a pending task now, finishing it (and its cascade) if that is the verdict.
+
+    A task that stopped being pending meanwhile (a race cancelled it) is left alone.
+    """
+    if state.task_status[task] != TaskStatus.PENDING:
+        return
+    outcome = evaluate(plan, state, task, now, fx)
+    if outcome is not None:
+        finish(plan, state, task, now, fx, status=outcome)
+
+
+def evaluate(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
+    """Start a pending task, or say which terminal status it must take (None: not now)."""
+    task = plan.tasks[i]
+    decision = verdict(
+        task.policy, len(task.parents), state.n_done[i], state.n_skip[i], state.n_bad[i]
+    )
+    if decision == WAIT:
+        return None
+    if decision == SKIP:
+        fx.note(now, "skipped", task.name, detail="all parents were skipped")
+        return TaskStatus.SKIPPED
+    if decision == UPSTREAM:
+        failed = [plan.tasks[p].name for p in task.parents if state.task_status[p] in BAD]
+        state.errors[i] = f"upstream task(s) did not succeed: {', '.join(failed[:5])}"
+        fx.note(now, "upstream_failed", task.name, detail=state.errors[i])
+        return TaskStatus.UPSTREAM_FAILED
+    if task.condition is not None:
+        try:
+            go = truthy(task.condition.evaluate(inputs_env(plan, state, i)))
+        except ExpressionError as exc:
+            return fail_now(state, task, now, fx, f"condition could not be evaluated: {exc}")
+        if not go:
+            fx.note(now, "skipped", task.name, detail="condition is false")
+            return TaskStatus.SKIPPED
+    outcome = start(plan, state, i, now, fx)
+    if task.cancel_remaining:
+        if outcome is not None:  # not pending any more while the losers' cascade runs
+            state.set_status(i, outcome)
+        _cancel_losers(plan, state, i, now, fx)
+    return outcome
+
+
+def start(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
+    """Begin a task whose turn has come: dispatch it, or wait (signal, timer)."""
+    task = plan.tasks[i]
+    if i not in state.round_started:
+        state.round_started[i] = now
+    if task.kind == "wait":
+        return _wait(plan, state, i, now, fx)
+    if task.kind == "sleep":
+        return _sleep(plan, state, i, now, fx)
+    if task.loop is not None and i not in state.iteration:
+        state.iteration[i] = 1
+    make_ready(plan, state, i, now, fx)
+    return None
+
+
+def _wait(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
+    task = plan.tasks[i]
+    assert task.wait is not None
+    signal = task.wait.signal
+    if signal in state.signals:  # it came before the task was ready: kept, not lost
+        return receive_signal(state, task, state.signals[signal], now, fx)
+    state.set_status(i, TaskStatus.WAITING)
+    detail = f"for signal '{signal}'"
+    if task.wait.timeout_s is not None:
+        state.wake_at[i] = now + task.wait.timeout_s
+        fx.timers.append((state.wake_at[i], i))
+        detail += f", at most {task.wait.timeout_s:g}s"
+    fx.note(now, "waiting", task.name, detail=detail)
+    return None
+
+
+def receive_signal(
+    state: RunState, task: PlanTask, data: Any, now: float, fx: Effects
+) -> TaskStatus:
+    """A waiting task's signal arrived: its data becomes the task's output."""
+    state.wake_at.pop(task.index, None)
+    if data is not None:
+        state.outputs[task.index] = data
+    state.started_at[task.index] = now
+    fx.note(now, "completed", task.name, detail=f"signal '{task.wait.signal if task.wait else ''}'")
+    return TaskStatus.COMPLETED
+
+
+def _sleep(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
+    task = plan.tasks[i]
+    delay: Any = task.sleep
+    if not isinstance(delay, float):
+        try:
+            delay = delay.evaluate(inputs_env(plan, state, i)) if delay is not None else 0.0
+        except ExpressionError as exc:
+            return fail_now(state, task, now, fx, f"sleep_s could not be evaluated: {exc}")
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+            return fail_now(
+                state, task, now, fx, f"sleep_s must be a number of seconds >= 0, got {delay!r}"
+            )
+    state.started_at[i] = now
+    if delay <= 0:
+        fx.note(now, "completed", task.name, detail="timer of 0s")
+        return TaskStatus.COMPLETED
+    state.set_status(i, TaskStatus.WAITING)
+    state.wake_at[i] = now + float(delay)
+    fx.timers.append((state.wake_at[i], i))
+    fx.note(now, "waiting", task.name, detail=f"timer of {float(delay):g}s")
+    return None
+
+
+def _cancel_losers(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> None:
+    """A race was won: its parents still going are cancelled (running ones stopped)."""
+    winner = plan.tasks[i].name
+    for p in plan.tasks[i].parents:
+        status = state.task_status[p]
+        if status not in UNFINISHED:
+            continue
+        if status == TaskStatus.RUNNING or (
+            status == TaskStatus.READY and state.dispatched_at[p] != UNSET
+        ):
+            state.in_flight -= 1
+            state.stop_requests[p] = state.attempt[p]
+            fx.stop = True
+        elif status == TaskStatus.READY:
+            state.held.remove(p)
+        state.wake_at.pop(p, None)
+        detail = f"lost the race to {winner}"
+        fx.note(now, "cancelled", plan.tasks[p].name, state.attempt[p], detail)
+        finish(plan, state, p, now, fx, status=TaskStatus.CANCELLED)
+
+
+def fail_now(state: RunState, task: PlanTask, now: float, fx: Effects, error: str) -> TaskStatus:
+    """Record why a task fails without running (an expression that cannot be evaluated)."""
+    state.errors[task.index] = error
+    fx.note(now, "failed", task.name, detail=error)
+    return TaskStatus.FAILED
+
+
+def inputs_env(plan: Plan, state: RunState, i: int) -> dict[str, Any]:
+    """What a task's expressions see: its completed parents' outputs and the params."""
+    return {"inputs": completed_outputs(plan, state, i), "params": plan.params}
+
+
+def completed_outputs(plan: Plan, state: RunState, i: int) -> dict[str, Any]:
+    """The outputs of the completed parents of task ``i``, by parent name.
+
+    Outputs stored by reference must have been loaded into ``state.resolved``.
+    """
+    inputs: dict[str, Any] = {}
+    for p in plan.tasks[i].parents:
+        if state.task_status[p] != TaskStatus.COMPLETED:
+            continue
+        inputs[plan.tasks[p].name] = output_of(plan, state, p)
+    return inputs
+
+
+def output_of(plan: Plan, state: RunState, i: int) -> Any:
+    """A task's output value (a reference must have been loaded into ``state.resolved``)."""
+    ref = state.output_refs.get(i)
+    if ref is None:
+        return state.outputs.get(i)
+    if ref in state.resolved:
+        return state.resolved[ref]
+    raise ExpressionError(f"the output of '{plan.tasks[i].name}' ({ref}) is not loaded")
+
+
+def make_ready(
+    plan: Plan, state: RunState, i: int, now: float, fx: Effects, *, delay: float = 0.0
+) -> None:
+    """A new attempt: dispatch it, or hold it while the workflow is at max_parallelism."""
+    state.attempt[i] += 1
+    state.set_status(i, TaskStatus.READY)
+    state.dispatched_at[i] = state.started_at[i] = state.task_finished_at[i] = UNSET
+    limit = plan.max_parallelism
+    if limit is not None and state.in_flight >= limit:
+        state.held.append(i)
+        return
+    dispatch(plan, state, i, now, fx, delay=delay)
+
+
+def dispatch(
+    plan: Plan, state: RunState, i: int, now: float, fx: Effects, *, delay: float = 0.0
+) -> None:
+    """Send the current attempt of a ready task."""
+    state.dispatched_at[i] = now + delay
+    state.in_flight += 1
+    state.touch(i)
+    fx.dispatch.append(Dispatch(i, state.attempt[i], delay))
+    fx.note(now, "dispatched", plan.tasks[i].name, state.attempt[i])
+
+
+def finish(
+    plan: Plan, state: RunState, i: int, at: float, fx: Effects, *, status: TaskStatus
+) -> None:
+    """Make ``i`` terminal and settle every descendant this decides, without recursion."""
+    work = [(i, status)]
+    while work:
+        j, outcome = work.pop()
+        state.set_status(j, outcome)
+        state.task_finished_at[j] = at
+        state.wake_at.pop(j, None)
+        if outcome is TaskStatus.COMPLETED:
+            counter = state.n_done
+        elif outcome is TaskStatus.SKIPPED:
+            counter = state.n_skip
+        else:
+            counter = state.n_bad
+        for child in plan.tasks[j].children:
+            counter[child] += 1
+            if state.task_status[child] == TaskStatus.PENDING and state.status == "running":
+                decided = evaluate(plan, state, child, at, fx)
+                if decided is not None:
+                    work.append((child, decided))
+
+
+def settle(plan: Plan, state: RunState, now: float, fx: Effects) -> None:
+    """Refill free parallelism slots, then end the run if every task is terminal."""
+    limit = plan.max_parallelism
+    while state.held and (limit is None or state.in_flight < limit):
+        i = state.held.popleft()
+        if state.task_status[i] == TaskStatus.READY and state.dispatched_at[i] == UNSET:
+            dispatch(plan, state, i, now, fx)
+    if state.n_terminal == state.n_tasks and state.status in ("running", "cancelling"):
+        _finalize(plan, state, now, fx)
+
+
+def _finalize(plan: Plan, state: RunState, now: float, fx: Effects) -> None:
+    if state.status == "cancelling":
+        final = state.final_on_cancel
+        state.error = state.cancel_reason
+    else:
+        culprits = [
+            i
+            for i in range(state.n_tasks)
+            if state.task_status[i] in BAD and (plan.all_tasks_must_succeed or plan.is_sink[i])
+        ]
+        final = "failed" if culprits else "completed"
+        state.error = _failure_summary(plan, state, culprits) if culprits else None
+    state.status = final
+    state.finished_at = now
+    state.updated_at = now
+    for i in state.stop_requests:  # nothing is left to stop; deltas must say so too
+        state.touch(i)
+    state.stop_requests.clear()
+    state.dirty = True
+    fx.finished = True
+    fx.note(now, f"workflow_{final}", detail=state.error)
+
+
+def _failure_summary(plan: Plan, state: RunState, culprits: list[int]) -> str:
+    """Name the root causes: failed tasks first, then what they took down."""
+    failed = [i for i in range(state.n_tasks) if state.task_status[i] == TaskStatus.FAILED]
+    first = failed or culprits
+    i = first[0]
+    status = TaskStatus(state.task_status[i]).label
+    summary = f"task '{plan.tasks[i].name}' {status}: {state.errors.get(i, status)}"
+    if len(first) > 1:
+        summary += f" (and {len(first) - 1} more)"
+    return summary
+
+
+def is_terminal(status: int) -> bool:
+    """Has a task with this status finished for good?"""
+    return status in TERMINAL

@@ -1,0 +1,307 @@
+"""Durable-execution patterns in the state machine: timers, signals, loops, races,
+deadlines and retry classification (no store, no clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dagq import machine
+from dagq.errors import ValidationError
+from dagq.messages import CancelRequested, RetryRequested, SignalSent
+from tests.helpers import Sim, definition
+
+
+def signal(sim: Sim, name: str, data: object = None) -> None:
+    sim.apply(SignalSent(workflow_id="wf-1", name=name, data=data))
+
+
+def wake(sim: Sim, name: str) -> machine.Effects:
+    fx = machine.Effects()
+    machine.wake(sim.plan, sim.state, sim.now, fx, task=sim.index(name))
+    sim._collect(fx)
+    return fx
+
+
+# --- durable timers ------------------------------------------------------------------
+
+
+def test_a_timer_waits_without_a_worker_and_completes_when_due() -> None:
+    sim = Sim([{"name": "nap", "sleep_s": 60}, {"name": "after", "depends_on": ["nap"]}])
+    fx = sim.start()
+    assert sim.status("nap") == "waiting"
+    assert fx.timers == [(sim.now + 60, 0)]
+    assert sim.dispatched == []
+    sim.now += 30
+    wake(sim, "nap")
+    assert sim.status("nap") == "waiting"
+    sim.now += 30
+    wake(sim, "nap")
+    assert sim.status("nap") == "completed"
+    assert sim.dispatched == [("after", 1, 0.0)]
+
+
+def test_a_timer_can_take_its_delay_from_an_upstream_output() -> None:
+    sim = Sim(
+        [
+            {"name": "plan"},
+            {"name": "nap", "sleep_s": "inputs.plan.wait_s * 2", "depends_on": ["plan"]},
+        ]
+    )
+    sim.start()
+    sim.finish("plan", output={"wait_s": 5})
+    assert sim.state.wake_at[sim.index("nap")] == sim.now + 10
+
+
+def test_a_computed_delay_that_is_not_a_number_fails_the_task_clearly() -> None:
+    sim = Sim(
+        [{"name": "plan"}, {"name": "nap", "sleep_s": "inputs.plan.when", "depends_on": ["plan"]}]
+    )
+    sim.start()
+    sim.finish("plan", output={"when": "tomorrow"})
+    assert sim.status("nap") == "failed"
+    assert "sleep_s must be a number of seconds" in sim.state.errors[sim.index("nap")]
+
+
+# --- signals -------------------------------------------------------------------------
+
+
+def approval() -> list[dict[str, object]]:
+    return [
+        {"name": "draft"},
+        {
+            "name": "review",
+            "wait_for": {"signal": "approve", "timeout_s": 3600},
+            "depends_on": ["draft"],
+        },
+        {"name": "publish", "depends_on": ["review"], "condition": "inputs.review.approved"},
+    ]
+
+
+def test_a_signal_completes_the_waiting_task_with_its_data_as_output() -> None:
+    sim = Sim(approval())
+    sim.start()
+    sim.finish("draft")
+    assert sim.status("review") == "waiting"
+    signal(sim, "approve", {"approved": True, "by": "ana"})
+    assert sim.status("review") == "completed"
+    assert sim.state.outputs[sim.index("review")] == {"approved": True, "by": "ana"}
+    assert sim.dispatched[-1][0] == "publish"
+
+
+def test_a_rejection_takes_the_other_branch() -> None:
+    sim = Sim(approval())
+    sim.start()
+    sim.finish("draft")
+    signal(sim, "approve", {"approved": False})
+    assert sim.status("publish") == "skipped"
+
+
+def test_a_signal_sent_before_the_task_waits_is_kept_not_lost() -> None:
+    sim = Sim(approval())
+    sim.start()
+    signal(sim, "approve", {"approved": True})
+    assert sim.status("review") == "pending"
+    sim.finish("draft")
+    assert sim.status("review") == "completed"
+
+
+def test_an_expired_wait_fails_closed_by_default() -> None:
+    sim = Sim(approval())
+    sim.start()
+    sim.finish("draft")
+    sim.now += 3600
+    wake(sim, "review")
+    assert sim.status("review") == "failed"
+    assert "no signal 'approve' within 3600s" in sim.state.errors[sim.index("review")]
+    assert sim.state.status == "failed"
+
+
+def test_an_expired_wait_can_skip_instead() -> None:
+    tasks = approval()
+    tasks[1]["wait_for"] = {"signal": "approve", "timeout_s": 10, "on_timeout": "skip"}
+    sim = Sim(tasks)
+    sim.start()
+    sim.finish("draft")
+    sim.now += 10
+    wake(sim, "review")
+    assert sim.status("review") == "skipped"
+    assert sim.state.status == "completed"
+
+
+def test_cancel_cancels_a_waiting_task_at_once() -> None:
+    sim = Sim(approval())
+    sim.start()
+    sim.finish("draft")
+    sim.apply(CancelRequested(workflow_id="wf-1"))
+    assert sim.status("review") == "cancelled"
+    assert sim.state.status == "cancelled"
+
+
+def test_a_signal_to_a_finished_workflow_is_ignored() -> None:
+    sim = Sim(approval())
+    sim.start()
+    sim.apply(CancelRequested(workflow_id="wf-1"))
+    signal(sim, "approve", {"approved": True})
+    assert sim.history[-1].kind == "signal_ignored"
+
+
+def test_a_timed_out_wait_retried_waits_again() -> None:
+    sim = Sim(approval())
+    sim.start()
+    sim.finish("draft")
+    sim.now += 3600
+    wake(sim, "review")
+    sim.apply(RetryRequested(workflow_id="wf-1"))
+    assert sim.status("review") == "waiting"
+    signal(sim, "approve", {"approved": True})
+    assert sim.status("review") == "completed"
+
+
+# --- loops ---------------------------------------------------------------------------
+
+
+def refine(**loop: object) -> Sim:
+    spec = {"until": "output.valid", "max_iterations": 3, **loop}
+    return Sim([{"name": "refine", "loop": spec}, {"name": "publish", "depends_on": ["refine"]}])
+
+
+def test_a_loop_reruns_until_its_condition_holds() -> None:
+    sim = refine()
+    sim.start()
+    sim.finish("refine", output={"valid": False, "draft": 1})
+    assert sim.status("refine") == "ready"
+    assert sim.state.iteration[0] == 2
+    assert sim.state.outputs[0] == {"valid": False, "draft": 1}  # the next one sees it
+    sim.finish("refine", output={"valid": True, "draft": 2})
+    assert sim.status("refine") == "completed"
+    assert [d[:2] for d in sim.dispatched] == [("refine", 1), ("refine", 2), ("publish", 1)]
+
+
+def test_a_loop_that_never_converges_fails_at_its_cap() -> None:
+    sim = refine()
+    sim.start()
+    for _ in range(3):
+        sim.finish("refine", output={"valid": False})
+    assert sim.status("refine") == "failed"
+    assert "within 3 iterations" in sim.state.errors[0]
+
+
+def test_a_loop_can_complete_when_exhausted() -> None:
+    sim = refine(on_exhausted="complete")
+    sim.start()
+    for _ in range(3):
+        sim.finish("refine", output={"valid": False})
+    assert sim.status("refine") == "completed"
+
+
+def test_each_iteration_has_its_own_retries() -> None:
+    sim = Sim(
+        [
+            {
+                "name": "refine",
+                "num_retries": 1,
+                "retry": {"backoff_s": 0},
+                "loop": {"until": "output.valid", "max_iterations": 3},
+            }
+        ]
+    )
+    sim.start()
+    sim.finish("refine", ok=False, error="flaky")
+    sim.finish("refine", output={"valid": False})
+    sim.finish("refine", ok=False, error="flaky")
+    assert sim.status("refine") == "ready"  # iteration 2's own retry
+
+
+def test_a_loop_without_a_cap_is_refused() -> None:
+    with pytest.raises(ValidationError, match="max_iterations"):
+        definition([{"name": "x", "loop": {"until": "output.ok"}}])
+
+
+# --- races -----------------------------------------------------------------------------
+
+
+def race() -> Sim:
+    return Sim(
+        [
+            {"name": "fast"},
+            {"name": "slow"},
+            {
+                "name": "first",
+                "depends_on": ["fast", "slow"],
+                "dep_policy": "any",
+                "cancel_remaining": True,
+            },
+        ]
+    )
+
+
+def test_a_race_cancels_the_losers_once_one_wins() -> None:
+    sim = race()
+    sim.start()
+    sim.started("slow")
+    fx = sim.finish("fast", output=1)
+    assert sim.status("first") == "ready"
+    assert sim.status("slow") == "cancelled"
+    assert fx.stop and sim.state.stop_requests == {sim.index("slow"): 1}
+    sim.finish("first")
+    assert sim.state.status == "completed"
+
+
+def test_a_late_result_of_a_loser_changes_nothing() -> None:
+    sim = race()
+    sim.start()
+    sim.finish("fast")
+    sim.finish("slow", attempt=1)
+    assert sim.status("slow") == "cancelled"
+
+
+def test_a_race_needs_an_any_policy() -> None:
+    with pytest.raises(ValidationError, match="a race needs dep_policy 'any'"):
+        definition([{"name": "a"}, {"name": "b", "depends_on": ["a"], "cancel_remaining": True}])
+
+
+# --- deadlines and retry classification -------------------------------------------------
+
+
+def test_a_task_deadline_stops_retries_once_passed() -> None:
+    sim = Sim([{"name": "a", "num_retries": 10, "task_deadline_s": 60, "retry": {"backoff_s": 0}}])
+    sim.start()
+    sim.now += 61
+    sim.finish("a", ok=False, error="boom")
+    assert sim.status("a") == "failed"
+    assert "task deadline of 60s exceeded" in sim.history[-2].detail
+
+
+def test_no_retry_on_names_exception_types_that_fail_at_once() -> None:
+    sim = Sim([{"name": "a", "num_retries": 3, "retry": {"no_retry_on": ["ValueError"]}}])
+    sim.start()
+    sim.finish("a", ok=False, error="ValueError: bad", error_type="ValueError")
+    assert sim.status("a") == "failed"
+
+
+def test_retry_on_retries_only_the_named_exception_types() -> None:
+    sim = Sim(
+        [{"name": "a", "num_retries": 3, "retry": {"retry_on": ["TimeoutError"], "backoff_s": 0}}]
+    )
+    sim.start()
+    sim.finish("a", ok=False, error="TimeoutError", error_type="TimeoutError")
+    assert sim.status("a") == "ready"
+    sim.finish("a", ok=False, error="KeyError: x", error_type="KeyError")
+    assert sim.status("a") == "failed"
+
+
+def test_a_cap_on_total_retry_delay_ends_the_retries() -> None:
+    sim = Sim(
+        [
+            {
+                "name": "a",
+                "num_retries": 10,
+                "retry": {"backoff_s": 10, "jitter": 0, "max_total_delay_s": 25},
+            }
+        ]
+    )
+    sim.start()
+    sim.finish("a", ok=False, error="x")  # +10
+    sim.finish("a", ok=False, error="x")  # +20 would be 30 > 25
+    assert sim.status("a") == "failed"
+    assert "max_total_delay_s=25" in sim.history[-2].detail
