@@ -330,10 +330,8 @@ class Coordinator:
             by_queue[o.queue].append(o.message)
         for queue, messages in by_queue.items():
             batch.send(queue, messages)
-        if fx.stop:
+        if fx.stop or fx.finished:
             batch.put(keys.control(workflow_id), control_document(st))
-        if fx.finished:
-            batch.delete(keys.control(workflow_id))
         batch.upsert(index_row(entry))
         return _Flush(entry, staged, len(outgoing), fx.finished)
 
@@ -596,9 +594,12 @@ def attempt_limit(plan: Plan, st: RunState, i: int) -> float | None:
 
 
 def control_document(st: RunState) -> bytes:
-    """What workers must stop: everything (a cancelled run) or some attempts (lost races)."""
-    stop_all = st.status == "cancelling"
-    return msgspec.json.encode({"all": stop_all, "tasks": st.stop_requests})
+    """What workers must stop: everything (a cancelled or finished run: anything still
+    running or queued for it is stale) or some attempts (lost races)."""
+    stopped = st.status == "cancelling" or st.status in WORKFLOW_TERMINAL
+    return msgspec.json.encode(
+        {"stop_through": st.epoch if stopped else -1, "tasks": st.stop_requests}
+    )
 
 
 def index_row(entry: Entry) -> IndexRow:

@@ -79,6 +79,7 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
         previous=previous,
         previous_ref=previous_ref,
         timeout_s=_attempt_timeout(task, state, dispatch),
+        epoch=state.epoch,
     )
     body = encode_task(message)
     return Outgoing(

@@ -366,6 +366,8 @@ def _on_retry(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) 
     names = ", ".join(plan.tasks[i].name for i in targets[:10])
     more = f" and {len(targets) - 10} more" if len(targets) > 10 else ""
     fx.note(now, "retry_requested", detail=f"re-running {names}{more}")
+    state.epoch += 1  # attempts from now on are not covered by the earlier stop
+    fx.stop = True
     for i in targets:
         if state.task_status[i] == TaskStatus.PENDING:
             decide(plan, state, i, now, fx)

@@ -52,6 +52,8 @@ class TaskMessage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True)
     previous_ref: str | None = None
     #: This attempt's time limit when a task deadline leaves less than ``spec.timeout_s``.
     timeout_s: float | None = None
+    #: The workflow's epoch when sent; a stop covers the attempts of its epoch and before.
+    epoch: int = 0
 
 
 # --- events to the coordinator ----------------------------------------------

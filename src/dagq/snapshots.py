@@ -44,6 +44,7 @@ class Header(msgspec.Struct, array_like=True, kw_only=True):
     cancelled_at: float
     final_on_cancel: str
     history_seq: int
+    epoch: int = 0
     signals: dict[str, Any] = msgspec.field(default_factory=dict)
     inline: bytes | None = None
     base: str | None = None
@@ -134,6 +135,7 @@ def header(state: RunState, **where: Any) -> Header:
         cancelled_at=state.cancelled_at,
         final_on_cancel=state.final_on_cancel,
         history_seq=state.history_seq,
+        epoch=state.epoch,
         signals=state.signals,
         **where,
     )
@@ -165,6 +167,7 @@ def empty_state(head: Header) -> RunState:
     state.cancelled_at = head.cancelled_at
     state.final_on_cancel = head.final_on_cancel
     state.history_seq = head.history_seq
+    state.epoch = head.epoch
     state.signals = dict(head.signals)
     return state
 

@@ -69,6 +69,7 @@ class RunState:
         "delay_spent",
         "dirty",
         "dispatched_at",
+        "epoch",
         "error",
         "errors",
         "final_on_cancel",
@@ -108,6 +109,8 @@ class RunState:
         self.cancelled_at = UNSET
         self.final_on_cancel = "cancelled"
         self.history_seq = 0
+        #: Bumped by every retry request: attempts sent before a stop carry an older one.
+        self.epoch = 0
         self.task_status = bytearray(n_tasks)
         self.attempt = [0] * n_tasks
         # Times are arrays of doubles: they encode as raw bytes, with no per-task work.

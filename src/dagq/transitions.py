@@ -130,8 +130,9 @@ def evaluate(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> Ta
             return TaskStatus.SKIPPED
     outcome = start(plan, state, i, now, fx)
     if task.cancel_remaining:
-        if outcome is not None:  # not pending any more while the losers' cascade runs
-            state.set_status(i, outcome)
+        if outcome is not None:  # done at once: settle it before the losers' cascade runs
+            finish(plan, state, i, now, fx, status=outcome)
+            outcome = None
         _cancel_losers(plan, state, i, now, fx)
     return outcome
 
@@ -286,10 +287,16 @@ def dispatch(
 def finish(
     plan: Plan, state: RunState, i: int, at: float, fx: Effects, *, status: TaskStatus
 ) -> None:
-    """Make ``i`` terminal and settle every descendant this decides, without recursion."""
-    work = [(i, status)]
+    """Make ``i`` terminal and settle every descendant this decides, without recursion.
+
+    A descendant queued here may be settled otherwise before its turn (a race decided
+    meanwhile cancels it); it is then left as it is.
+    """
+    work = [(i, status, False)]
     while work:
-        j, outcome = work.pop()
+        j, outcome, queued = work.pop()
+        if queued and state.task_status[j] != TaskStatus.PENDING:
+            continue
         state.set_status(j, outcome)
         state.task_finished_at[j] = at
         state.wake_at.pop(j, None)
@@ -304,7 +311,7 @@ def finish(
             if state.task_status[child] == TaskStatus.PENDING and state.status == "running":
                 decided = evaluate(plan, state, child, at, fx)
                 if decided is not None:
-                    work.append((child, decided))
+                    work.append((child, decided, True))
 
 
 def settle(plan: Plan, state: RunState, now: float, fx: Effects) -> None:

@@ -378,17 +378,18 @@ class Worker:
                 self._controls.clear()
             cached = self._controls[task.workflow_id] = (now, control)
         control = cached[1]
-        if control.all:
-            return "the workflow was cancelled"
+        if task.epoch <= control.stop_through:
+            return "the workflow was cancelled or has ended"
         if control.tasks.get(str(task.task)) == task.attempt:
             return "it lost a race (another branch won)"
         return None
 
 
 class _Control(msgspec.Struct, frozen=True):
-    """A workflow's control document: stop everything, or these attempts (by task)."""
+    """A workflow's control document: stop every attempt sent in epochs up to
+    ``stop_through`` (a cancelled or finished run), and these attempts (lost races)."""
 
-    all: bool = False
+    stop_through: int = -1
     tasks: dict[str, int] = msgspec.field(default_factory=dict)
 
 
@@ -396,7 +397,7 @@ def _read_control(data: bytes) -> _Control:
     try:
         return msgspec.json.decode(data, type=_Control)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return _Control(all=True)  # unreadable: err on the side of stopping
+        return _Control(stop_through=2**31)  # unreadable: err on the side of stopping
 
 
 async def _first(*waits: Any) -> None:

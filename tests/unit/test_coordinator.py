@@ -6,12 +6,14 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+import msgspec
 import pytest
 
 from dagq import keys, state
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.errors import LeaseHeld, StoreUnavailable
 from dagq.messages import (
+    RetryRequested,
     SubmitRequested,
     TaskFinished,
     TaskStarted,
@@ -225,22 +227,31 @@ async def test_a_deadline_fails_the_workflow(store: Store, clock: FakeClock) -> 
     assert st.status == "failed" and "deadline" in (st.error or "")
 
 
-async def test_cancel_writes_the_stop_marker_and_removes_it_at_the_end(
+async def control(store: Store) -> object:
+    doc = await store.documents.get(keys.control("w"))
+    return None if doc is None else msgspec.json.decode(doc.data)
+
+
+async def test_cancel_tells_workers_to_stop_what_was_sent_and_a_retry_lifts_it(
     store: Store, clock: FakeClock
 ) -> None:
     coord = coordinator(store, clock)
     await submit(store, fan_out(1), workflow_id="w", clock=clock)
     await coord.step()
     [root] = await take_tasks(store)
+    assert root.epoch == 0
     await post(store, TaskStarted(workflow_id="w", task=0, attempt=1, at=clock()))
     await request_cancel(store, "w")
     await coord.step()
-    assert await store.documents.get(keys.control("w")) is not None
+    assert await control(store) == {"stop_through": 0, "tasks": {}}
     await post(store, finished(root, clock, ok=False, error="stopped"))
     await coord.step()
-    assert await store.documents.get(keys.control("w")) is None
     row = await store.index.get("w")
     assert row is not None and row.status == "cancelled"
+    assert await control(store) == {"stop_through": 0, "tasks": {}}  # stale messages stay dead
+    await post(store, RetryRequested(workflow_id="w"))
+    await coord.step()
+    assert [t.epoch for t in await take_tasks(store)] == [1]  # not covered by the old stop
 
 
 async def test_unreadable_event_goes_to_the_dead_letter_queue(
