@@ -40,6 +40,7 @@ from dagq.views import load_run
 
 T = TypeVar("T")
 WORKFLOW_STATUSES = WORKFLOW_ACTIVE | WORKFLOW_TERMINAL
+_UNDO_LABELS = {1: "queued", 2: "sent", 3: "done", 4: "failed"}
 
 
 class TaskInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,6 +55,8 @@ class TaskInfo(msgspec.Struct, frozen=True, kw_only=True):
     duration_s: float | None
     error: str | None
     output_ref: str | None
+    #: Where the task's compensation stands, if one ran: queued, sent, done or failed.
+    compensation: str | None = None
 
 
 class WorkflowStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,6 +118,7 @@ def task_info(plan: Plan, st: RunState, i: int) -> TaskInfo:
         duration_s=None if UNSET in (started, finished) else finished - started,
         error=st.errors.get(i),
         output_ref=st.output_refs.get(i),
+        compensation=_UNDO_LABELS.get(st.undo_status.get(i, 0)),
     )
 
 

@@ -36,7 +36,14 @@ from dagq.messages import (
 from dagq.persistence import Staged, Stored, read_state, stage_state
 from dagq.persistence import settle as settle_state
 from dagq.plan import Plan, compile_plan
-from dagq.state import UNSET, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL, RunState, TaskStatus
+from dagq.state import (
+    UNDO_SENT,
+    UNSET,
+    WORKFLOW_ACTIVE,
+    WORKFLOW_TERMINAL,
+    RunState,
+    TaskStatus,
+)
 from dagq.stores.base import Batch, IndexRow, Message, OutgoingMessage, Store
 from dagq.submission import Submitted
 
@@ -446,13 +453,16 @@ class Coordinator:
             if code == TaskStatus.READY and st.dispatched_at[i] != UNSET:
                 due = max(st.dispatched_at[i], self.clock() - grace) + grace
                 entry.repairs.append((due, i, st.attempt[i]))
+        for i, undo in st.undo_status.items():  # a compensation in flight: send it again
+            if undo == UNDO_SENT:
+                entry.repairs.append((self.clock() + grace, i, -st.undo_attempt[i]))
         heapq.heapify(entry.repairs)
 
     def _track_deadlines(self, entry: Entry, events: Iterable[Event]) -> None:
         """Remember when running attempts must have answered (the timeout backstop)."""
         st, plan = entry.state, entry.plan
         if events:
-            started = [e.task for e in events if isinstance(e, TaskStarted)]
+            started = [e.task for e in events if isinstance(e, TaskStarted) and not e.undo]
         else:
             started = [i for i, c in enumerate(st.task_status) if c == TaskStatus.RUNNING]
         for i in started:
@@ -532,7 +542,11 @@ class Coordinator:
         outgoing, entry.unsent = entry.unsent, []
         while entry.repairs and entry.repairs[0][0] <= now:
             _, i, attempt = heapq.heappop(entry.repairs)
-            if st.task_status[i] == TaskStatus.READY and st.attempt[i] == attempt:
+            if attempt < 0:  # an undo (negative attempt numbers mark them here)
+                if st.undo_status.get(i) == UNDO_SENT and st.undo_attempt.get(i) == -attempt:
+                    undo = machine.Dispatch(i, -attempt, 0.0, undo=True)
+                    outgoing.append(task_message(entry.plan, st, undo))
+            elif st.task_status[i] == TaskStatus.READY and st.attempt[i] == attempt:
                 dispatch = machine.Dispatch(i, attempt, max(0.0, st.dispatched_at[i] - now))
                 outgoing.append(task_message(entry.plan, st, dispatch))
         if outgoing:

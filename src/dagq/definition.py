@@ -16,7 +16,7 @@ ResultPolicy = Literal["all_sinks_succeed", "all_tasks_succeed"]
 
 #: Task fields reserved for later versions; a definition using them is refused
 #: with a message that says so, rather than an "unknown field".
-RESERVED_TASK_FIELDS = ("foreach", "compensate", "priority")
+RESERVED_TASK_FIELDS = ("foreach", "priority")
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, description="A duration in seconds (> 0).")]
 Command = str | list[str]
@@ -83,6 +83,29 @@ class ShellKwargs(_Strict, frozen=True, kw_only=True):
     cwd: str | None = None
 
 
+Call = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+        description="A Python function to run, as 'package.module:function'.",
+    ),
+]
+
+
+class Compensate(_Strict, frozen=True, kw_only=True):
+    """The undo of a task's side effects, run if the workflow fails or is cancelled after
+    the task completed. It sees the task's output under the task's name in its inputs."""
+
+    cmd: Command | None = None
+    kwargs: ShellKwargs | None = None
+    call: Call | None = None
+    args: Any = None
+    queue: str | None = None
+    timeout_s: Seconds | None = None
+    num_retries: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 3
+    retry: RetryPolicy | None = None
+
+
 class TaskDef(_Strict, frozen=True, kw_only=True):
     """One task of a workflow."""
 
@@ -116,6 +139,7 @@ class TaskDef(_Strict, frozen=True, kw_only=True):
     loop: Loop | None = None
     cancel_remaining: bool = False
     task_deadline_s: Seconds | None = None
+    compensate: Compensate | None = None
 
 
 class Defaults(_Strict, frozen=True, kw_only=True):

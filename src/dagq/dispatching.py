@@ -8,6 +8,7 @@ reference are passed by their key, so no message ever exceeds the queue limit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -32,29 +33,15 @@ class Outgoing:
 
 
 def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
-    """Build the message for one dispatched attempt."""
+    """Build the message for one dispatched attempt (of a task, or of its undo)."""
     task = plan.tasks[dispatch.task]
     workflow_id = state.workflow_id
-    inputs = {}
-    refs = {}
-    for p in task.parents:
-        if state.task_status[p] != TaskStatus.COMPLETED:
-            continue
-        name = plan.tasks[p].name
-        ref = state.output_refs.get(p)
-        if ref is not None:
-            refs[name] = ref
-        else:
-            inputs[name] = state.outputs.get(p)
     documents: list[tuple[str, bytes]] = []
-    inputs_ref = None
-    if inputs:
-        encoded = msgspec.json.encode(inputs)
-        if len(encoded) > INPUTS_INLINE_LIMIT:
-            inputs_ref = keys.inputs(workflow_id, dispatch.task, dispatch.attempt)
-            documents.append((inputs_ref, encoded))
-            inputs = {}
-    iteration = state.iteration.get(dispatch.task, 0)
+    sources = list(task.parents)
+    if dispatch.undo:  # an undo also sees what the task itself returned
+        sources.append(dispatch.task)
+    inputs, refs, inputs_ref = _inputs(plan, state, sources, dispatch, documents)
+    iteration = 0 if dispatch.undo else state.iteration.get(dispatch.task, 0)
     previous, previous_ref = None, None
     if iteration > 1:  # a loop's next iteration sees what the last one returned
         previous_ref = state.output_refs.get(dispatch.task)
@@ -65,32 +52,65 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
             documents.append((previous_ref, encoded))
         if previous_ref is not None:
             previous = None
+    spec, queue, name = task.spec, task.queue, task.name
+    if dispatch.undo:
+        assert task.undo is not None
+        spec, queue, name = task.undo.spec, task.undo.queue, f"{task.name}/undo"
     message = TaskMessage(
         workflow_id=workflow_id,
         task=dispatch.task,
         name=task.name,
         attempt=dispatch.attempt,
-        spec=task.spec,
+        spec=spec,
         inputs=inputs,
         input_refs=refs,
         inputs_ref=inputs_ref,
-        idempotency_key=f"{workflow_id}/{task.name}",
+        idempotency_key=f"{workflow_id}/{name}",
         iteration=iteration,
         previous=previous,
         previous_ref=previous_ref,
-        timeout_s=_attempt_timeout(task, state, dispatch),
+        timeout_s=None if dispatch.undo else _attempt_timeout(task, state, dispatch),
         epoch=state.epoch,
+        undo=dispatch.undo,
     )
-    body = encode_task(message)
     return Outgoing(
-        queue=task.queue,
+        queue=queue,
         message=OutgoingMessage(
-            body=body,
-            id=keys.message_id(workflow_id, task.name, dispatch.attempt),
+            body=encode_task(message),
+            id=keys.message_id(workflow_id, name, dispatch.attempt),
             delay_s=max(dispatch.delay_s, 0.0),
         ),
         documents=tuple(documents),
     )
+
+
+def _inputs(
+    plan: Plan,
+    state: RunState,
+    sources: list[int],
+    dispatch: Dispatch,
+    documents: list[tuple[str, bytes]],
+) -> tuple[dict[str, Any], dict[str, str], str | None]:
+    """Upstream outputs inline, by reference, or (if too many) as one document."""
+    inputs: dict[str, Any] = {}
+    refs: dict[str, str] = {}
+    for p in sources:
+        if state.task_status[p] != TaskStatus.COMPLETED:
+            continue
+        name = plan.tasks[p].name
+        ref = state.output_refs.get(p)
+        if ref is not None:
+            refs[name] = ref
+        else:
+            inputs[name] = state.outputs.get(p)
+    if inputs:
+        encoded = msgspec.json.encode(inputs)
+        if len(encoded) > INPUTS_INLINE_LIMIT:
+            suffix = "-undo" if dispatch.undo else ""
+            key = keys.inputs(state.workflow_id, dispatch.task, dispatch.attempt) + suffix
+            documents.append((key, encoded))
+            return {}, refs, key
+    return inputs, refs, None
 
 
 def _attempt_timeout(task: PlanTask, state: RunState, dispatch: Dispatch) -> float | None:

@@ -17,6 +17,7 @@ import msgspec
 import yaml
 
 from dagq.definition import (
+    Compensate,
     RESERVED_TASK_FIELDS,
     Defaults,
     Loop,
@@ -40,6 +41,7 @@ _FIELDS: dict[str, tuple[str, ...]] = {
     "defaults": Defaults.__struct_fields__,
     "wait_for": WaitFor.__struct_fields__,
     "loop": Loop.__struct_fields__,
+    "compensate": Compensate.__struct_fields__,
 }
 
 
@@ -203,7 +205,7 @@ def _check_fields(report: _Reporter) -> None:
                     "by this version of dagq yet"
                 )
         report.unknown(task, "task", ["tasks", i])
-        for sub in ("retry", "kwargs", "wait_for", "loop"):
+        for sub in ("retry", "kwargs", "wait_for", "loop", "compensate"):
             if isinstance(task.get(sub), Mapping):
                 report.unknown(task[sub], sub, ["tasks", i, sub])
 

@@ -30,7 +30,16 @@ from dagq.messages import (
     TaskStarted,
 )
 from dagq.plan import Plan
-from dagq.state import BAD, UNSET, WORKFLOW_TERMINAL, RunState, TaskStatus
+from dagq.state import (
+    BAD,
+    UNDO_DONE,
+    UNDO_FAILED,
+    UNDO_SENT,
+    UNSET,
+    WORKFLOW_TERMINAL,
+    RunState,
+    TaskStatus,
+)
 from dagq.transitions import (
     RUN,
     SKIP,
@@ -43,8 +52,10 @@ from dagq.transitions import (
     decide,
     finish,
     make_ready,
+    next_undo,
     output_of,
     receive_signal,
+    send_undo,
     settle,
     verdict,
 )
@@ -93,8 +104,8 @@ def cancel(
     The workflow ends ``final`` (``cancelled``, or ``failed`` when a deadline passed)
     once no task is running.
     """
-    if state.status in WORKFLOW_TERMINAL or state.status == "cancelling":
-        return
+    if state.status in WORKFLOW_TERMINAL or state.status in ("cancelling", "compensating"):
+        return  # a compensation under way is never interrupted
     state.status = "cancelling"
     state.cancel_reason = reason
     state.cancelled_at = now
@@ -191,7 +202,7 @@ def _on_signal(plan: Plan, state: RunState, event: Any, now: float, fx: Effects)
 
 def _on_started(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
     i = event.task
-    if not current(state, i, event.attempt):
+    if event.undo or not current(state, i, event.attempt):
         return
     if state.task_status[i] == TaskStatus.READY:
         if state.dispatched_at[i] == UNSET:  # started before we knew it was sent
@@ -203,6 +214,9 @@ def _on_started(plan: Plan, state: RunState, event: Any, now: float, fx: Effects
 
 
 def _on_finished(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
+    if event.undo:
+        _on_undo_finished(plan, state, event, now, fx)
+        return
     i = event.task
     if not current(state, i, event.attempt):
         return
@@ -228,6 +242,40 @@ def _on_finished(plan: Plan, state: RunState, event: Any, now: float, fx: Effect
     else:
         _on_failure(plan, state, event, now, fx)
     settle(plan, state, now, fx)
+
+
+def _on_undo_finished(
+    plan: Plan, state: RunState, event: TaskFinished, now: float, fx: Effects
+) -> None:
+    """A compensation attempt ended: next undo, a retry, or an undo given up on."""
+    i = event.task
+    live = (
+        state.status == "compensating"
+        and 0 <= i < state.n_tasks
+        and state.undo_status.get(i) == UNDO_SENT
+        and state.undo_attempt.get(i) == event.attempt
+    )
+    undo = plan.tasks[i].undo if live else None
+    if undo is None:
+        return
+    name = plan.tasks[i].name
+    state.touch(i)
+    if event.ok:
+        state.undo_status[i] = UNDO_DONE
+        fx.note(event.at, "compensated", name, event.attempt)
+    elif event.retryable and event.attempt < undo.max_attempts:
+        delay = event.retry_after_s
+        if delay is None:
+            key = keys.message_id(state.workflow_id, f"{name}/undo", event.attempt)
+            delay = retry_delay(undo.retry, event.attempt, key)
+        fx.note(event.at, "undo_retried", name, event.attempt, f"{event.error} (in {delay:.1f}s)")
+        send_undo(plan, state, i, now, fx, delay=delay)
+        return
+    else:
+        state.undo_status[i] = UNDO_FAILED
+        state.errors[i] = f"its compensation failed: {event.error or 'no error message'}"
+        fx.note(event.at, "compensation_failed", name, event.attempt, event.error)
+    next_undo(plan, state, now, fx)
 
 
 def _loop_done(plan: Plan, state: RunState, event: TaskFinished, now: float, fx: Effects) -> bool:
@@ -338,6 +386,9 @@ def _retry_plan(
 def _on_retry(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
     if state.status not in WORKFLOW_TERMINAL:
         fx.note(now, "retry_ignored", detail=f"the workflow is still {state.status}")
+        return
+    if state.undo_order:
+        fx.note(now, "retry_ignored", detail="its completed tasks were compensated (undone)")
         return
     targets = _retry_targets(plan, state, event.tasks)
     if not targets:

@@ -120,7 +120,22 @@ async def diagnose(store: Store, *, now: float | None = None) -> list[Finding]:
     findings.append(await _coordinator(store, now, needed=bool(active)))
     findings += await _queues(store, active, now)
     findings += _workflows(active, now)
+    findings += await _compensation_failures(store)
     return findings
+
+
+async def _compensation_failures(store: Store) -> list[Finding]:
+    """Runs whose undo gave up: side effects may be half undone — a person must look."""
+    page = await store.index.query(status=["compensation_failed"], limit=100)
+    return [
+        Finding(
+            "fail",
+            f"workflow {row.id}",
+            "compensation_failed: an undo exhausted its retries",
+            f"see which: dagq tasks {row.id}; fix the side effects by hand, then purge it",
+        )
+        for row in page.rows
+    ]
 
 
 async def _coordinator(store: Store, now: float, *, needed: bool) -> Finding:

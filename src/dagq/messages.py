@@ -54,6 +54,8 @@ class TaskMessage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True)
     timeout_s: float | None = None
     #: The workflow's epoch when sent; a stop covers the attempts of its epoch and before.
     epoch: int = 0
+    #: This is the task's compensation (its undo), not the task.
+    undo: bool = False
 
 
 # --- events to the coordinator ----------------------------------------------
@@ -67,6 +69,7 @@ class TaskStarted(msgspec.Struct, frozen=True, tag="started", kw_only=True):
     attempt: int
     at: float
     worker: str = ""
+    undo: bool = False
 
 
 class TaskFinished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=True, kw_only=True):
@@ -86,6 +89,8 @@ class TaskFinished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=Tr
     error_type: str | None = None
     duration_s: float = 0.0
     worker: str = ""
+    #: The event reports on the task's compensation (its undo), not the task.
+    undo: bool = False
 
 
 class SubmitRequested(msgspec.Struct, frozen=True, tag="submit", kw_only=True):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagq import expression
-from dagq.definition import Loop, RetryPolicy, TaskDef, WaitFor, WorkflowDef
+from dagq.definition import Compensate, Loop, RetryPolicy, TaskDef, WaitFor, WorkflowDef
 from dagq.errors import ValidationError
 from dagq.messages import TaskSpec
 from dagq.validation import LOOP_ROOTS
@@ -50,6 +50,17 @@ class PlanTask:
     until: expression.Expr | None = None
     cancel_remaining: bool = False
     task_deadline_s: float | None = None
+    undo: Undo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Undo:
+    """A task's compensation, compiled: what to run, where, and how often to try."""
+
+    spec: TaskSpec
+    queue: str
+    max_attempts: int
+    retry: RetryPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,11 +185,12 @@ def _compile_task(
         until=until,
         cancel_remaining=task.cancel_remaining,
         task_deadline_s=task.task_deadline_s,
+        undo=_undo(task, env, queue),
     )
 
 
 def _spec(
-    task: TaskDef, env: Mapping[str, Any], timeout: float | None, retry: RetryPolicy
+    task: TaskDef | Compensate, env: Mapping[str, Any], timeout: float | None, retry: RetryPolicy
 ) -> TaskSpec:
     codes = list(retry.non_retryable_exit_codes)
     if task.call is not None:
@@ -205,8 +217,21 @@ def _spec(
     )
 
 
+def _undo(task: TaskDef, env: Mapping[str, Any], queue: str) -> Undo | None:
+    undo = task.compensate
+    if undo is None:
+        return None
+    retry = undo.retry or DEFAULT_RETRY
+    return Undo(
+        spec=_spec(undo, env, undo.timeout_s, retry),
+        queue=undo.queue or queue,
+        max_attempts=undo.num_retries + 1,
+        retry=retry,
+    )
+
+
 def _python_spec(
-    task: TaskDef, env: Mapping[str, Any], timeout: float | None, codes: list[int]
+    task: TaskDef | Compensate, env: Mapping[str, Any], timeout: float | None, codes: list[int]
 ) -> TaskSpec:
     """Args that read upstream outputs are rendered by the worker, all at once."""
     refs = [expr.refs for _, expr in expression.template_expressions(task.args)]

@@ -46,6 +46,8 @@ class Header(msgspec.Struct, array_like=True, kw_only=True):
     history_seq: int
     epoch: int = 0
     signals: dict[str, Any] = msgspec.field(default_factory=dict)
+    undo_order: list[int] = msgspec.field(default_factory=list)
+    compensate_after: str = ""
     inline: bytes | None = None
     base: str | None = None
     deltas: list[str] = msgspec.field(default_factory=list)
@@ -65,6 +67,8 @@ class _Sparse(msgspec.Struct, array_like=True):
     round_started: dict[int, float]
     delay_spent: dict[int, float]
     stop_requests: dict[int, int]
+    undo_status: dict[int, int]
+    undo_attempt: dict[int, int]
 
 
 _SPARSE = _Sparse.__struct_fields__
@@ -137,6 +141,8 @@ def header(state: RunState, **where: Any) -> Header:
         history_seq=state.history_seq,
         epoch=state.epoch,
         signals=state.signals,
+        undo_order=state.undo_order,
+        compensate_after=state.compensate_after,
         **where,
     )
 
@@ -169,6 +175,8 @@ def empty_state(head: Header) -> RunState:
     state.history_seq = head.history_seq
     state.epoch = head.epoch
     state.signals = dict(head.signals)
+    state.undo_order = list(head.undo_order)
+    state.compensate_after = head.compensate_after
     return state
 
 

@@ -48,8 +48,11 @@ TERMINAL = frozenset(
 #: Statuses that block an ``all`` child and count as "not succeeded" for result policies.
 BAD = frozenset({TaskStatus.FAILED, TaskStatus.UPSTREAM_FAILED, TaskStatus.CANCELLED})
 
-WORKFLOW_ACTIVE = frozenset({"pending", "running", "cancelling"})
-WORKFLOW_TERMINAL = frozenset({"completed", "failed", "cancelled"})
+WORKFLOW_ACTIVE = frozenset({"pending", "running", "cancelling", "compensating"})
+WORKFLOW_TERMINAL = frozenset({"completed", "failed", "cancelled", "compensation_failed"})
+
+#: Where a task's compensation stands (``RunState.undo_status``).
+UNDO_QUEUED, UNDO_SENT, UNDO_DONE, UNDO_FAILED = 1, 2, 3, 4
 
 
 class RunState:
@@ -65,6 +68,7 @@ class RunState:
         "cancelled_at",
         "changed",
         "counts",
+        "compensate_after",
         "created_at",
         "delay_spent",
         "dirty",
@@ -93,6 +97,9 @@ class RunState:
         "stop_requests",
         "task_finished_at",
         "task_status",
+        "undo_attempt",
+        "undo_order",
+        "undo_status",
         "updated_at",
         "wake_at",
         "workflow_id",
@@ -133,6 +140,12 @@ class RunState:
         self.stop_requests: dict[int, int] = {}
         #: Signals received, by name (kept even if no task waits for them yet).
         self.signals: dict[str, Any] = {}
+        #: Compensations (sagas): each task's undo progress and attempt, the order they
+        #: run in (reverse completion), and the status the run ends with afterwards.
+        self.undo_status: dict[int, int] = {}
+        self.undo_attempt: dict[int, int] = {}
+        self.undo_order: list[int] = []
+        self.compensate_after = ""
         # --- derived (rebuilt by ``rebuild``; never stored)
         self.n_done = [0] * n_tasks
         self.n_skip = [0] * n_tasks

@@ -13,7 +13,16 @@ from typing import Any
 from dagq.expression import ExpressionError, truthy
 from dagq.history import HistoryEntry
 from dagq.plan import POLICY_ALL, POLICY_ALL_SETTLED, POLICY_ANY, Plan, PlanTask
-from dagq.state import BAD, TERMINAL, UNSET, RunState, TaskStatus
+from dagq.state import (
+    BAD,
+    TERMINAL,
+    UNDO_FAILED,
+    UNDO_QUEUED,
+    UNDO_SENT,
+    UNSET,
+    RunState,
+    TaskStatus,
+)
 
 WAIT, RUN, SKIP, UPSTREAM = 0, 1, 2, 3
 #: Statuses a task leaves when it loses a race (or is cancelled) before finishing.
@@ -27,6 +36,8 @@ class Dispatch:
     task: int
     attempt: int
     delay_s: float = 0.0
+    #: The task's compensation (its undo), not the task itself.
+    undo: bool = False
 
 
 @dataclass(slots=True)
@@ -337,6 +348,68 @@ def _finalize(plan: Plan, state: RunState, now: float, fx: Effects) -> None:
         ]
         final = "failed" if culprits else "completed"
         state.error = _failure_summary(plan, state, culprits) if culprits else None
+    if final != "completed" and _start_compensation(plan, state, final, now, fx):
+        return
+    _end(state, final, now, fx)
+
+
+def _start_compensation(
+    plan: Plan, state: RunState, final: str, now: float, fx: Effects
+) -> bool:
+    """A run that fails or is cancelled undoes its completed tasks' side effects first,
+    one at a time, most recently completed first. False if there is nothing to undo."""
+    if state.undo_order:  # compensated once already
+        return False
+    done = [
+        i
+        for i in range(state.n_tasks)
+        if state.task_status[i] == TaskStatus.COMPLETED and plan.tasks[i].undo is not None
+    ]
+    if not done:
+        return False
+    done.sort(key=lambda i: (state.task_finished_at[i], i), reverse=True)
+    state.status = "compensating"
+    state.compensate_after = final
+    state.undo_order = done
+    for i in done:
+        state.undo_status[i] = UNDO_QUEUED
+        state.touch(i)
+    names = ", ".join(plan.tasks[i].name for i in done[:10])
+    fx.note(now, "compensating", detail=f"the run will end {final}; undoing {names}")
+    next_undo(plan, state, now, fx)
+    return True
+
+
+def next_undo(plan: Plan, state: RunState, now: float, fx: Effects) -> None:
+    """Send the next compensation, or end the run when every one has been tried."""
+    if any(state.undo_status.get(i) == UNDO_SENT for i in state.undo_order):
+        return  # one at a time
+    queued = [i for i in state.undo_order if state.undo_status.get(i) == UNDO_QUEUED]
+    if queued:
+        send_undo(plan, state, queued[0], now, fx)
+        return
+    failed = any(state.undo_status.get(i) == UNDO_FAILED for i in state.undo_order)
+    _end(state, "compensation_failed" if failed else state.compensate_after, now, fx)
+
+
+def send_undo(
+    plan: Plan, state: RunState, i: int, now: float, fx: Effects, *, delay: float = 0.0
+) -> None:
+    """Dispatch an attempt of task ``i``'s compensation."""
+    attempt = state.undo_attempt.get(i, 0) + 1
+    state.undo_attempt[i] = attempt
+    state.undo_status[i] = UNDO_SENT
+    state.touch(i)
+    fx.dispatch.append(Dispatch(i, attempt, delay, undo=True))
+    fx.note(now, "dispatched", plan.tasks[i].name, attempt, "compensation")
+
+
+def _end(state: RunState, final: str, now: float, fx: Effects) -> None:
+    """The run is over: record how it ended."""
+    if final == "compensation_failed":
+        state.error = f"a compensation failed after the run {state.compensate_after}: " + (
+            state.error or "see its tasks"
+        )
     state.status = final
     state.finished_at = now
     state.updated_at = now

@@ -90,6 +90,8 @@ def _check_task(task: TaskDef, names: Mapping[str, TaskDef], params: Mapping[str
     if task.condition is not None:
         expr = expression.parse(task.condition, where=f"{where}: condition", names=_CONDITION_ROOTS)
         _check_refs(expr, parents, params, f"{where}: condition")
+    if task.compensate is not None:
+        _check_compensation(task, params, where)
     if isinstance(task.sleep_s, str):
         expr = expression.parse(task.sleep_s, where=f"{where}: sleep_s", names=_CONDITION_ROOTS)
         _check_refs(expr, parents, params, f"{where}: sleep_s")
@@ -148,6 +150,11 @@ def _check_kind(task: TaskDef, where: str) -> None:
     if len(kinds) > 1:
         raise ValidationError(f"{where}: give only one of {' / '.join(kinds)}")
     if kinds[0] in ("sleep_s", "wait_for"):
+        if task.compensate is not None:
+            raise ValidationError(
+                f"{where}: compensate: a {kinds[0]} task has no side effects to undo; put "
+                "the compensation on the task that changes something"
+            )
         for name, value in (("queue", task.queue), ("loop", task.loop)):
             if value is not None:
                 raise ValidationError(
@@ -168,6 +175,27 @@ def _check_kind(task: TaskDef, where: str) -> None:
         raise ValidationError(f"{where}: cmd: an empty argument list runs nothing")
     if isinstance(command, str) and not command.strip():
         raise ValidationError(f"{where}: cmd: the command is empty")
+
+
+def _check_compensation(task: TaskDef, params: Mapping[str, Any], where: str) -> None:
+    undo = task.compensate
+    assert undo is not None
+    where = f"{where}: compensate"
+    kinds = [k for k, v in (("cmd", undo.cmd), ("kwargs", undo.kwargs), ("call", undo.call)) if v]
+    if len(kinds) != 1:
+        raise ValidationError(
+            f"{where}: give exactly one of cmd, kwargs or call (the undo to run), not "
+            f"{' / '.join(kinds) or 'none'}"
+        )
+    if undo.args is not None and undo.call is None:
+        raise ValidationError(f"{where}: args: only a Python undo ('call') takes args")
+    if undo.queue is not None:
+        _check_queue(f"{where}: queue", undo.queue)
+    command = undo.cmd if undo.cmd is not None else (undo.kwargs.cmd if undo.kwargs else None)
+    _check_templates(command, frozenset(), params, f"{where}: cmd", _PARAM_ROOTS)
+    # The undo sees the task's own output (under its name) beside its parents'.
+    sees = frozenset([*task.depends_on, task.name])
+    _check_templates(undo.args, sees, params, f"{where}: args", _CONDITION_ROOTS)
 
 
 def _check_refs(

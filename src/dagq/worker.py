@@ -217,6 +217,7 @@ class Worker:
                     attempt=task.attempt,
                     at=self.clock(),
                     worker=self.options.name,
+                    undo=task.undo,
                 )
             )
             started = self.clock()
@@ -328,6 +329,7 @@ class Worker:
             retryable=retryable,
             retry_after_s=outcome.retry_after_s,
             error_type=outcome.error_type,
+            undo=task.undo,
             duration_s=now - started,
             worker=self.options.name,
         )

@@ -51,6 +51,7 @@ TASK_FIELDS = {
     "duration_s",
     "error",
     "output_ref",
+    "compensation",
 }
 LIST_FIELDS = {
     "id",

@@ -203,3 +203,66 @@ def test_signal_bad_input_gets_a_clear_error(cli: DagqCli) -> None:
     assert missing.code == 2 and "no workflow 'nope'" in missing.stderr
     bad = cli.run("signal", "s", "go", "--data", "{oops")
     assert bad.code == 2 and "--data is not valid JSON" in bad.stderr
+
+
+#: An undo that applies its side effect once per idempotency key, whatever reruns.
+UNDO = (
+    'grep -qx "$DAGQ_IDEMPOTENCY_KEY" undone.keys 2>/dev/null || '
+    '{ sleep {pause}; echo "$DAGQ_IDEMPOTENCY_KEY" >> undone.keys; '
+    'echo "$DAGQ_TASK" >> undone.log; }'
+)
+
+
+def saga(pause: float) -> dict[str, object]:
+    undo = {
+        "cmd": UNDO.replace("{pause}", str(pause)),
+        "num_retries": 2,
+        "retry": {"backoff_s": 0.1},
+    }
+    return {
+        "name": "saga",
+        "tasks": [
+            {"name": "reserve", "cmd": "true", "compensate": undo},
+            {"name": "charge", "cmd": "true", "depends_on": ["reserve"], "compensate": undo},
+            {"name": "ship", "cmd": "exit 9", "depends_on": ["charge"]},
+        ],
+    }
+
+
+def test_a_compensation_chain_survives_a_coordinator_crash_and_undoes_each_task_once(
+    cli: DagqCli,
+) -> None:
+    coordinator = cli.start_coordinator()
+    worker(cli)
+    cli.submit_here("saga", saga(pause=1.5))
+    wait_until(
+        lambda: cli.workflow_status("saga") == "compensating",
+        timeout_s=20,
+        what="the compensation to start",
+    )
+    crash_and_restart(cli, coordinator)
+    assert cli.wait_for_end("saga", timeout_s=60) == "failed"
+    assert (cli.workdir / "undone.log").read_text().split() == ["charge", "reserve"]
+    tasks = {t["name"]: t for t in cli.json("tasks", "saga")}
+    assert tasks["reserve"]["compensation"] == tasks["charge"]["compensation"] == "done"
+
+
+def test_an_undo_that_keeps_failing_ends_in_compensation_failed_and_doctor_says_so(
+    cli: DagqCli,
+) -> None:
+    workflow = saga(pause=0)
+    workflow["tasks"][0]["compensate"] = {
+        "cmd": "exit 3",
+        "num_retries": 1,  # type: ignore[index]
+        "retry": {"backoff_s": 0.1},
+    }
+    cli.start_coordinator()
+    worker(cli)
+    cli.submit_here("saga", workflow)
+    assert cli.wait_for_end("saga", timeout_s=60) == "compensation_failed"
+    status = cli.run("status", "saga")
+    assert "a compensation failed" in status.stdout
+    doctor = cli.run("doctor")
+    assert doctor.code == 1 and "compensation_failed" in doctor.stdout
+    listed = cli.json("list")
+    assert listed[0]["status"] == "compensation_failed"

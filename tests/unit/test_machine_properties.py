@@ -22,7 +22,7 @@ from dagq.messages import (
     TaskFinished,
     TaskStarted,
 )
-from dagq.state import BAD, TERMINAL, TaskStatus
+from dagq.state import BAD, TERMINAL, UNDO_DONE, UNDO_FAILED, TaskStatus
 from tests.helpers import Sim
 
 POLICIES = ["all", "any", "all_settled"]
@@ -45,7 +45,7 @@ def workflows(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             task["dep_policy"] = draw(st.integers(1, len(parents))) if choice == "n" else choice
             if draw(st.booleans()):
                 task["condition"] = f"inputs.t{draw(st.sampled_from(parents))}.ok != false"
-            if choice != "all" and choice != "all_settled" and draw(st.integers(0, 3)) == 0:
+            if choice not in {"all", "all_settled"} and draw(st.integers(0, 3)) == 0:
                 task["cancel_remaining"] = True
         kind = draw(st.sampled_from(["run"] * 6 + ["sleep", "wait", "loop"]))
         if kind == "sleep":
@@ -60,6 +60,12 @@ def workflows(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             }
         elif kind == "loop":
             task["loop"] = {"until": "output.ok", "max_iterations": draw(st.integers(1, 3))}
+        if kind in ("run", "loop") and draw(st.integers(0, 3)) == 0:
+            task["compensate"] = {
+                "cmd": "undo",
+                "num_retries": draw(st.integers(0, 1)),
+                "retry": {"backoff_s": 0, "jitter": 0},
+            }
         tasks.append(task)
     workflow: dict[str, Any] = {}
     if draw(st.booleans()):
@@ -76,7 +82,8 @@ class World:
         self.sim = sim
         self.tasks = tasks
         self.draw = draw
-        self.queue: list[tuple[int, int]] = []
+        self.queue: list[tuple[int, int, bool]] = []
+        self.undos: Counter[tuple[int, int]] = Counter()
         self.sent: list[Event] = []
         self.dispatch_ids: Counter[tuple[int, int]] = Counter()
         self.max_in_flight = 0
@@ -85,8 +92,11 @@ class World:
 
     def absorb(self, fx: machine.Effects) -> None:
         for d in fx.dispatch:
-            self.queue.append((d.task, d.attempt))
-            self.dispatch_ids[(d.task, d.attempt)] += 1
+            self.queue.append((d.task, d.attempt, d.undo))
+            if d.undo:
+                self.undos[(d.task, d.attempt)] += 1
+            else:
+                self.dispatch_ids[(d.task, d.attempt)] += 1
 
     def apply(self, event: Event) -> None:
         self.sent.append(event)
@@ -128,6 +138,8 @@ class World:
             "round_started",
             "delay_spent",
             "stop_requests",
+            "undo_status",
+            "undo_attempt",
             "n_done",
             "n_skip",
             "n_bad",
@@ -183,9 +195,13 @@ class World:
 
     def run_one(self) -> None:
         index = self.draw(st.integers(0, len(self.queue) - 1))
-        task, attempt = self.queue.pop(index)
+        task, attempt, undo = self.queue.pop(index)
         if self.draw(st.booleans()):
-            self.apply(TaskStarted(workflow_id="wf-1", task=task, attempt=attempt, at=self.sim.now))
+            self.apply(
+                TaskStarted(
+                    workflow_id="wf-1", task=task, attempt=attempt, at=self.sim.now, undo=undo
+                )
+            )
         ok = self.draw(st.booleans())
         self.apply(
             TaskFinished(
@@ -197,6 +213,7 @@ class World:
                 output={"ok": self.draw(st.booleans())} if ok else None,
                 error=None if ok else "boom",
                 retryable=self.draw(st.booleans()),
+                undo=undo,
             )
         )
 
@@ -275,12 +292,35 @@ def _check_result(sim: Sim, world: World) -> None:
     cancelled = any(isinstance(e, CancelRequested) for e in world.sent)
     st_ = sim.state
     if cancelled and st_.status != "completed" and st_.cancel_reason:
-        assert st_.status == "cancelled"
-        return
-    culprits = [
-        t
+        expected = "cancelled"
+    else:
+        culprits = [
+            t
+            for t in sim.plan.tasks
+            if st_.task_status[t.index] in BAD
+            and (sim.plan.all_tasks_must_succeed or sim.plan.is_sink[t.index])
+        ]
+        expected = "failed" if culprits else "completed"
+    _check_compensation(sim, world, expected)
+
+
+def _check_compensation(sim: Sim, world: World, expected: str) -> None:
+    """Undos ran for exactly the completed tasks that have one, newest first, within
+    their attempts; an undo given up on ends the run in compensation_failed."""
+    st_ = sim.state
+    undoable = [
+        t.index
         for t in sim.plan.tasks
-        if st_.task_status[t.index] in BAD
-        and (sim.plan.all_tasks_must_succeed or sim.plan.is_sink[t.index])
+        if t.undo is not None and st_.task_status[t.index] == TaskStatus.COMPLETED
     ]
-    assert st_.status == ("failed" if culprits else "completed")
+    if expected == "completed" or not undoable:
+        assert st_.status == expected and not world.undos
+        return
+    assert sorted(st_.undo_order) == sorted(undoable)
+    finished = [st_.task_finished_at[i] for i in st_.undo_order]
+    assert finished == sorted(finished, reverse=True)
+    for (task, attempt), n in world.undos.items():
+        assert n == 1 and attempt <= sim.plan.tasks[task].undo.max_attempts  # type: ignore[union-attr]
+    failed = any(st_.undo_status[i] == UNDO_FAILED for i in st_.undo_order)
+    assert all(st_.undo_status[i] in (UNDO_DONE, UNDO_FAILED) for i in st_.undo_order)
+    assert st_.status == ("compensation_failed" if failed else expected)

@@ -7,7 +7,7 @@ import pytest
 
 from dagq import machine
 from dagq.errors import ValidationError
-from dagq.messages import CancelRequested, RetryRequested, SignalSent
+from dagq.messages import CancelRequested, RetryRequested, SignalSent, TaskFinished
 from tests.helpers import Sim, definition
 
 
@@ -305,3 +305,115 @@ def test_a_cap_on_total_retry_delay_ends_the_retries() -> None:
     sim.finish("a", ok=False, error="x")  # +20 would be 30 > 25
     assert sim.status("a") == "failed"
     assert "max_total_delay_s=25" in sim.history[-2].detail
+
+
+# --- compensation (sagas) -------------------------------------------------------------
+
+
+def saga(**undo: object) -> Sim:
+    compensate = {"cmd": "undo.sh", "num_retries": 1, "retry": {"backoff_s": 0}, **undo}
+    return Sim(
+        [
+            {"name": "reserve", "compensate": compensate},
+            {"name": "charge", "depends_on": ["reserve"], "compensate": compensate},
+            {"name": "ship", "depends_on": ["charge"]},
+        ]
+    )
+
+
+def finish_undo(sim: Sim, name: str, *, ok: bool = True) -> None:
+    i = sim.index(name)
+    sim.apply(
+        TaskFinished(
+            workflow_id="wf-1",
+            task=i,
+            attempt=sim.state.undo_attempt[i],
+            at=sim.now,
+            ok=ok,
+            error=None if ok else "undo broke",
+            undo=True,
+        )
+    )
+
+
+def undo_dispatches(sim: Sim) -> list[str | None]:
+    return [e.task for e in sim.history if e.kind == "dispatched" and e.detail == "compensation"]
+
+
+def test_a_failure_undoes_completed_tasks_in_reverse_order_one_at_a_time() -> None:
+    sim = saga()
+    sim.start()
+    sim.now += 1
+    sim.finish("reserve")
+    sim.now += 1
+    sim.finish("charge")
+    sim.finish("ship", ok=False, error="carrier down")
+    assert sim.state.status == "compensating"
+    assert undo_dispatches(sim) == ["charge"]
+    finish_undo(sim, "charge")
+    assert undo_dispatches(sim) == ["charge", "reserve"]
+    finish_undo(sim, "reserve")
+    assert sim.state.status == "failed"
+    assert "task 'ship' failed" in (sim.state.error or "")
+    kinds = [e.kind for e in sim.history]
+    assert kinds.count("compensated") == 2 and kinds[-1] == "workflow_failed"
+
+
+def test_a_cancelled_run_is_compensated_then_ends_cancelled() -> None:
+    sim = saga()
+    sim.start()
+    sim.finish("reserve")
+    sim.apply(CancelRequested(workflow_id="wf-1"))
+    assert sim.state.status == "compensating"
+    finish_undo(sim, "reserve")
+    assert sim.state.status == "cancelled"
+
+
+def test_an_undo_that_exhausts_its_retries_ends_in_compensation_failed() -> None:
+    sim = saga()
+    sim.start()
+    sim.finish("reserve")
+    sim.finish("charge")
+    sim.finish("ship", ok=False, error="x")
+    finish_undo(sim, "charge", ok=False)  # attempt 1; retried
+    assert sim.state.undo_attempt[sim.index("charge")] == 2
+    finish_undo(sim, "charge", ok=False)  # attempt 2 of 2: given up, the next undo runs
+    assert undo_dispatches(sim)[-1] == "reserve"
+    finish_undo(sim, "reserve")
+    assert sim.state.status == "compensation_failed"
+    assert "a compensation failed after the run failed" in (sim.state.error or "")
+
+
+def test_a_completed_run_is_not_compensated() -> None:
+    sim = saga()
+    sim.start()
+    for name in ("reserve", "charge", "ship"):
+        sim.finish(name)
+    assert sim.state.status == "completed"
+    assert undo_dispatches(sim) == []
+
+
+def test_cancel_does_not_interrupt_a_compensation() -> None:
+    sim = saga()
+    sim.start()
+    sim.finish("reserve")
+    sim.finish("charge", ok=False, error="x", retryable=False)
+    assert sim.state.status == "compensating"
+    sim.apply(CancelRequested(workflow_id="wf-1"))
+    assert sim.state.status == "compensating"
+
+
+def test_a_duplicate_undo_result_changes_nothing() -> None:
+    sim = saga()
+    sim.start()
+    sim.finish("reserve")
+    sim.finish("charge", ok=False, error="x", retryable=False)
+    finish_undo(sim, "reserve")
+    status = sim.state.status
+    finish_undo(sim, "reserve")
+    assert sim.state.status == status == "failed"
+
+
+def test_a_compensation_on_a_wait_is_refused() -> None:
+    with pytest.raises(ValidationError, match="has no side effects to undo"):
+        definition([{"name": "w", "wait_for": {"signal": "x"}, "compensate": {"cmd": "true"}}])

@@ -79,6 +79,14 @@ def status_view(status: WorkflowStatus, now: float) -> Group:
         eta=eta,
     )
     parts.append(counts_text(status.counts))
+    if status.status == "compensation_failed":
+        parts.append(
+            Text(
+                f"⚠ a compensation failed: side effects may be left half undone; a person must "
+                f"look (dagq tasks {status.id})",
+                style="bold white on red",
+            )
+        )
     if status.error:
         parts.append(Text(f"error: {status.error}", style="red"))
     if status.failed:
