@@ -17,8 +17,8 @@ import msgspec
 import yaml
 
 from dagq.definition import (
-    Compensate,
     RESERVED_TASK_FIELDS,
+    Compensate,
     Defaults,
     Loop,
     RetryPolicy,

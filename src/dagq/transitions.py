@@ -353,9 +353,7 @@ def _finalize(plan: Plan, state: RunState, now: float, fx: Effects) -> None:
     _end(state, final, now, fx)
 
 
-def _start_compensation(
-    plan: Plan, state: RunState, final: str, now: float, fx: Effects
-) -> bool:
+def _start_compensation(plan: Plan, state: RunState, final: str, now: float, fx: Effects) -> bool:
     """A run that fails or is cancelled undoes its completed tasks' side effects first,
     one at a time, most recently completed first. False if there is nothing to undo."""
     if state.undo_order:  # compensated once already
