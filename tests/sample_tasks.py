@@ -41,3 +41,15 @@ def busy_once(ctx: TaskContext) -> int:
 
 def unserialisable() -> object:
     return object()
+
+
+def chunks(n: int) -> dict[str, Any]:
+    return {"chunks": [f"chunk-{k}" for k in range(n)]}
+
+
+def summarise(item: str, index: int) -> dict[str, Any]:
+    return {"item": item, "index": index}
+
+
+def count_items(inputs: dict[str, Any]) -> int:
+    return len(inputs["work"])

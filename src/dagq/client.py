@@ -57,6 +57,10 @@ class TaskInfo(msgspec.Struct, frozen=True, kw_only=True):
     output_ref: str | None
     #: Where the task's compensation stands, if one ran: queued, sent, done or failed.
     compensation: str | None = None
+    #: A foreach task's instances per state, once it has expanded.
+    items: dict[str, int] | None = None
+    #: The indexes of its failed instances.
+    failed_items: list[int] | None = None
 
 
 class WorkflowStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,6 +112,7 @@ def _time(value: float) -> float | None:
 def task_info(plan: Plan, st: RunState, i: int) -> TaskInfo:
     """The public view of one task."""
     started, finished = st.started_at[i], st.task_finished_at[i]
+    group = st.groups.get(i)
     return TaskInfo(
         name=plan.tasks[i].name,
         status=TaskStatus(st.task_status[i]).label,
@@ -119,6 +124,8 @@ def task_info(plan: Plan, st: RunState, i: int) -> TaskInfo:
         error=st.errors.get(i),
         output_ref=st.output_refs.get(i),
         compensation=_UNDO_LABELS.get(st.undo_status.get(i, 0)),
+        items=group.counts() if group else None,
+        failed_items=group.failed() if group else None,
     )
 
 

@@ -83,7 +83,7 @@ class Entry:
     name: str
     tenant: str
     deadlines: list[tuple[float, int, int]] = field(default_factory=list)
-    repairs: list[tuple[float, int, int]] = field(default_factory=list)
+    repairs: list[tuple[float, int, machine.Dispatch]] = field(default_factory=list)
     timers: list[tuple[float, int]] = field(default_factory=list)
     unsent: list[Outgoing] = field(default_factory=list)
 
@@ -322,15 +322,18 @@ class Coordinator:
         history, then the state (the commit point), then task messages, then the index.
         """
         st = entry.state
-        if not st.dirty and not fx.history and not fx.dispatch:
+        if not st.dirty and not fx.history and not fx.dispatch and not fx.documents:
             return None
         workflow_id = st.workflow_id
         if fx.history:
             batch.put(keys.history(workflow_id, st.history_seq), encode_chunk(fx.history))
             st.history_seq += 1
+        for key, data in fx.documents:  # foreach items, assembled outputs: before the state
+            batch.put(key, data)
         staged = stage_state(batch, st, entry.stored)
         outgoing = [task_message(entry.plan, st, d) for d in fx.dispatch]
-        for key, data in (doc for o in outgoing for doc in o.documents):
+        documents = {key: data for o in outgoing for key, data in o.documents}
+        for key, data in documents.items():
             batch.put(key, data)
         by_queue: dict[str, list[OutgoingMessage]] = defaultdict(list)
         for o in outgoing:
@@ -449,24 +452,37 @@ class Coordinator:
         """
         st = entry.state
         grace = self.options.repair_grace_s
+        now = self.clock()
+        sent: list[tuple[float, machine.Dispatch]] = []
         for i, code in enumerate(st.task_status):
             if code == TaskStatus.READY and st.dispatched_at[i] != UNSET:
-                due = max(st.dispatched_at[i], self.clock() - grace) + grace
-                entry.repairs.append((due, i, st.attempt[i]))
-        for i, undo in st.undo_status.items():  # a compensation in flight: send it again
+                sent.append((st.dispatched_at[i], machine.Dispatch(i, st.attempt[i])))
+        for i, undo in st.undo_status.items():  # a compensation in flight
             if undo == UNDO_SENT:
-                entry.repairs.append((self.clock() + grace, i, -st.undo_attempt[i]))
+                sent.append((now, machine.Dispatch(i, st.undo_attempt[i], undo=True)))
+        for i, group in st.groups.items():  # foreach instances in flight
+            for k, code in enumerate(group.status):
+                if code == TaskStatus.READY and group.dispatched_at[k] != UNSET:
+                    dispatch = machine.Dispatch(i, group.attempt[k], item=k)
+                    sent.append((group.dispatched_at[k], dispatch))
+        entry.repairs = [
+            (max(when, now - grace) + grace, n, dispatch) for n, (when, dispatch) in enumerate(sent)
+        ]
         heapq.heapify(entry.repairs)
 
     def _track_deadlines(self, entry: Entry, events: Iterable[Event]) -> None:
         """Remember when running attempts must have answered (the timeout backstop)."""
         st, plan = entry.state, entry.plan
         if events:
-            started = [e.task for e in events if isinstance(e, TaskStarted) and not e.undo]
+            started = [
+                e.task for e in events if isinstance(e, TaskStarted) and not e.undo and e.item < 0
+            ]
         else:
             started = [i for i, c in enumerate(st.task_status) if c == TaskStatus.RUNNING]
         for i in started:
             if not 0 <= i < len(plan.tasks) or st.task_status[i] != TaskStatus.RUNNING:
+                continue
+            if plan.tasks[i].foreach is not None:  # its instances are timed by workers
                 continue
             limit = attempt_limit(plan, st, i)
             if limit is not None:
@@ -541,13 +557,8 @@ class Coordinator:
         st = entry.state
         outgoing, entry.unsent = entry.unsent, []
         while entry.repairs and entry.repairs[0][0] <= now:
-            _, i, attempt = heapq.heappop(entry.repairs)
-            if attempt < 0:  # an undo (negative attempt numbers mark them here)
-                if st.undo_status.get(i) == UNDO_SENT and st.undo_attempt.get(i) == -attempt:
-                    undo = machine.Dispatch(i, -attempt, 0.0, undo=True)
-                    outgoing.append(task_message(entry.plan, st, undo))
-            elif st.task_status[i] == TaskStatus.READY and st.attempt[i] == attempt:
-                dispatch = machine.Dispatch(i, attempt, max(0.0, st.dispatched_at[i] - now))
+            _, _, dispatch = heapq.heappop(entry.repairs)
+            if _still_sent(st, dispatch):
                 outgoing.append(task_message(entry.plan, st, dispatch))
         if outgoing:
             log.info("re-sending %d task message(s) of %s", len(outgoing), st.workflow_id)
@@ -579,16 +590,33 @@ class Coordinator:
 
 
 def _value_needed(plan: Plan, task: int) -> bool:
-    """Will the coordinator read this task's output (a child's condition or computed
-    timer, or the task's own loop)?"""
+    """Will the coordinator read this task's output (a child's condition, computed timer
+    or foreach list, or the task's own loop)?"""
     if not 0 <= task < len(plan.tasks):
         return False
     if plan.tasks[task].loop is not None:
         return True
     return any(
-        plan.tasks[c].condition is not None or not isinstance(plan.tasks[c].sleep, float | None)
+        plan.tasks[c].condition is not None
+        or plan.tasks[c].foreach is not None
+        or not isinstance(plan.tasks[c].sleep, float | None)
         for c in plan.tasks[task].children
     )
+
+
+def _still_sent(st: RunState, dispatch: machine.Dispatch) -> bool:
+    """Is this attempt (of a task, an undo or an instance) still waiting to be done?"""
+    i, attempt = dispatch.task, dispatch.attempt
+    if dispatch.undo:
+        return st.undo_status.get(i) == UNDO_SENT and st.undo_attempt.get(i) == attempt
+    if dispatch.item >= 0:
+        group = st.groups.get(i)
+        return (
+            group is not None
+            and group.status[dispatch.item] == TaskStatus.READY
+            and group.attempt[dispatch.item] == attempt
+        )
+    return st.task_status[i] == TaskStatus.READY and st.attempt[i] == attempt
 
 
 def _track_timers(entry: Entry, timers: Iterable[tuple[float, int]]) -> None:

@@ -16,7 +16,7 @@ ResultPolicy = Literal["all_sinks_succeed", "all_tasks_succeed"]
 
 #: Task fields reserved for later versions; a definition using them is refused
 #: with a message that says so, rather than an "unknown field".
-RESERVED_TASK_FIELDS = ("foreach", "priority")
+RESERVED_TASK_FIELDS = ("priority",)
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, description="A duration in seconds (> 0).")]
 Command = str | list[str]
@@ -140,6 +140,20 @@ class TaskDef(_Strict, frozen=True, kw_only=True):
     cancel_remaining: bool = False
     task_deadline_s: Seconds | None = None
     compensate: Compensate | None = None
+    foreach: (
+        Annotated[str, msgspec.Meta(description="An expression yielding the list to fan out over.")]
+        | None
+    ) = None
+    max_parallel: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    allow_failures: (
+        Annotated[
+            float,
+            msgspec.Meta(
+                ge=0, description="Items that may fail: a count (>= 1) or a fraction (< 1)."
+            ),
+        ]
+        | None
+    ) = None
 
 
 class Defaults(_Strict, frozen=True, kw_only=True):

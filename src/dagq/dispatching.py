@@ -56,6 +56,14 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
     if dispatch.undo:
         assert task.undo is not None
         spec, queue, name = task.undo.spec, task.undo.queue, f"{task.name}/undo"
+    item, item_ref = None, None
+    if dispatch.item >= 0:  # one instance of a foreach task
+        name = f"{task.name}[{dispatch.item}]"
+        group = state.groups[dispatch.task]
+        if group.items is not None:
+            item = group.items[dispatch.item]
+        else:
+            item_ref = group.items_ref
     message = TaskMessage(
         workflow_id=workflow_id,
         task=dispatch.task,
@@ -72,6 +80,9 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
         timeout_s=None if dispatch.undo else _attempt_timeout(task, state, dispatch),
         epoch=state.epoch,
         undo=dispatch.undo,
+        item_index=dispatch.item,
+        item=item,
+        item_ref=item_ref,
     )
     return Outgoing(
         queue=queue,
@@ -106,8 +117,11 @@ def _inputs(
     if inputs:
         encoded = msgspec.json.encode(inputs)
         if len(encoded) > INPUTS_INLINE_LIMIT:
-            suffix = "-undo" if dispatch.undo else ""
-            key = keys.inputs(state.workflow_id, dispatch.task, dispatch.attempt) + suffix
+            if dispatch.item >= 0:  # every instance sees the same inputs: one document
+                key = keys.inputs(state.workflow_id, dispatch.task, 0) + "-foreach"
+            else:
+                suffix = "-undo" if dispatch.undo else ""
+                key = keys.inputs(state.workflow_id, dispatch.task, dispatch.attempt) + suffix
             documents.append((key, encoded))
             return {}, refs, key
     return inputs, refs, None

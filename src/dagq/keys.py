@@ -55,6 +55,16 @@ def log(workflow_id: str, task: int, attempt: int) -> str:
     return f"logs/{check_workflow_id(workflow_id)}/{task:07d}-{attempt}"
 
 
+def foreach_items(workflow_id: str, task: int) -> str:
+    """The list a foreach task fans out over, when too large to keep in its state."""
+    return f"foreach/{check_workflow_id(workflow_id)}/{task:07d}-items"
+
+
+def foreach_output(workflow_id: str, task: int, attempt: int) -> str:
+    """The assembled outputs of a foreach task's instances, when too large to inline."""
+    return f"outputs/{check_workflow_id(workflow_id)}/{task:07d}-{attempt}-foreach"
+
+
 def control(workflow_id: str) -> str:
     """Present while workers must stop a workflow's tasks (cancellation)."""
     return f"control/{check_workflow_id(workflow_id)}"

@@ -20,6 +20,7 @@ from typing import Any
 from dagq import keys
 from dagq.backoff import retry_delay
 from dagq.expression import ExpressionError, truthy
+from dagq.group import Group
 from dagq.messages import (
     CancelRequested,
     Event,
@@ -30,6 +31,7 @@ from dagq.messages import (
     TaskStarted,
 )
 from dagq.plan import Plan
+from dagq.retrying import Attempts, decide_retry
 from dagq.state import (
     BAD,
     UNDO_DONE,
@@ -55,8 +57,10 @@ from dagq.transitions import (
     next_undo,
     output_of,
     receive_signal,
+    send_instance,
     send_undo,
     settle,
+    settle_group,
     verdict,
 )
 
@@ -120,6 +124,12 @@ def cancel(
             state.wake_at.pop(i, None)
             fx.note(now, "cancelled", plan.tasks[i].name, state.attempt[i], reason)
     state.rebuild(plan)
+    for i, group in list(state.groups.items()):  # items not sent yet never will be
+        if state.task_status[i] == TaskStatus.RUNNING:
+            for k in group.pending():
+                group.settle(k, TaskStatus.CANCELLED)
+            state.touch_group(i)
+            settle_group(plan, state, i, now, fx)
     settle(plan, state, now, fx)
 
 
@@ -201,6 +211,9 @@ def _on_signal(plan: Plan, state: RunState, event: Any, now: float, fx: Effects)
 
 
 def _on_started(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
+    if event.item >= 0:
+        _on_instance_started(state, event)
+        return
     i = event.task
     if event.undo or not current(state, i, event.attempt):
         return
@@ -216,6 +229,10 @@ def _on_started(plan: Plan, state: RunState, event: Any, now: float, fx: Effects
 def _on_finished(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
     if event.undo:
         _on_undo_finished(plan, state, event, now, fx)
+        return
+    if event.item >= 0:
+        _on_instance_finished(plan, state, event, now, fx)
+        settle(plan, state, now, fx)
         return
     i = event.task
     if not current(state, i, event.attempt):
@@ -242,6 +259,70 @@ def _on_finished(plan: Plan, state: RunState, event: Any, now: float, fx: Effect
     else:
         _on_failure(plan, state, event, now, fx)
     settle(plan, state, now, fx)
+
+
+def _instance(state: RunState, event: TaskStarted | TaskFinished) -> Group | None:
+    """The group of a live instance attempt the event is about, else None."""
+    group = state.groups.get(event.task)
+    k = event.item
+    if group is None or not 0 <= k < group.n or group.attempt[k] != event.attempt:
+        return None
+    if group.status[k] not in (TaskStatus.READY, TaskStatus.RUNNING):
+        return None
+    return group
+
+
+def _on_instance_started(state: RunState, event: TaskStarted) -> None:
+    group = _instance(state, event)
+    if group is not None:
+        group.status[event.item] = TaskStatus.RUNNING
+        group.started_at[event.item] = event.at
+        state.touch_item(event.task, event.item)
+
+
+def _on_instance_finished(
+    plan: Plan, state: RunState, event: TaskFinished, now: float, fx: Effects
+) -> None:
+    """An instance of a foreach task ended: record it, retry it, or fail it."""
+    group = _instance(state, event)
+    if group is None:
+        return
+    i, k = event.task, event.item
+    task = plan.tasks[i]
+    name = f"{task.name}[{k}]"
+    group.sent -= 1
+    state.touch_item(i, k)
+    group.finished_at[k] = event.at
+    if group.started_at[k] == UNSET:
+        group.started_at[k] = event.at - event.duration_s
+    group.outputs.pop(k, None)
+    group.output_refs.pop(k, None)
+    if event.ok:
+        group.settle(k, TaskStatus.COMPLETED)
+        group.errors.pop(k, None)
+        if event.output_ref is not None:
+            group.output_refs[k] = event.output_ref
+        elif event.output is not None:
+            group.outputs[k] = event.output
+    elif state.status == "cancelling":
+        group.settle(k, TaskStatus.CANCELLED)
+    else:
+        error = event.error or "failed without an error message"
+        group.errors[k] = error
+        past = Attempts(
+            used=event.attempt - group.retry_base.get(k, 0),
+            delay_spent=0.0,
+            round_started=state.round_started.get(i),
+        )
+        key = keys.message_id(state.workflow_id, name, event.attempt)
+        why, delay = decide_retry(task, event, past, now, key)
+        if why is None:
+            fx.note(event.at, "retried", name, event.attempt, f"{error} (in {delay:.1f}s)")
+            send_instance(plan, state, i, now, fx, item=k, delay=delay)
+        else:
+            group.settle(k, TaskStatus.FAILED)
+            fx.note(event.at, "failed", name, event.attempt, f"{error} ({why})")
+    settle_group(plan, state, i, now, fx)
 
 
 def _on_undo_finished(
@@ -336,7 +417,13 @@ def _on_failure(plan: Plan, state: RunState, event: TaskFinished, now: float, fx
         fx.note(event.at, "cancelled", task.name, event.attempt, error)
         finish(plan, state, i, event.at, fx, status=TaskStatus.CANCELLED)
         return
-    why, delay = _retry_plan(plan, state, event, now)
+    past = Attempts(
+        used=event.attempt - state.retry_base.get(i, 0),
+        delay_spent=state.delay_spent.get(i, 0.0),
+        round_started=state.round_started.get(i),
+    )
+    key = keys.message_id(state.workflow_id, task.name, event.attempt)
+    why, delay = decide_retry(task, event, past, now, key)
     if why is None:
         fx.note(
             event.at,
@@ -353,36 +440,6 @@ def _on_failure(plan: Plan, state: RunState, event: TaskFinished, now: float, fx
         finish(plan, state, i, event.at, fx, status=TaskStatus.FAILED)
 
 
-def _retry_plan(
-    plan: Plan, state: RunState, event: TaskFinished, now: float
-) -> tuple[str | None, float]:
-    """(None, delay) to retry after ``delay``; else (why not, 0)."""
-    i = event.task
-    task = plan.tasks[i]
-    policy = task.retry
-    used = event.attempt - state.retry_base.get(i, 0)
-    if not event.retryable:
-        return "not retryable", 0.0
-    kind = event.error_type
-    if kind is not None and kind in policy.no_retry_on:
-        return f"{kind} is in no_retry_on", 0.0
-    if kind is not None and policy.retry_on and kind not in policy.retry_on:
-        return f"{kind} is not in retry_on", 0.0
-    if used >= task.max_attempts:
-        return f"{used} of {task.max_attempts} attempts used", 0.0
-    delay = event.retry_after_s
-    if delay is None:
-        key = keys.message_id(state.workflow_id, task.name, event.attempt)
-        delay = retry_delay(policy, used, key)
-    cap = policy.max_total_delay_s
-    if cap is not None and state.delay_spent.get(i, 0.0) + delay > cap:
-        return f"retry delays would pass max_total_delay_s={cap:g}", 0.0
-    deadline = task.task_deadline_s
-    if deadline is not None and now + delay >= state.round_started.get(i, now) + deadline:
-        return f"task deadline of {deadline:g}s exceeded", 0.0
-    return None, delay
-
-
 def _on_retry(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
     if state.status not in WORKFLOW_TERMINAL:
         fx.note(now, "retry_ignored", detail=f"the workflow is still {state.status}")
@@ -397,6 +454,7 @@ def _on_retry(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) 
     for i in targets:
         state.set_status(i, TaskStatus.PENDING)
         state.retry_base[i] = state.attempt[i]
+        _retry_instances(state, i)
         for column in (
             state.errors,
             state.wake_at,
@@ -423,6 +481,20 @@ def _on_retry(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) 
         if state.task_status[i] == TaskStatus.PENDING:
             decide(plan, state, i, now, fx)
     settle(plan, state, now, fx)
+
+
+def _retry_instances(state: RunState, i: int) -> None:
+    """A retried foreach task re-runs only its failed and cancelled items."""
+    group = state.groups.get(i)
+    if group is None:
+        return
+    for k, status in enumerate(group.status):
+        if status in (TaskStatus.FAILED, TaskStatus.CANCELLED):
+            group.status[k] = TaskStatus.PENDING
+            group.retry_base[k] = group.attempt[k]
+            group.errors.pop(k, None)
+    group.recount()
+    state.touch_group(i)
 
 
 def _retry_targets(plan: Plan, state: RunState, names: list[str]) -> list[int]:

@@ -56,6 +56,11 @@ class TaskMessage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True)
     epoch: int = 0
     #: This is the task's compensation (its undo), not the task.
     undo: bool = False
+    #: One instance of a foreach task: its index, and its item (inline, or in the
+    #: items document ``item_ref`` at that index).
+    item_index: int = -1
+    item: Any = None
+    item_ref: str | None = None
 
 
 # --- events to the coordinator ----------------------------------------------
@@ -70,6 +75,7 @@ class TaskStarted(msgspec.Struct, frozen=True, tag="started", kw_only=True):
     at: float
     worker: str = ""
     undo: bool = False
+    item: int = -1
 
 
 class TaskFinished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=True, kw_only=True):
@@ -91,6 +97,8 @@ class TaskFinished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=Tr
     worker: str = ""
     #: The event reports on the task's compensation (its undo), not the task.
     undo: bool = False
+    #: The event reports on one instance (item index) of a foreach task.
+    item: int = -1
 
 
 class SubmitRequested(msgspec.Struct, frozen=True, tag="submit", kw_only=True):

@@ -77,7 +77,7 @@ class Staged:
 def stage_state(batch: Batch, state: RunState, stored: Stored) -> Staged:
     """Stage the writes of ``state`` over the version ``stored`` names (header last)."""
     workflow_id = state.workflow_id
-    if state.n_tasks <= INLINE_TASKS:
+    if state.n_tasks + sum(g.n for g in state.groups.values()) <= INLINE_TASKS:
         head = snapshots.header(state, inline=snapshots.encode_tasks(state))
         written = Stored("")
     elif _compact(stored):
@@ -89,8 +89,10 @@ def stage_state(batch: Batch, state: RunState, stored: Stored) -> Staged:
     else:
         deltas = list(stored.deltas)
         size = stored.delta_bytes
-        if state.changed:
-            data = snapshots.encode_delta(state, state.changed)
+        if state.changed or state.changed_groups or state.changed_items:
+            data = snapshots.encode_delta(
+                state, state.changed, state.changed_groups, state.changed_items
+            )
             deltas.append(keys.state_part(workflow_id, f"delta-{len(deltas) + 1:04d}-{_token()}"))
             batch.put(deltas[-1], data)
             size += len(data)
@@ -106,6 +108,8 @@ async def settle(store: Store, state: RunState, staged: Staged, etags: list[str]
     """After the batch committed: the new version, and old parts cleaned up."""
     staged.stored.etag = etags[staged.slot]
     state.changed.clear()
+    state.changed_groups.clear()
+    state.changed_items.clear()
     if staged.stored.base != staged.previous_base:
         keep = {staged.stored.base} if staged.stored.base else set()
         await _forget(store, state.workflow_id, keep=keep)

@@ -51,6 +51,9 @@ class PlanTask:
     cancel_remaining: bool = False
     task_deadline_s: float | None = None
     undo: Undo | None = None
+    foreach: expression.Expr | None = None
+    max_parallel: int | None = None
+    allow_failures: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +189,15 @@ def _compile_task(
         cancel_remaining=task.cancel_remaining,
         task_deadline_s=task.task_deadline_s,
         undo=_undo(task, env, queue),
+        foreach=(
+            None
+            if task.foreach is None
+            else expression.parse(
+                task.foreach, where=f"task '{task.name}': foreach", names=_CONDITION_ROOTS
+            )
+        ),
+        max_parallel=task.max_parallel,
+        allow_failures=task.allow_failures,
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from dagq.group import apply_items, decode_group, encode_group, encode_items, set_or_drop
 from dagq.plan import Plan
 from dagq.state import RunState
 
@@ -81,6 +82,7 @@ class _Tasks(msgspec.Struct, array_like=True):
     started_at: bytes
     task_finished_at: bytes
     sparse: _Sparse
+    groups: dict[int, bytes] = msgspec.field(default_factory=dict)
 
 
 class _Delta(msgspec.Struct, array_like=True):
@@ -91,6 +93,8 @@ class _Delta(msgspec.Struct, array_like=True):
     attempt: list[int]
     times: bytes
     sparse: _Sparse
+    groups: dict[int, bytes] = msgspec.field(default_factory=dict)
+    items: dict[int, bytes] = msgspec.field(default_factory=dict)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -192,6 +196,7 @@ def encode_tasks(state: RunState) -> bytes:
         started_at=_pack(state.started_at),
         task_finished_at=_pack(state.task_finished_at),
         sparse=_Sparse(*(getattr(state, name) for name in _SPARSE)),
+        groups={i: encode_group(g) for i, g in state.groups.items()},
     )
     return _compress(_encoder.encode(columns))
 
@@ -209,10 +214,18 @@ def load_tasks(state: RunState, data: bytes) -> None:
     state.task_finished_at = _unpack(columns.task_finished_at, n)
     for name in _SPARSE:
         setattr(state, name, getattr(columns.sparse, name))
+    state.groups = {i: decode_group(data) for i, data in columns.groups.items()}
 
 
-def encode_delta(state: RunState, tasks: Iterable[int]) -> bytes:
-    """The full records of ``tasks`` (those a flush changed), compressed."""
+def encode_delta(
+    state: RunState,
+    tasks: Iterable[int],
+    changed_groups: Iterable[int] = (),
+    changed_items: dict[int, set[int]] | None = None,
+) -> bytes:
+    """The full records of ``tasks`` (those a flush changed), of foreach groups changed
+    as a whole, and of the foreach instances changed one by one; compressed."""
+    whole = set(changed_groups)
     indexes = sorted(tasks)
     times = array("d")
     for i in indexes:
@@ -223,6 +236,12 @@ def encode_delta(state: RunState, tasks: Iterable[int]) -> bytes:
         attempt=[state.attempt[i] for i in indexes],
         times=_pack(times),
         sparse=_Sparse(*(_pick(getattr(state, name), indexes) for name in _SPARSE)),
+        groups={i: encode_group(state.groups[i]) for i in whole if i in state.groups},
+        items={
+            i: encode_items(state.groups[i], ks)
+            for i, ks in (changed_items or {}).items()
+            if i in state.groups and i not in whole
+        },
     )
     return _compress(_encoder.encode(delta))
 
@@ -243,19 +262,15 @@ def apply_delta(state: RunState, data: bytes) -> None:
         state.started_at[i] = times[3 * n + 1]
         state.task_finished_at[i] = times[3 * n + 2]
         for name in _SPARSE:
-            _replace(getattr(state, name), getattr(delta.sparse, name), i)
+            set_or_drop(getattr(state, name), getattr(delta.sparse, name), i)
+    for i, group in delta.groups.items():
+        state.groups[i] = decode_group(group)
+    for i, records in delta.items.items():
+        apply_items(state.groups[i], records)
 
 
 def _pick(column: dict[int, T], indexes: list[int]) -> dict[int, T]:
     return {i: column[i] for i in indexes if i in column}
-
-
-def _replace(column: dict[int, T], values: dict[int, T], i: int) -> None:
-    """Set a sparse column's entry for task ``i`` from a delta (absent there: remove)."""
-    if i in values:
-        column[i] = values[i]
-    else:
-        column.pop(i, None)
 
 
 # --- one self-contained document (small workflows, tests) ---------------------------------

@@ -10,9 +10,12 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagq.plan import Plan
+
+if TYPE_CHECKING:
+    from dagq.group import Group
 
 UNSET = -1.0
 
@@ -67,6 +70,8 @@ class RunState:
         "cancel_reason",
         "cancelled_at",
         "changed",
+        "changed_groups",
+        "changed_items",
         "compensate_after",
         "counts",
         "created_at",
@@ -78,6 +83,7 @@ class RunState:
         "errors",
         "final_on_cancel",
         "finished_at",
+        "groups",
         "held",
         "history_seq",
         "in_flight",
@@ -146,6 +152,8 @@ class RunState:
         self.undo_attempt: dict[int, int] = {}
         self.undo_order: list[int] = []
         self.compensate_after = ""
+        #: The instances of expanded foreach tasks, by task (see :mod:`dagq.group`).
+        self.groups: dict[int, Group] = {}
         # --- derived (rebuilt by ``rebuild``; never stored)
         self.n_done = [0] * n_tasks
         self.n_skip = [0] * n_tasks
@@ -157,8 +165,10 @@ class RunState:
         self.held: deque[int] = deque()
         self.resolved: dict[str, Any] = {}
         self.dirty = False
-        #: Tasks changed since the last flush (what a delta must carry).
+        #: Tasks (and foreach groups) changed since the last flush: what a delta carries.
         self.changed: set[int] = set()
+        self.changed_groups: set[int] = set()
+        self.changed_items: dict[int, set[int]] = {}
 
     @property
     def n_tasks(self) -> int:
@@ -180,6 +190,16 @@ class RunState:
             self.n_terminal -= 1
         self.task_status[task] = status
         self.changed.add(task)
+        self.dirty = True
+
+    def touch_group(self, task: int) -> None:
+        """Note a change to a foreach task's group as a whole (expanded, reset)."""
+        self.changed_groups.add(task)
+        self.dirty = True
+
+    def touch_item(self, task: int, item: int) -> None:
+        """Note a change to one instance of a foreach task."""
+        self.changed_items.setdefault(task, set()).add(item)
         self.dirty = True
 
     def touch(self, task: int) -> None:

@@ -10,8 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from dagq import keys
 from dagq.expression import ExpressionError, truthy
+from dagq.group import INLINE_ITEMS_LIMIT, Group
 from dagq.history import HistoryEntry
+from dagq.messages import OUTPUT_INLINE_LIMIT
 from dagq.plan import POLICY_ALL, POLICY_ALL_SETTLED, POLICY_ANY, Plan, PlanTask
 from dagq.state import (
     BAD,
@@ -38,6 +43,8 @@ class Dispatch:
     delay_s: float = 0.0
     #: The task's compensation (its undo), not the task itself.
     undo: bool = False
+    #: One instance (item index) of a foreach task; -1 for the task itself.
+    item: int = -1
 
 
 @dataclass(slots=True)
@@ -51,6 +58,8 @@ class Effects:
     #: Workers must stop something: the whole run (cancel) or single attempts (a race).
     stop: bool = False
     finished: bool = False
+    #: Documents to store with the state (foreach items, a large assembled output).
+    documents: list[tuple[str, bytes]] = field(default_factory=list)
 
     def note(
         self,
@@ -95,9 +104,14 @@ def verdict(policy: int, n_parents: int, done: int, skipped: int, bad: int) -> i
 
 
 def current(state: RunState, task: int, attempt: int) -> bool:
-    """Is this event about the live attempt of a task that can still take it?"""
+    """Is this event about the live attempt of a task that can still take it?
+
+    Attempts count from 1; a foreach task is never sent itself (its instances are), so
+    it stays at attempt 0 and no event about the task proper is ever live.
+    """
     return (
         0 <= task < state.n_tasks
+        and attempt >= 1
         and state.attempt[task] == attempt
         and state.task_status[task] in (TaskStatus.READY, TaskStatus.RUNNING)
     )
@@ -157,6 +171,13 @@ def start(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskS
         return _wait(plan, state, i, now, fx)
     if task.kind == "sleep":
         return _sleep(plan, state, i, now, fx)
+    if task.foreach is not None:
+        limit = plan.max_parallelism
+        if limit is not None and state.in_flight >= limit:  # it takes a slot once expanded
+            state.set_status(i, TaskStatus.READY)
+            state.held.append(i)
+            return None
+        return expand(plan, state, i, now, fx)
     if task.loop is not None and i not in state.iteration:
         state.iteration[i] = 1
     make_ready(plan, state, i, now, fx)
@@ -331,7 +352,12 @@ def settle(plan: Plan, state: RunState, now: float, fx: Effects) -> None:
     while state.held and (limit is None or state.in_flight < limit):
         i = state.held.popleft()
         if state.task_status[i] == TaskStatus.READY and state.dispatched_at[i] == UNSET:
-            dispatch(plan, state, i, now, fx)
+            if plan.tasks[i].foreach is not None:
+                outcome = expand(plan, state, i, now, fx)
+                if outcome is not None:
+                    finish(plan, state, i, now, fx, status=outcome)
+            else:
+                dispatch(plan, state, i, now, fx)
     if state.n_terminal == state.n_tasks and state.status in ("running", "cancelling"):
         _finalize(plan, state, now, fx)
 
@@ -434,3 +460,122 @@ def _failure_summary(plan: Plan, state: RunState, culprits: list[int]) -> str:
 def is_terminal(status: int) -> bool:
     """Has a task with this status finished for good?"""
     return status in TERMINAL
+
+
+# --- foreach: dynamic fan-out -----------------------------------------------------------
+
+
+def expand(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
+    """Fan a foreach task out into one instance per item of its list (or resume its group)."""
+    task = plan.tasks[i]
+    group = state.groups.get(i)
+    if group is None:
+        assert task.foreach is not None
+        try:
+            items = task.foreach.evaluate(inputs_env(plan, state, i))
+        except ExpressionError as exc:
+            return fail_now(state, task, now, fx, f"foreach could not be evaluated: {exc}")
+        if not isinstance(items, list):
+            kind = type(items).__name__ if items is not None else "null"
+            return fail_now(state, task, now, fx, f"foreach must give a list, got {kind}")
+        if not items:
+            state.outputs[i] = []
+            state.started_at[i] = now
+            fx.note(now, "completed", task.name, detail="foreach over an empty list")
+            return TaskStatus.COMPLETED
+        encoded = msgspec.json.encode(items)
+        if len(encoded) > INLINE_ITEMS_LIMIT:
+            ref = keys.foreach_items(state.workflow_id, i)
+            fx.documents.append((ref, encoded))
+            group = Group(len(items), None, ref)
+        else:
+            group = Group(len(items), items, None)
+        state.groups[i] = group
+        fx.note(now, "expanded", task.name, detail=f"{group.n} items")
+    state.touch_group(i)
+    state.set_status(i, TaskStatus.RUNNING)
+    if state.started_at[i] == UNSET:
+        state.started_at[i] = now
+    state.in_flight += 1
+    fill_group(plan, state, i, now, fx)
+    return None
+
+
+def fill_group(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> None:
+    """Send instances while the group's ``max_parallel`` allows."""
+    group = state.groups[i]
+    limit = plan.tasks[i].max_parallel or group.n
+    while group.unsent and group.sent < limit:
+        k = group.unsent.popleft()
+        if group.status[k] == TaskStatus.PENDING:
+            send_instance(plan, state, i, now, fx, item=k)
+
+
+def send_instance(
+    plan: Plan, state: RunState, i: int, now: float, fx: Effects, *, item: int, delay: float = 0.0
+) -> None:
+    """Dispatch a new attempt of instance ``item`` of foreach task ``i``."""
+    group = state.groups[i]
+    k = item
+    group.attempt[k] += 1
+    group.status[k] = TaskStatus.READY
+    group.dispatched_at[k] = now + delay
+    group.started_at[k] = group.finished_at[k] = UNSET
+    group.sent += 1
+    state.touch_item(i, k)
+    fx.dispatch.append(Dispatch(i, group.attempt[k], delay, item=k))
+
+
+def settle_group(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> None:
+    """Refill the group; once every instance finished, finish the task itself."""
+    group = state.groups[i]
+    if state.status == "running":
+        fill_group(plan, state, i, now, fx)
+    if not group.done() or state.task_status[i] != TaskStatus.RUNNING:
+        return
+    task = plan.tasks[i]
+    state.in_flight -= 1
+    failed = group.failed()
+    if state.status == "cancelling" or any(s == TaskStatus.CANCELLED for s in group.status):
+        fx.note(now, "cancelled", task.name, detail="its items were cancelled")
+        finish(plan, state, i, now, fx, status=TaskStatus.CANCELLED)
+        return
+    allowed = _allowed_failures(task.allow_failures, group.n)
+    if len(failed) > allowed:
+        first = group.errors.get(failed[0], "failed")
+        shown = ", ".join(str(k) for k in failed[:20]) + (" …" if len(failed) > 20 else "")
+        state.errors[i] = (
+            f"{len(failed)} of {group.n} items failed (allowed: {allowed}): items {shown}; "
+            f"item {failed[0]}: {first}"
+        )
+        fx.note(now, "failed", task.name, detail=state.errors[i])
+        finish(plan, state, i, now, fx, status=TaskStatus.FAILED)
+        return
+    _assemble(state, i, group, fx)
+    detail = f"{group.n} items" + (f", {len(failed)} failed (allowed)" if failed else "")
+    fx.note(now, "completed", task.name, detail=detail)
+    finish(plan, state, i, now, fx, status=TaskStatus.COMPLETED)
+
+
+def _allowed_failures(allow: float | None, n: int) -> int:
+    if allow is None:
+        return 0
+    return int(allow * n) if allow < 1 else int(allow)
+
+
+def _assemble(state: RunState, i: int, group: Group, fx: Effects) -> None:
+    """The task's output: its instances' outputs in index order (None for failed ones)."""
+    values = [
+        {"$dagq_ref": group.output_refs[k]} if k in group.output_refs else group.outputs.get(k)
+        for k in range(group.n)
+    ]
+    encoded = msgspec.json.encode(values)
+    state.outputs.pop(i, None)
+    if len(encoded) > OUTPUT_INLINE_LIMIT:
+        ref = keys.foreach_output(state.workflow_id, i, state.attempt[i])
+        fx.documents.append((ref, encoded))
+        state.output_refs[i] = ref
+        state.resolved[ref] = values  # a child's condition may read it in this very step
+    else:
+        state.output_refs.pop(i, None)
+        state.outputs[i] = values

@@ -92,6 +92,9 @@ def _check_task(task: TaskDef, names: Mapping[str, TaskDef], params: Mapping[str
         _check_refs(expr, parents, params, f"{where}: condition")
     if task.compensate is not None:
         _check_compensation(task, params, where)
+    if task.foreach is not None:
+        expr = expression.parse(task.foreach, where=f"{where}: foreach", names=_CONDITION_ROOTS)
+        _check_refs(expr, parents, params, f"{where}: foreach")
     if isinstance(task.sleep_s, str):
         expr = expression.parse(task.sleep_s, where=f"{where}: sleep_s", names=_CONDITION_ROOTS)
         _check_refs(expr, parents, params, f"{where}: sleep_s")
@@ -150,16 +153,8 @@ def _check_kind(task: TaskDef, where: str) -> None:
     if len(kinds) > 1:
         raise ValidationError(f"{where}: give only one of {' / '.join(kinds)}")
     if kinds[0] in ("sleep_s", "wait_for"):
-        if task.compensate is not None:
-            raise ValidationError(
-                f"{where}: compensate: a {kinds[0]} task has no side effects to undo; put "
-                "the compensation on the task that changes something"
-            )
-        for name, value in (("queue", task.queue), ("loop", task.loop)):
-            if value is not None:
-                raise ValidationError(
-                    f"{where}: {name}: a {kinds[0]} task runs on no worker, so it takes no {name}"
-                )
+        _check_engine_task(task, kinds[0], where)
+    _check_fan_out(task, where)
     if task.cancel_remaining and task.dep_policy in ("all", "all_settled"):
         raise ValidationError(
             f"{where}: cancel_remaining: a race needs dep_policy 'any' (or a number of "
@@ -175,6 +170,42 @@ def _check_kind(task: TaskDef, where: str) -> None:
         raise ValidationError(f"{where}: cmd: an empty argument list runs nothing")
     if isinstance(command, str) and not command.strip():
         raise ValidationError(f"{where}: cmd: the command is empty")
+
+
+def _check_engine_task(task: TaskDef, kind: str, where: str) -> None:
+    """A timer or a wait runs on no worker and changes nothing outside."""
+    if task.compensate is not None:
+        raise ValidationError(
+            f"{where}: compensate: a {kind} task has no side effects to undo; put "
+            "the compensation on the task that changes something"
+        )
+    if task.foreach is not None:
+        raise ValidationError(f"{where}: foreach: only a task that runs something fans out")
+    for name, value in (("queue", task.queue), ("loop", task.loop)):
+        if value is not None:
+            raise ValidationError(
+                f"{where}: {name}: a {kind} task runs on no worker, so it takes no {name}"
+            )
+
+
+def _check_fan_out(task: TaskDef, where: str) -> None:
+    if task.foreach is None:
+        limits: tuple[tuple[str, object], ...] = (
+            ("max_parallel", task.max_parallel),
+            ("allow_failures", task.allow_failures),
+        )
+        for name, value in limits:
+            if value is not None:
+                raise ValidationError(f"{where}: {name} only applies to a foreach task")
+        return
+    others: tuple[tuple[str, object], ...] = (
+        ("loop", task.loop),
+        ("compensate", task.compensate),
+        ("cancel_remaining", task.cancel_remaining or None),
+    )
+    for name, value in others:
+        if value is not None:
+            raise ValidationError(f"{where}: {name}: a foreach task cannot also have {name}")
 
 
 def _check_compensation(task: TaskDef, params: Mapping[str, Any], where: str) -> None:

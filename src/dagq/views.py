@@ -15,7 +15,7 @@ from dagq.errors import WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
 from dagq.persistence import read_state
 from dagq.plan import Plan, compile_plan
-from dagq.state import UNSET, RunState, TaskStatus
+from dagq.state import TERMINAL, UNSET, RunState, TaskStatus
 from dagq.stores.base import Store
 from dagq.submission import Submitted, require_submitted
 
@@ -54,9 +54,14 @@ def task_rows(plan: Plan, st: RunState, history: list[HistoryEntry]) -> list[Tas
     for i, task in enumerate(plan.tasks):
         started, finished = st.started_at[i], st.task_finished_at[i]
         duration = None if UNSET in (started, finished) else finished - started
+        group = st.groups.get(i)
+        label = task.name
+        if group is not None:
+            settled = sum(1 for s in group.status if TaskStatus(s) in TERMINAL)
+            label = f"{task.name} [{settled:,}/{group.n:,} items]"
         rows.append(
             TaskRow(
-                name=task.name,
+                name=label,
                 status=TaskStatus(st.task_status[i]).label,
                 attempts=dispatches.get(task.name, st.attempt[i]),
                 duration_s=duration,

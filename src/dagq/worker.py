@@ -37,6 +37,8 @@ from dagq.stores.base import Message, Store
 log = logging.getLogger("dagq.worker")
 
 _ARG_ROOTS = frozenset({"inputs", "params"})
+#: Decoded documents up to this size are kept for the next task that needs them.
+DOCUMENT_CACHE_BYTES = 8 * 1024 * 1024
 #: The name prefix of the threads that run synchronous Python tasks.
 TASK_THREAD_PREFIX = "dagq-task"
 _FIRST_POLL_S = 0.005
@@ -97,6 +99,8 @@ class Worker:
             max_workers=self.options.concurrency, thread_name_prefix=TASK_THREAD_PREFIX
         )
         self._controls: dict[str, tuple[float, _Control]] = {}
+        #: Immutable documents (items, outputs, inputs) lately decoded, by key.
+        self._documents: dict[str, Any] = {}
         add_import_paths(self.options.import_paths)
 
     # --- the loop ---------------------------------------------------------------------
@@ -218,6 +222,7 @@ class Worker:
                     at=self.clock(),
                     worker=self.options.name,
                     undo=task.undo,
+                    item=task.item_index,
                 )
             )
             started = self.clock()
@@ -250,14 +255,20 @@ class Worker:
             previous = await self._previous(task)
         except DagqError as exc:
             return Outcome(ok=False, error=f"cannot load the previous iteration's output: {exc}")
+        try:
+            item = await self._item(task)
+        except DagqError as exc:
+            return Outcome(ok=False, error=f"cannot load this instance's item: {exc}")
         ctx = TaskContext(
             workflow_id=task.workflow_id,
-            task=task.name,
+            task=task.name if task.item_index < 0 else f"{task.name}[{task.item_index}]",
             attempt=task.attempt,
             idempotency_key=task.idempotency_key,
             inputs=inputs,
             iteration=task.iteration,
             previous=previous,
+            item=item,
+            index=task.item_index,
         )
         spec = task.spec
         if task.timeout_s is not None:  # the task's deadline leaves this attempt less time
@@ -275,6 +286,13 @@ class Worker:
                 )
         return await run_python(spec, ctx, args, executor=self._executor)
 
+    async def _item(self, task: TaskMessage) -> Any:
+        """A foreach instance's item: in its message, or in the group's items document."""
+        if task.item_ref is None:
+            return task.item
+        items = await self._document(task.item_ref, "the items of this foreach")
+        return items[task.item_index]
+
     async def _previous(self, task: TaskMessage) -> Any:
         if task.previous_ref is None:
             return task.previous
@@ -285,18 +303,26 @@ class Worker:
 
     async def _inputs(self, task: TaskMessage) -> dict[str, Any]:
         inputs = dict(task.inputs)
-        docs = self.store.documents
         if task.inputs_ref is not None:
-            doc = await docs.get(task.inputs_ref)
-            if doc is None:
-                raise DagqError(f"inputs document {task.inputs_ref} is missing")
-            inputs.update(msgspec.json.decode(doc.data))
+            inputs.update(await self._document(task.inputs_ref, "inputs document"))
         for name, ref in task.input_refs.items():
-            doc = await docs.get(ref)
-            if doc is None:
-                raise DagqError(f"the output of '{name}' ({ref}) is missing")
-            inputs[name] = msgspec.json.decode(doc.data)
+            inputs[name] = await self._document(ref, f"the output of '{name}'")
         return inputs
+
+    async def _document(self, key: str, what: str) -> Any:
+        """A stored output or inputs document, decoded. They never change once written,
+        so the few most recent are kept: a foreach's instances share their inputs."""
+        if key in self._documents:
+            return self._documents[key]
+        doc = await self.store.documents.get(key)
+        if doc is None:
+            raise DagqError(f"{what} ({key}) is missing")
+        value = msgspec.json.decode(doc.data)
+        if len(doc.data) <= DOCUMENT_CACHE_BYTES:
+            if len(self._documents) >= 16:
+                self._documents.pop(next(iter(self._documents)))
+            self._documents[key] = value
+        return value
 
     async def _report(self, task: TaskMessage, outcome: Outcome, started: float) -> TaskFinished:
         """The completion event; large outputs and logs are stored as documents first."""
@@ -330,6 +356,7 @@ class Worker:
             retry_after_s=outcome.retry_after_s,
             error_type=outcome.error_type,
             undo=task.undo,
+            item=task.item_index,
             duration_s=now - started,
             worker=self.options.name,
         )

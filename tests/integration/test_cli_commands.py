@@ -52,6 +52,8 @@ TASK_FIELDS = {
     "error",
     "output_ref",
     "compensation",
+    "items",
+    "failed_items",
 }
 LIST_FIELDS = {
     "id",

@@ -34,8 +34,8 @@ def test_unknown_field_names_task_line_and_suggestion() -> None:
 
 
 def test_reserved_fields_say_they_come_later() -> None:
-    assert "'foreach' is not supported by this version" in error(
-        "name: x\ntasks:\n  - {name: a, cmd: 'true', foreach: params.items}\n"
+    assert "'priority' is not supported by this version" in error(
+        "name: x\ntasks:\n  - {name: a, cmd: 'true', priority: 5}\n"
     )
 
 

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dagq import machine, snapshots, state
+from dagq.group import encode_group
 from dagq.messages import (
     CancelRequested,
     Event,
@@ -47,32 +48,46 @@ def workflows(draw: st.DrawFn) -> tuple[list[dict[str, Any]], dict[str, Any]]:
                 task["condition"] = f"inputs.t{draw(st.sampled_from(parents))}.ok != false"
             if choice not in {"all", "all_settled"} and draw(st.integers(0, 3)) == 0:
                 task["cancel_remaining"] = True
-        kind = draw(st.sampled_from(["run"] * 6 + ["sleep", "wait", "loop"]))
-        if kind == "sleep":
-            task = {k: v for k, v in task.items() if k not in ("num_retries", "retry")}
-            task["sleep_s"] = draw(st.sampled_from([0, 5, 50]))
-        elif kind == "wait":
-            task = {k: v for k, v in task.items() if k not in ("num_retries", "retry")}
-            task["wait_for"] = {
-                "signal": f"s{draw(st.integers(0, 2))}",
-                "timeout_s": draw(st.sampled_from([10, 100])),
-                "on_timeout": draw(st.sampled_from(["fail", "skip"])),
-            }
-        elif kind == "loop":
-            task["loop"] = {"until": "output.ok", "max_iterations": draw(st.integers(1, 3))}
-        if kind in ("run", "loop") and draw(st.integers(0, 3)) == 0:
-            task["compensate"] = {
-                "cmd": "undo",
-                "num_retries": draw(st.integers(0, 1)),
-                "retry": {"backoff_s": 0, "jitter": 0},
-            }
-        tasks.append(task)
-    workflow: dict[str, Any] = {}
+        tasks.append(_with_kind(draw, task))
+    workflow: dict[str, Any] = {
+        "params": {f"items{n}": list(range(draw(st.integers(0, 4)))) for n in range(3)}
+    }
     if draw(st.booleans()):
         workflow["max_parallelism"] = draw(st.integers(1, 3))
     if draw(st.booleans()):
         workflow["result_policy"] = "all_tasks_succeed"
     return tasks, workflow
+
+
+def _with_kind(draw: st.DrawFn, task: dict[str, Any]) -> dict[str, Any]:
+    """Make a task a timer, a wait, a loop, a foreach or a plain run (maybe with an undo)."""
+    kind = draw(st.sampled_from(["run"] * 6 + ["sleep", "wait", "loop", "foreach"]))
+    if kind == "sleep":
+        task = {k: v for k, v in task.items() if k not in ("num_retries", "retry")}
+        task["sleep_s"] = draw(st.sampled_from([0, 5, 50]))
+    elif kind == "wait":
+        task = {k: v for k, v in task.items() if k not in ("num_retries", "retry")}
+        task["wait_for"] = {
+            "signal": f"s{draw(st.integers(0, 2))}",
+            "timeout_s": draw(st.sampled_from([10, 100])),
+            "on_timeout": draw(st.sampled_from(["fail", "skip"])),
+        }
+    elif kind == "loop":
+        task["loop"] = {"until": "output.ok", "max_iterations": draw(st.integers(1, 3))}
+    elif kind == "foreach":
+        task.pop("cancel_remaining", None)
+        task["foreach"] = f"params.items{draw(st.integers(0, 2))}"
+        if draw(st.booleans()):
+            task["max_parallel"] = draw(st.integers(1, 2))
+        if draw(st.booleans()):
+            task["allow_failures"] = draw(st.sampled_from([1, 0.5]))
+    if kind in ("run", "loop") and draw(st.integers(0, 3)) == 0:
+        task["compensate"] = {
+            "cmd": "undo",
+            "num_retries": draw(st.integers(0, 1)),
+            "retry": {"backoff_s": 0, "jitter": 0},
+        }
+    return task
 
 
 class World:
@@ -82,19 +97,22 @@ class World:
         self.sim = sim
         self.tasks = tasks
         self.draw = draw
-        self.queue: list[tuple[int, int, bool]] = []
+        self.queue: list[machine.Dispatch] = []
         self.undos: Counter[tuple[int, int]] = Counter()
         self.sent: list[Event] = []
         self.dispatch_ids: Counter[tuple[int, int]] = Counter()
+        self.instances: Counter[tuple[int, int, int]] = Counter()
         self.max_in_flight = 0
         self.base = snapshots.encode_tasks(sim.state)
         self.deltas: list[bytes] = []
 
     def absorb(self, fx: machine.Effects) -> None:
         for d in fx.dispatch:
-            self.queue.append((d.task, d.attempt, d.undo))
+            self.queue.append(d)
             if d.undo:
                 self.undos[(d.task, d.attempt)] += 1
+            elif d.item >= 0:
+                self.instances[(d.task, d.item, d.attempt)] += 1
             else:
                 self.dispatch_ids[(d.task, d.attempt)] += 1
 
@@ -112,8 +130,12 @@ class World:
         if len(self.deltas) >= 4:
             self.base, self.deltas = snapshots.encode_tasks(st), []
         else:
-            self.deltas.append(snapshots.encode_delta(st, st.changed))
+            self.deltas.append(
+                snapshots.encode_delta(st, st.changed, st.changed_groups, st.changed_items)
+            )
         st.changed.clear()
+        st.changed_groups.clear()
+        st.changed_items.clear()
 
     def crash(self) -> None:
         """Throw the working copy away; rebuild it from the base and deltas stored so far."""
@@ -147,6 +169,14 @@ class World:
             "in_flight",
         ):
             assert getattr(new, column) == getattr(old, column), column
+        assert {i: encode_group(g) for i, g in new.groups.items()} == {
+            i: encode_group(g) for i, g in old.groups.items()
+        }
+        for i, group in old.groups.items():
+            assert (new.groups[i].sent, sorted(new.groups[i].unsent)) == (
+                group.sent,
+                sorted(k for k in group.unsent if group.status[k] == TaskStatus.PENDING),
+            ), "group counters"
         # Held tasks come back in task order rather than readiness order: same set.
         assert sorted(new.held) == sorted(old.held)
         self.sim.state = new
@@ -195,11 +225,17 @@ class World:
 
     def run_one(self) -> None:
         index = self.draw(st.integers(0, len(self.queue) - 1))
-        task, attempt, undo = self.queue.pop(index)
+        d = self.queue.pop(index)
+        task, attempt, undo, item = d.task, d.attempt, d.undo, d.item
         if self.draw(st.booleans()):
             self.apply(
                 TaskStarted(
-                    workflow_id="wf-1", task=task, attempt=attempt, at=self.sim.now, undo=undo
+                    workflow_id="wf-1",
+                    task=task,
+                    attempt=attempt,
+                    at=self.sim.now,
+                    undo=undo,
+                    item=item,
                 )
             )
         ok = self.draw(st.booleans())
@@ -214,6 +250,7 @@ class World:
                 error=None if ok else "boom",
                 retryable=self.draw(st.booleans()),
                 undo=undo,
+                item=item,
             )
         )
 
@@ -242,6 +279,8 @@ def test_every_run_terminates_and_keeps_the_invariants(
     assert sum(st_.counts) == st_.n_tasks == st_.n_terminal
     # Invariant 7: every attempt got exactly one message with its own id.
     assert all(n == 1 for n in world.dispatch_ids.values())
+    assert all(n == 1 for n in world.instances.values())
+    _check_groups(sim)
     for (task, attempt), _ in world.dispatch_ids.items():
         spec = sim.plan.tasks[task]
         if spec.loop is None:  # a loop's iterations each have their own retries
@@ -302,6 +341,22 @@ def _check_result(sim: Sim, world: World) -> None:
         ]
         expected = "failed" if culprits else "completed"
     _check_compensation(sim, world, expected)
+
+
+def _check_groups(sim: Sim) -> None:
+    """A finished foreach task reflects its instances: all done, failures within bounds."""
+    st_ = sim.state
+    for i, group in st_.groups.items():
+        spec = sim.plan.tasks[i]
+        status = TaskStatus(st_.task_status[i])
+        if status == TaskStatus.COMPLETED:
+            assert all(s in TERMINAL for s in group.status)
+            failed = group.failed()
+            allow = spec.allow_failures or 0
+            assert len(failed) <= (int(allow * group.n) if allow < 1 else int(allow))
+            assert st_.outputs[i] == [group.outputs.get(k) for k in range(group.n)]
+        if status == TaskStatus.RUNNING:
+            raise AssertionError(f"{spec.name} left running")
 
 
 def _check_compensation(sim: Sim, world: World, expected: str) -> None:

@@ -417,3 +417,157 @@ def test_a_duplicate_undo_result_changes_nothing() -> None:
 def test_a_compensation_on_a_wait_is_refused() -> None:
     with pytest.raises(ValidationError, match="has no side effects to undo"):
         definition([{"name": "w", "wait_for": {"signal": "x"}, "compensate": {"cmd": "true"}}])
+
+
+# --- foreach (dynamic fan-out) -----------------------------------------------------------
+
+
+def fan(**options: object) -> Sim:
+    return Sim(
+        [
+            {"name": "split"},
+            {"name": "work", "depends_on": ["split"], "foreach": "inputs.split.chunks", **options},
+            {"name": "reduce", "depends_on": ["work"]},
+        ]
+    )
+
+
+def finish_item(sim: Sim, k: int, *, ok: bool = True, output: object = None) -> None:
+    i = sim.index("work")
+    group = sim.state.groups[i]
+    sim.apply(
+        TaskFinished(
+            workflow_id="wf-1",
+            task=i,
+            attempt=group.attempt[k],
+            at=sim.now,
+            ok=ok,
+            output=output,
+            error=None if ok else "bad chunk",
+            item=k,
+        )
+    )
+
+
+def sent_items(fx: machine.Effects) -> list[int]:
+    return [d.item for d in fx.dispatch if d.item >= 0]
+
+
+def test_foreach_expands_into_one_instance_per_item() -> None:
+    sim = fan()
+    sim.start()
+    fx = sim.finish("split", output={"chunks": ["a", "b", "c"]})
+    assert sent_items(fx) == [0, 1, 2]
+    assert sim.status("work") == "running"
+    assert sim.state.groups[sim.index("work")].items == ["a", "b", "c"]
+
+
+def test_dependants_get_the_outputs_in_index_order_not_completion_order() -> None:
+    sim = fan()
+    sim.start()
+    sim.finish("split", output={"chunks": ["a", "b", "c"]})
+    for k in (2, 0, 1):
+        finish_item(sim, k, output=f"sum-{k}")
+    assert sim.status("work") == "completed"
+    assert sim.state.outputs[sim.index("work")] == ["sum-0", "sum-1", "sum-2"]
+    assert sim.dispatched[-1][0] == "reduce"
+
+
+def test_max_parallel_caps_the_instances_in_flight() -> None:
+    sim = fan(max_parallel=2)
+    sim.start()
+    fx = sim.finish("split", output={"chunks": list(range(5))})
+    assert sent_items(fx) == [0, 1]
+    finish_item(sim, 1)
+    assert sim.state.groups[sim.index("work")].attempt[2] == 1
+
+
+def test_a_failed_item_is_retried_alone() -> None:
+    sim = fan(num_retries=1, retry={"backoff_s": 0})
+    sim.start()
+    sim.finish("split", output={"chunks": ["a", "b"]})
+    finish_item(sim, 0, ok=False)
+    group = sim.state.groups[sim.index("work")]
+    assert (group.attempt[0], group.attempt[1]) == (2, 1)
+
+
+def test_too_many_failed_items_fail_the_task_and_name_them() -> None:
+    sim = fan(allow_failures=1)
+    sim.start()
+    sim.finish("split", output={"chunks": ["a", "b", "c"]})
+    finish_item(sim, 0, ok=False)
+    finish_item(sim, 1)
+    finish_item(sim, 2, ok=False)
+    assert sim.status("work") == "failed"
+    assert "2 of 3 items failed (allowed: 1): items 0, 2" in sim.state.errors[sim.index("work")]
+    assert sim.status("reduce") == "upstream_failed"
+
+
+def test_failures_within_allow_failures_complete_the_task_with_gaps() -> None:
+    sim = fan(allow_failures=0.5)
+    sim.start()
+    sim.finish("split", output={"chunks": ["a", "b"]})
+    finish_item(sim, 0, ok=False)
+    finish_item(sim, 1, output=1)
+    assert sim.status("work") == "completed"
+    assert sim.state.outputs[sim.index("work")] == [None, 1]
+
+
+def test_an_empty_list_completes_at_once_with_an_empty_output() -> None:
+    sim = fan()
+    sim.start()
+    sim.finish("split", output={"chunks": []})
+    assert sim.status("work") == "completed"
+    assert sim.state.outputs[sim.index("work")] == []
+
+
+def test_a_foreach_that_is_not_a_list_fails_clearly() -> None:
+    sim = fan()
+    sim.start()
+    sim.finish("split", output={"chunks": "abc"})
+    assert sim.status("work") == "failed"
+    assert "foreach must give a list, got str" in sim.state.errors[sim.index("work")]
+
+
+def test_retry_of_a_failed_foreach_reruns_only_its_failed_items() -> None:
+    sim = fan()
+    sim.start()
+    sim.finish("split", output={"chunks": ["a", "b"]})
+    finish_item(sim, 0, output="ok")
+    finish_item(sim, 1, ok=False)
+    assert sim.state.status == "failed"
+    sim.apply(RetryRequested(workflow_id="wf-1"))
+    group = sim.state.groups[sim.index("work")]
+    assert (group.attempt[0], group.attempt[1]) == (1, 2)
+    finish_item(sim, 1, output="fixed")
+    assert sim.state.outputs[sim.index("work")] == ["ok", "fixed"]
+
+
+def test_cancel_cancels_unsent_items_and_waits_for_running_ones() -> None:
+    sim = fan(max_parallel=1)
+    sim.start()
+    sim.finish("split", output={"chunks": ["a", "b", "c"]})
+    sim.apply(CancelRequested(workflow_id="wf-1"))
+    assert sim.status("work") == "running"
+    finish_item(sim, 0, ok=False)
+    assert sim.status("work") == "cancelled"
+    assert sim.state.status == "cancelled"
+
+
+def test_a_large_list_is_kept_as_a_document() -> None:
+    sim = fan()
+    sim.start()
+    fx = sim.finish("split", output={"chunks": ["x" * 100] * 1000})
+    group = sim.state.groups[sim.index("work")]
+    assert group.items is None and group.items_ref
+    assert [key for key, _ in fx.documents] == [group.items_ref]
+
+
+def test_foreach_options_are_checked() -> None:
+    with pytest.raises(ValidationError, match="max_parallel only applies to a foreach task"):
+        definition([{"name": "a", "max_parallel": 2}])
+    with pytest.raises(ValidationError, match="cannot also have loop"):
+        definition(
+            [{"name": "a", "foreach": "params.xs", "loop": {"until": "true", "max_iterations": 2}}],
+            params={"xs": [1]},
+        )

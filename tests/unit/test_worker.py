@@ -189,3 +189,59 @@ async def test_cancel_stops_a_running_shell_task(store: Store) -> None:
     assert status == "cancelled"
     view = await load_view(store, "w")
     assert task(view, "sleepy").status == "cancelled"
+
+
+async def test_foreach_instances_get_item_and_index_and_the_reduce_gets_the_list(
+    store: Store,
+) -> None:
+    status, _ = await run(
+        store,
+        [
+            {"name": "split", "call": "tests.sample_tasks:chunks", "args": {"n": 5}},
+            {
+                "name": "work",
+                "call": "tests.sample_tasks:summarise",
+                "depends_on": ["split"],
+                "foreach": "inputs.split.chunks",
+                "max_parallel": 2,
+            },
+            {"name": "reduce", "call": "tests.sample_tasks:count_items", "depends_on": ["work"]},
+        ],
+    )
+    assert status == "completed"
+    out = await outputs(store)
+    assert out["work"] == [{"item": f"chunk-{k}", "index": k} for k in range(5)]
+    assert out["reduce"] == 5
+
+
+async def test_a_shell_instance_finds_its_item_and_index_in_the_environment(store: Store) -> None:
+    script = (
+        "python3 -c \"import json,os; json.dump([json.loads(os.environ['DAGQ_ITEM']),"
+        " int(os.environ['DAGQ_INDEX'])], open(os.environ['DAGQ_OUTPUT'], 'w'))\""
+    )
+    status, _ = await run(
+        store,
+        [{"name": "each", "cmd": script, "foreach": "params.things"}],
+        params={"things": [{"a": 1}, "two"]},
+    )
+    assert status == "completed"
+    assert (await outputs(store))["each"] == [[{"a": 1}, 0], ["two", 1]]
+
+
+async def test_a_large_items_list_reaches_instances_through_a_document(store: Store) -> None:
+    status, _ = await run(
+        store,
+        [
+            {"name": "split", "call": "tests.sample_tasks:chunks", "args": {"n": 3000}},
+            {
+                "name": "work",
+                "call": "tests.sample_tasks:summarise",
+                "depends_on": ["split"],
+                "foreach": "inputs.split.chunks",
+            },
+            {"name": "reduce", "call": "tests.sample_tasks:count_items", "depends_on": ["work"]},
+        ],
+    )
+    assert status == "completed"
+    assert (await outputs(store))["reduce"] == 3000
+    assert await store.documents.get(keys.foreach_items("w", 1)) is not None

@@ -139,7 +139,21 @@ class LiveProgress:
             elapsed=elapsed,
         )
         parts.append(counts_text(st.count_map()))
-        running = [i for i, c in enumerate(st.task_status) if c == TaskStatus.RUNNING]
+        for i, group in st.groups.items():
+            if st.task_status[i] == TaskStatus.RUNNING:
+                settled = sum(1 for s in group.status if s in TERMINAL)
+                parts.append(
+                    Text(
+                        f"{plan.tasks[i].name}: {settled:,}/{group.n:,} items done, "
+                        f"{group.sent:,} running",
+                        style="blue",
+                    )
+                )
+        running = [
+            i
+            for i, c in enumerate(st.task_status)
+            if c == TaskStatus.RUNNING and i not in st.groups
+        ]
         if running:
             now = time.time()
             shown = ", ".join(

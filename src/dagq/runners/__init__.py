@@ -22,6 +22,9 @@ class TaskContext:
     #: previous iteration returned.
     iteration: int = 0
     previous: Any = None
+    #: In a foreach: this instance's item and its index in the list (-1 outside).
+    item: Any = None
+    index: int = -1
 
 
 @dataclass(frozen=True, slots=True)

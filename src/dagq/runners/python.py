@@ -28,9 +28,13 @@ class ImportFailed(Exception):
     """The function named by ``call`` could not be imported."""
 
 
+#: What the engine passes to a function whose signature names it (never via **kwargs).
+PROVIDED = ("inputs", "ctx", "item", "index")
+
+
 @functools.lru_cache(maxsize=1024)
-def resolve(call: str) -> tuple[Callable[..., Any], bool, bool, bool]:
-    """The function, whether it is async, and whether it takes ``inputs`` / ``ctx``."""
+def resolve(call: str) -> tuple[Callable[..., Any], bool, frozenset[str]]:
+    """The function, whether it is async, and which of :data:`PROVIDED` it takes."""
     module_name, _, attribute = call.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
@@ -41,9 +45,10 @@ def resolve(call: str) -> tuple[Callable[..., Any], bool, bool, bool]:
     if not callable(target):
         raise ImportFailed(f"'{call}' is not callable")
     parameters = inspect.signature(target).parameters
-    # Only a parameter that names them explicitly receives inputs / ctx, so a function
-    # taking **kwargs gets exactly its args.
-    return target, inspect.iscoroutinefunction(target), "inputs" in parameters, "ctx" in parameters
+    # Only a parameter that names them explicitly receives inputs / ctx / item / index,
+    # so a function taking **kwargs gets exactly its args.
+    wanted = frozenset(name for name in PROVIDED if name in parameters)
+    return target, inspect.iscoroutinefunction(target), wanted
 
 
 def add_import_paths(paths: Iterable[str]) -> None:
@@ -57,14 +62,15 @@ def add_import_paths(paths: Iterable[str]) -> None:
 async def run_python(spec: TaskSpec, ctx: TaskContext, args: Any, *, executor: Executor) -> Outcome:
     """Call the task's function and turn its result or exception into an Outcome."""
     try:
-        function, is_async, wants_inputs, wants_ctx = resolve(spec.call or "")
+        function, is_async, wanted = resolve(spec.call or "")
     except ImportFailed as exc:
         return Outcome(ok=False, error=str(exc), retryable=False)
     positional, keywords = _arguments(args)
-    if wants_inputs:
-        keywords["inputs"] = ctx.inputs
-    if wants_ctx:
-        keywords["ctx"] = ctx
+    provided = {"inputs": ctx.inputs, "ctx": ctx, "item": ctx.item, "index": ctx.index}
+    for name in wanted:
+        if name in ("item", "index") and ctx.index < 0:
+            continue  # not a foreach instance: the function's own default applies
+        keywords[name] = provided[name]
     try:
         if is_async:
             result = await asyncio.wait_for(function(*positional, **keywords), spec.timeout_s)

@@ -44,6 +44,9 @@ async def run_shell(spec: TaskSpec, ctx: TaskContext, *, work_dir: str | None = 
             "DAGQ_OUTPUT": str(output_file),
             "JOBQ_OUTPUT_FILE": str(output_file),
         }
+        if ctx.index >= 0:  # one instance of a foreach: its item (as JSON) and index
+            env["DAGQ_ITEM"] = json.dumps(ctx.item)
+            env["DAGQ_INDEX"] = str(ctx.index)
         if ctx.iteration:  # a loop: which iteration, and what the last one wrote
             previous_file = Path(tmp, "previous.json")
             previous_file.write_text(json.dumps(ctx.previous))
