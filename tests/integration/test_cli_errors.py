@@ -65,8 +65,8 @@ CASES = {
     "status-unsupported-store": case(
         "status", "x", "--store", "redis://host/0", mentions=("redis://host/0", "not supported")
     ),
-    "list-azure-store": case(
-        "list", "--store", "azure://acct/prefix", mentions=("azure", "not available")
+    "list-bad-azure-store": case(
+        "list", "--store", "azure://acct/x", mentions=("azure://acct/x", "prefix 'x'")
     ),
     "status-unreachable-store": case(
         "status", "x", "--store", UNREACHABLE, mentions=("no dagq store at /dev/null/dagq.db",)

@@ -8,6 +8,7 @@ import pytest
 
 from dagq.errors import ValidationError
 from dagq.stores import open_store
+from dagq.stores.azure_documents import AzureDocuments
 from dagq.stores.memory import MemoryDocuments
 from dagq.stores.sqlite import SqliteDocuments
 
@@ -41,9 +42,16 @@ async def test_a_plain_path_ending_in_db_opens_sqlite(tmp_path: Path) -> None:
     await store.close()
 
 
-def test_azure_is_not_available_yet() -> None:
-    with pytest.raises(ValidationError, match="azure backend is not available"):
-        open_store("azure://devstoreaccount1/dagq")
+async def test_an_azure_url_opens_an_azure_store_without_touching_the_network() -> None:
+    store = open_store("azure://devstoreaccount1/dagq")
+    assert isinstance(store.documents, AzureDocuments)
+    assert store.url == "azure://devstoreaccount1/dagq"
+    await store.close()
+
+
+def test_a_bad_azure_url_names_itself() -> None:
+    with pytest.raises(ValidationError, match="azure://devstoreaccount1/x"):
+        open_store("azure://devstoreaccount1/x")
 
 
 @pytest.mark.parametrize("url", ["postgres://db/dagq", "memory://named", "dagq.sqlite", ""])

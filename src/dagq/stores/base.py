@@ -13,6 +13,7 @@ translate driver errors into :mod:`dagq.errors` at their boundary.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -119,10 +120,16 @@ class QueueDepth:
 class Queues(Protocol):
     """At-least-once queues with visibility timeouts and a dead-letter queue."""
 
+    #: True if ``send`` drops a message whose ``id`` is still queued (memory, sqlite);
+    #: False where the service cannot (Azure Queue Storage): there a duplicate id is a
+    #: second message, and consumers rely on their own idempotence (DESIGN invariant 4).
+    deduplicates: bool
+
     async def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
         """Enqueue messages (each at most MAX_MESSAGE_BYTES, else MessageTooLarge).
 
-        A message whose ``id`` equals one still in the queue is not added again.
+        Where ``deduplicates`` is True, a message whose ``id`` equals one still in the
+        queue is not added again.
         """
         ...
 
@@ -306,9 +313,14 @@ class Batch:
     """Writes to commit together.
 
     A backend with transactions (sqlite) commits them all or none, in one round trip;
-    elsewhere they run one after another in order and stop at the first failure, which
-    is exactly what the same calls made one by one would do. Either way a failed
-    conditional put raises ConflictError from :meth:`commit`.
+    without a committer they run one after another in order and stop at the first
+    failure, which is exactly what the same calls made one by one would do. A backend
+    without transactions may commit in phases, with concurrency inside each (azure:
+    plain document puts, then conditional puts, then sends, then deletes, acks and
+    index rows), never starting a later phase after a failure and never writing, for a
+    condition already stale when the commit starts, more than the calls made one by one
+    would have. Either way a failed conditional put raises ConflictError from
+    :meth:`commit`.
     """
 
     def __init__(self, store: Store) -> None:
@@ -385,6 +397,9 @@ class Store:
     closers: list[Callable[[], Any]] = field(default_factory=list)
     #: Commits a :class:`Batch` natively (e.g. in one transaction); None: in order.
     committer: Committer | None = None
+    #: Storage transactions made so far, by kind (``blob.put``, ``queue.receive``, ...),
+    #: for backends billed per transaction; None where nothing is counted.
+    transactions: Counter[str] | None = None
 
     def batch(self) -> Batch:
         """A new, empty batch of writes for this store."""

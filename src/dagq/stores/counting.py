@@ -66,5 +66,6 @@ def counted(store: Store) -> tuple[Store, Counter[str]]:
         committer=(
             None if store.committer is None else _counted_committer(store.committer, counts)
         ),
+        transactions=store.transactions,  # what the backend itself counts (azure)
     )
     return view, counts

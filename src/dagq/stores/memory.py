@@ -106,6 +106,8 @@ class _Queued:
 class MemoryQueues:
     """Queues in dicts, with the same visibility and dead-letter rules as sqlite."""
 
+    deduplicates = True
+
     def __init__(self, clock: Clock, max_deliveries: int) -> None:
         self._clock = clock
         self._max_deliveries = max_deliveries

@@ -395,6 +395,8 @@ RETURNING seq, id, body, receipt, dequeue_count, enqueued_at
 class SqliteQueues:
     """Messages in the ``messages`` table; a receive claims rows in one transaction."""
 
+    deduplicates = True
+
     def __init__(self, db: _Database, wakeups: Wakeups, max_deliveries: int) -> None:
         self._db = db
         self._wakeups = wakeups

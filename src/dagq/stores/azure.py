@@ -1,0 +1,183 @@
+"""The azure backend: documents, dead letters and leases in Blob Storage, queues in
+Queue Storage, the index in Table Storage — one container, one table and a few
+queues per store prefix.
+
+``open_store("azure://ACCOUNT/PREFIX")`` opens it without touching the network: the
+async SDK clients are built, and the container and table created, on first use (see
+:mod:`.azure_service`); sign-in is chosen as :mod:`.azure_auth` describes. The
+modules: :mod:`.azure_documents`, :mod:`.azure_queues` (with :mod:`.azure_messages`
+and :mod:`.azure_dead_letters`), :mod:`.azure_index`, :mod:`.azure_leases`.
+
+Batches: Azure has no transactions across blobs, queues and tables, so
+:class:`PhasedCommitter` commits a batch in phases, concurrently inside each:
+
+0. conditions that later writes depend on are checked (one HEAD each), so a stale
+   one stops the batch before it writes anything the same calls made one by one
+   would not have;
+1. plain document puts (history, state parts, task inputs: what the state may refer to);
+2. conditional puts (the state headers: the commit points);
+3. sends (task messages, which may refer to inputs);
+4. document deletes, acks and index rows.
+
+A failure raises (ConflictError for a failed condition) and starts no later phase.
+It is not atomic: a crash or a failure inside a phase can leave that phase half done.
+dagq copes, as with any non-transactional store: the coordinator falls back to one
+workflow at a time and applying an event twice is a no-op; unsent task messages are
+re-sent by its sweeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+
+from dagq.errors import ConflictError
+from dagq.stores.azure_auth import parse_azure_url, resolve_auth
+from dagq.stores.azure_dead_letters import DeadLetterBlobs
+from dagq.stores.azure_documents import AzureDocuments
+from dagq.stores.azure_index import AzureIndex
+from dagq.stores.azure_leases import AzureLeases
+from dagq.stores.azure_queues import AzureQueues
+from dagq.stores.azure_service import DEFAULT_CONCURRENCY, AzureService
+from dagq.stores.base import (
+    DEFAULT_MAX_DELIVERIES,
+    AckOp,
+    BatchOp,
+    Clock,
+    DeleteOp,
+    PutOp,
+    SendOp,
+    Store,
+    UpsertOp,
+    commit_in_order,
+)
+from dagq.stores.common import Wakeups, check_max_deliveries, check_outgoing, check_put
+
+__all__ = ["PhasedCommitter", "open_azure_store"]
+
+# Sends from any store on the same account and prefix in this process wake its waiters.
+_WAKEUPS: dict[tuple[str, str], Wakeups] = {}
+_WAKEUPS_LOCK = threading.Lock()
+
+
+def open_azure_store(
+    url: str,
+    *,
+    clock: Clock = time.time,
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+    create: bool = True,
+    environ: Mapping[str, str] | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> Store:
+    """Open the store an ``azure://ACCOUNT/PREFIX`` URL names (no network until used).
+
+    ``create=False`` refuses, at first use, a prefix whose container does not exist.
+    ``environ`` (default ``os.environ``) supplies the sign-in variables.
+    """
+    check_max_deliveries(max_deliveries)
+    target = parse_azure_url(url)
+    auth = resolve_auth(target.account, os.environ if environ is None else environ)
+    service = AzureService(target, auth, create=create, concurrency=concurrency)
+    with _WAKEUPS_LOCK:
+        wakeups = _WAKEUPS.setdefault((auth.endpoints.queue, target.prefix), Wakeups())
+    documents = AzureDocuments(service)
+    queues = AzureQueues(service, DeadLetterBlobs(service), wakeups, clock, max_deliveries)
+    store = Store(
+        url=target.url,
+        documents=documents,
+        queues=queues,
+        index=AzureIndex(service),
+        leases=AzureLeases(service, clock),
+        closers=[service.close],
+        transactions=service.transactions,
+    )
+    store.committer = PhasedCommitter(store, documents)
+    return store
+
+
+class PhasedCommitter:
+    """Commits a batch in the phases the module docstring lists."""
+
+    def __init__(self, store: Store, documents: AzureDocuments) -> None:
+        self._store = store
+        self._documents = documents
+
+    async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
+        for op in ops:
+            if isinstance(op, PutOp):
+                check_put(op.if_match, op.if_none_match)
+            elif isinstance(op, SendOp):
+                check_outgoing(op.queue, op.messages)
+        if _writes_twice(ops):  # phases would reorder writes to one key: keep the order
+            return await commit_in_order(self._store, ops)
+        store = self._store
+        puts = [op for op in ops if isinstance(op, PutOp)]
+        etags = [""] * len(puts)
+
+        async def put(slot: int, op: PutOp) -> None:
+            etags[slot] = await store.documents.put(
+                op.key, op.data, if_match=op.if_match, if_none_match=op.if_none_match
+            )
+
+        await _phase(
+            self._documents.check(op.key, if_match=op.if_match, if_none_match=op.if_none_match)
+            for op in _checked_first(ops)
+        )
+        await _phase(put(slot, op) for slot, op in enumerate(puts) if not _conditional(op))
+        await _phase(put(slot, op) for slot, op in enumerate(puts) if _conditional(op))
+        await _phase(
+            store.queues.send(op.queue, op.messages) for op in ops if isinstance(op, SendOp)
+        )
+        await _phase(
+            _finish(store, op) for op in ops if isinstance(op, DeleteOp | AckOp | UpsertOp)
+        )
+        return etags
+
+
+def _conditional(op: PutOp) -> bool:
+    return op.if_match is not None or op.if_none_match
+
+
+def _checked_first(ops: Sequence[BatchOp]) -> list[PutOp]:
+    """Conditional puts followed (in batch order) by another put: the phases would
+    write that put no later than them, so their condition is checked beforehand."""
+    checked: list[PutOp] = []
+    later_put = False
+    for op in reversed(ops):
+        if isinstance(op, PutOp):
+            if _conditional(op) and later_put:
+                checked.append(op)
+            later_put = True
+    return checked
+
+
+def _writes_twice(ops: Sequence[BatchOp]) -> bool:
+    keys = [op.key for op in ops if isinstance(op, PutOp | DeleteOp)]
+    rows = [op.row.id for op in ops if isinstance(op, UpsertOp)]
+    return len(set(keys)) < len(keys) or len(set(rows)) < len(rows)
+
+
+def _finish(store: Store, op: DeleteOp | AckOp | UpsertOp) -> Awaitable[object]:
+    if isinstance(op, DeleteOp):
+        return store.documents.delete(op.key)
+    if isinstance(op, AckOp):
+        return store.queues.delete(op.queue, op.receipts)
+    return store.index.upsert(op.row)
+
+
+async def _phase(calls: Iterable[Awaitable[object]]) -> None:
+    """Run one phase's calls concurrently; once all are done, raise the first failure
+    (a conflict before anything else)."""
+    pending = list(calls)
+    if not pending:
+        return
+    if len(pending) == 1:
+        await pending[0]
+        return
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise next((e for e in errors if isinstance(e, ConflictError)), errors[0])

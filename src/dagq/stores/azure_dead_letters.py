@@ -1,0 +1,84 @@
+"""Dead letters of the azure backend, as blobs beside the store's documents.
+
+Azure Queue Storage has no dead-letter queue, and a second queue would not do: its
+peek shows at most 32 messages and no reasons. Each dead letter is one blob,
+``dead-letters/{azure queue}/{time in ms}-{random}``, holding the id, body, delivery
+count, reason and time; names sort oldest first, so listing is one ``list_blobs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import msgspec
+from azure.core.exceptions import ResourceNotFoundError
+
+from dagq.stores.azure_service import AzureService, Clients
+from dagq.stores.base import DeadLetter
+from dagq.stores.common import new_token
+
+DEAD_LETTERS = "dead-letters/"
+
+
+class _Record(msgspec.Struct, array_like=True):
+    id: str
+    body: bytes
+    dequeue_count: int
+    reason: str
+    dead_at: float
+
+
+class DeadLetterBlobs:
+    """Writes and lists the dead letters of every queue of one store."""
+
+    def __init__(self, service: AzureService) -> None:
+        self._service = service
+
+    async def add(self, azure_queue: str, dead: DeadLetter) -> None:
+        """Store one dead letter (its ``queue`` is the dagq name; the blob path uses
+        the Azure name, which is unique and safe in a path)."""
+        name = f"{DEAD_LETTERS}{azure_queue}/{round(dead.dead_at * 1000):015d}-{new_token()}"
+        record = _Record(dead.id, dead.body, dead.dequeue_count, dead.reason, dead.dead_at)
+        data = msgspec.msgpack.encode(record)
+
+        async def upload(c: Clients) -> None:
+            await c.container.upload_blob(name, data, overwrite=True)
+
+        await self._service.call("blob.put", upload)
+
+    async def list(self, queue: str, azure_queue: str, limit: int) -> list[DeadLetter]:
+        """The oldest ``limit`` dead letters of a queue."""
+        names: list[str] = []
+        if limit == 0:
+            return []
+        pages = self._service.pages(
+            "blob.list",
+            lambda c: c.container.list_blobs(
+                name_starts_with=f"{DEAD_LETTERS}{azure_queue}/",
+                results_per_page=min(limit, 5000),
+            ),
+        )
+        async with contextlib.aclosing(pages):
+            async for page in pages:
+                names.extend(str(blob.name) for blob in page)
+                if len(names) >= limit:
+                    break
+        names = sorted(names)[:limit]
+        records = await asyncio.gather(*(self._read(name) for name in names))
+        return [
+            DeadLetter(queue, r.id, r.body, r.dequeue_count, r.reason, r.dead_at)
+            for r in records
+            if r is not None
+        ]
+
+    async def _read(self, name: str) -> _Record | None:
+        async def download(c: Clients) -> bytes:
+            stream = await c.container.download_blob(name)
+            return bytes(await stream.readall())
+
+        try:
+            data = await self._service.call("blob.get", download, expect=(ResourceNotFoundError,))
+        except ResourceNotFoundError:  # removed since the listing
+            return None
+        return msgspec.msgpack.decode(data, type=_Record)

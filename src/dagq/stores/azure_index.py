@@ -1,0 +1,300 @@
+"""The index in Azure Table Storage: one table per store prefix.
+
+Listing by status must stay fast with 100,000 workflows, so rows are kept where a
+listing reads them in order:
+
+* a **row entity** per workflow in partition ``s:{status}:{shard}`` (16 shards by a
+  hash of the id, so no partition runs hot), RowKey = inverted ``created_at`` then
+  inverted id: a partition reads newest first, as ``query`` answers (created_at
+  DESC, id DESC, like sqlite). A page is a k-way merge of the shards (of every
+  status asked for), each read a small page at a time only as far as the merge
+  needs; the cursor is the last row's (created_at, id), as on every backend.
+* a **pointer entity** per workflow (``w:{id}``) naming its status and created_at,
+  written only when they change: a move writes the new row entity, the pointer, then
+  deletes the old row entity. An in-process cache of where each row is saves reading
+  the pointer before every upsert, so a steady upsert is one transaction.
+* a **status entity** per status ever used (``statuses``), so a query without a
+  status filter knows which partitions to read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import heapq
+import re
+import struct
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import UpdateMode
+
+from dagq.errors import ValidationError
+from dagq.stores.azure_service import AzureService, Clients
+from dagq.stores.base import IndexPage, IndexRow
+from dagq.stores.common import (
+    check_page_size,
+    check_statuses,
+    decode_cursor,
+    decode_row,
+    encode_cursor,
+    encode_row,
+)
+
+SHARDS = 16
+_STATUSES = "statuses"
+_POINTER_ROW = "w"
+_CHUNK = 60_000  # bytes per binary property (Azure's limit is 64 KiB)
+_MAX_CHUNKS = 15
+_SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_Where = tuple[str, float]  # (status, created_at): where a row entity is
+
+
+def key_text(text: str) -> str:
+    """``text`` as allowed in a PartitionKey or RowKey (no / \\ # ? or controls)."""
+    return text if _SAFE.match(text) else "~" + text.encode().hex()
+
+
+def shard(workflow_id: str) -> int:
+    """The shard of a workflow's row entities (stable across processes)."""
+    return hashlib.blake2b(workflow_id.encode(), digest_size=2).digest()[0] % SHARDS
+
+
+def partition(status: str, shard_number: int) -> str:
+    """The partition of rows with ``status`` in one shard."""
+    return f"s:{key_text(status)}:{shard_number:02x}"
+
+
+def row_key(created_at: float, workflow_id: str) -> str:
+    """A RowKey that sorts newest first, then by id descending."""
+    (bits,) = struct.unpack(">Q", struct.pack(">d", created_at))
+    ordered = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | 1 << 63  # floats → uints
+    inverted_id = bytes(255 - b for b in workflow_id.encode()).hex()
+    # '~' sorts after every hex digit: an id that is a prefix of another comes later.
+    return f"{ordered ^ 0xFFFFFFFFFFFFFFFF:016x}-{inverted_id}~"
+
+
+def _pointer(workflow_id: str) -> str:
+    return f"w:{key_text(workflow_id)}"
+
+
+def _row_properties(row: IndexRow) -> dict[str, Any]:
+    data = encode_row(row)
+    chunks = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b""]
+    if len(chunks) > _MAX_CHUNKS:
+        raise ValidationError(
+            f"index row {row.id!r} is {len(data)} bytes encoded, over the "
+            f"{_CHUNK * _MAX_CHUNKS}-byte limit of an Azure table entity; keep its data small"
+        )
+    properties: dict[str, Any] = {"id": row.id, "name": row.name, "tenant": row.tenant}
+    properties.update({f"r{i}": chunk for i, chunk in enumerate(chunks)})
+    return properties
+
+
+def _row_of(entity: Any) -> IndexRow:
+    chunks = []
+    for i in range(_MAX_CHUNKS):
+        chunk = entity.get(f"r{i}")
+        if chunk is None:
+            break
+        chunks.append(bytes(chunk))
+    return decode_row(b"".join(chunks))
+
+
+class _ShardReader:
+    """The matching rows of one partition, in RowKey order, fetched a page at a time."""
+
+    def __init__(
+        self, service: AzureService, query: str, parameters: dict[str, Any], page_size: int
+    ) -> None:
+        self.rows: deque[tuple[str, IndexRow]] = deque()
+        self._pages = service.pages(
+            "table.query",
+            lambda c: c.table.query_entities(
+                query, parameters=parameters, results_per_page=page_size
+            ),
+        )
+        self._done = False
+
+    async def fill(self) -> None:
+        """Fetch pages until a row is buffered or the partition has no more."""
+        while not self.rows and not self._done:
+            try:
+                page = await anext(self._pages)
+            except StopAsyncIteration:
+                self._done = True
+                return
+            self.rows.extend((str(e["RowKey"]), _row_of(e)) for e in page)
+
+    async def close(self) -> None:
+        """Stop the listing (its generator holds an open pager)."""
+        await self._pages.aclose()
+
+
+async def _merge(readers: list[_ShardReader], count: int) -> list[IndexRow]:
+    """The first ``count`` rows of all readers in RowKey order (a lazy k-way merge)."""
+    await asyncio.gather(*(reader.fill() for reader in readers))
+    heap = [(reader.rows[0][0], i) for i, reader in enumerate(readers) if reader.rows]
+    heapq.heapify(heap)
+    merged: list[IndexRow] = []
+    while heap and len(merged) < count:
+        _, i = heapq.heappop(heap)
+        reader = readers[i]
+        merged.append(reader.rows.popleft()[1])
+        if not reader.rows:
+            await reader.fill()  # this shard's next page, only when its rows are used up
+        if reader.rows:
+            heapq.heappush(heap, (reader.rows[0][0], i))
+    return merged
+
+
+class AzureIndex:
+    """Index rows in Table Storage, sharded by status for fast listing."""
+
+    def __init__(self, service: AzureService) -> None:
+        self._service = service
+        self._where: dict[str, _Where | None] = {}
+        self._statuses: set[str] = set()
+
+    async def upsert(self, row: IndexRow) -> None:
+        where = self._where[row.id] if row.id in self._where else await self._locate(row.id)
+        entity = {
+            "PartitionKey": partition(row.status, shard(row.id)),
+            "RowKey": row_key(row.created_at, row.id),
+            **_row_properties(row),
+        }
+        if where == (row.status, row.created_at):
+            await self._put(entity)
+            return
+        await self._register(row.status)
+        await self._put(entity)
+        pointer = {
+            "PartitionKey": _pointer(row.id),
+            "RowKey": _POINTER_ROW,
+            "status": row.status,
+            "created_at": row.created_at,
+            **_row_properties(row),
+        }
+        await self._put(pointer)
+        if where is not None:
+            await self._remove(partition(where[0], shard(row.id)), row_key(where[1], row.id))
+        self._where[row.id] = (row.status, row.created_at)
+
+    async def get(self, workflow_id: str) -> IndexRow | None:
+        for _ in range(2):  # a move may happen between the two reads: look again
+            pointer = await self._read(_pointer(workflow_id), _POINTER_ROW)
+            if pointer is None:
+                self._where[workflow_id] = None
+                return None
+            where = (str(pointer["status"]), float(pointer["created_at"]))
+            self._where[workflow_id] = where
+            entity = await self._read(
+                partition(where[0], shard(workflow_id)), row_key(where[1], workflow_id)
+            )
+            if entity is not None:
+                return _row_of(entity)
+        return _row_of(pointer)
+
+    async def query(
+        self,
+        *,
+        status: Sequence[str] | None = None,
+        name: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> IndexPage:
+        check_page_size(limit)
+        check_statuses(status)
+        after = decode_cursor(cursor) if cursor is not None else None
+        statuses = list(dict.fromkeys(status)) if status is not None else await self._known()
+        conditions = ["PartitionKey eq @pk"]
+        parameters: dict[str, Any] = {}
+        if after is not None:
+            conditions.append("RowKey gt @after")
+            parameters["after"] = row_key(*after)
+        for field, value in (("name", name), ("tenant", tenant)):
+            if value is not None:
+                conditions.append(f"{field} eq @{field}")
+                parameters[field] = value
+        query = " and ".join(conditions)
+        # Each shard is read newest first, a page at a time, only as far as the merge
+        # needs: about limit/SHARDS rows each, not limit rows from every shard.
+        page_size = min(1000, max(8, (limit + 1) * 3 // (2 * SHARDS) + 1))
+        readers = [
+            _ShardReader(self._service, query, {**parameters, "pk": partition(s, n)}, page_size)
+            for s in statuses
+            for n in range(SHARDS)
+        ]
+        try:
+            rows = await _merge(readers, limit + 1)
+        finally:
+            for reader in readers:
+                await reader.close()
+        if len(rows) > limit:
+            return IndexPage(rows[:limit], encode_cursor(rows[limit - 1]))
+        return IndexPage(rows)
+
+    async def delete(self, workflow_id: str) -> bool:
+        where = self._where.get(workflow_id) or await self._locate(workflow_id)
+        self._where.pop(workflow_id, None)
+        if where is None:
+            return False
+        await self._remove(partition(where[0], shard(workflow_id)), row_key(where[1], workflow_id))
+        await self._remove(_pointer(workflow_id), _POINTER_ROW)
+        return True
+
+    # --- storage calls -------------------------------------------------------------
+
+    async def _locate(self, workflow_id: str) -> _Where | None:
+        pointer = await self._read(
+            _pointer(workflow_id), _POINTER_ROW, select=["status", "created_at"]
+        )
+        where = None if pointer is None else (str(pointer["status"]), float(pointer["created_at"]))
+        self._where[workflow_id] = where
+        return where
+
+    async def _known(self) -> list[str]:
+        """Every status a row was ever written with (for queries without a status)."""
+        statuses: list[str] = []
+        pages = self._service.pages(
+            "table.query",
+            lambda c: c.table.query_entities(
+                "PartitionKey eq @pk", parameters={"pk": _STATUSES}, select=["status"]
+            ),
+        )
+        async for page in pages:
+            statuses.extend(str(entity["status"]) for entity in page)
+        self._statuses.update(statuses)
+        return statuses
+
+    async def _register(self, status: str) -> None:
+        if status not in self._statuses:
+            entity = {"PartitionKey": _STATUSES, "RowKey": key_text(status), "status": status}
+            await self._put(entity)
+            self._statuses.add(status)
+
+    async def _put(self, entity: dict[str, Any]) -> None:
+        async def upsert(c: Clients) -> None:
+            await c.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+
+        await self._service.call("table.upsert", upsert)
+
+    async def _read(
+        self, pk: str, rk: str, *, select: list[str] | None = None
+    ) -> dict[str, Any] | None:
+        async def get(c: Clients) -> dict[str, Any]:
+            return dict(await c.table.get_entity(pk, rk, select=select))
+
+        try:
+            return await self._service.call("table.get", get, expect=(ResourceNotFoundError,))
+        except ResourceNotFoundError:
+            return None
+
+    async def _remove(self, pk: str, rk: str) -> None:
+        async def remove(c: Clients) -> None:
+            await c.table.delete_entity(pk, rk)  # a missing entity is not an error
+
+        await self._service.call("table.delete", remove)
