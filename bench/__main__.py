@@ -25,7 +25,7 @@ from bench.workloads import SIZES
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_once(workload: str, size: str, mode: str, workers: int) -> dict[str, Any]:
+def run_once(workload: str, size: str, mode: str, workers: int, store: str) -> dict[str, Any]:
     """One run in a fresh process; its JSON result."""
     command = [
         sys.executable,
@@ -36,6 +36,8 @@ def run_once(workload: str, size: str, mode: str, workers: int) -> dict[str, Any
         mode,
         "--workers",
         str(workers),
+        "--store",
+        store,
     ]
     done = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, check=False, timeout=1800
@@ -76,24 +78,32 @@ def main() -> None:
     parser.add_argument("--modes", default="inproc", help="inproc, multiproc (comma-separated)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument(
+        "--stores", default="sqlite", help="sqlite, azure (Azurite; comma-separated)"
+    )
     args = parser.parse_args()
     summaries = []
     for workload in args.workloads.split(","):
         for size in args.sizes.split(","):
             if size not in SIZES[workload]:
                 raise SystemExit(f"unknown size {size!r} for {workload}: {sorted(SIZES[workload])}")
-            for mode in args.modes.split(","):
-                results = []
-                for _ in range(args.runs):
-                    result = run_once(workload, size, mode, args.workers)
-                    print(json.dumps(result), flush=True)
-                    if result["status"] != ["completed"]:
-                        raise SystemExit(
-                            f"{workload} {size} {mode} did not complete: {result['status']}"
-                        )
-                    results.append(result)
-                summaries.append(median_of(results))
+            for store in args.stores.split(","):
+                for mode in args.modes.split(","):
+                    summaries.append(_runs(workload, size, mode, store, args))
     _table(summaries, args.runs)
+
+
+def _runs(workload: str, size: str, mode: str, store: str, args: argparse.Namespace) -> Any:
+    results = []
+    for _ in range(args.runs):
+        result = run_once(workload, size, mode, args.workers, store)
+        print(json.dumps(result), flush=True)
+        if result["status"] != ["completed"]:
+            raise SystemExit(
+                f"{workload} {size} {mode} {store} did not complete: {result['status']}"
+            )
+        results.append(result)
+    return median_of(results)
 
 
 def _table(summaries: list[dict[str, Any]], runs: int) -> None:
@@ -101,6 +111,7 @@ def _table(summaries: list[dict[str, Any]], runs: int) -> None:
     for column in (
         "workload",
         "size",
+        "store",
         "mode",
         "tasks",
         "wall s",
@@ -109,6 +120,7 @@ def _table(summaries: list[dict[str, Any]], runs: int) -> None:
         "peak RSS MB*",
         "state KB",
         "ops/task",
+        "tx/task",
     ):
         table.add_column(column, justify="right" if column not in ("workload", "mode") else "left")
     for s in summaries:
@@ -117,6 +129,7 @@ def _table(summaries: list[dict[str, Any]], runs: int) -> None:
         table.add_row(
             s["workload"],
             s["size"],
+            s.get("store", "sqlite"),
             s["mode"],
             f"{s['tasks']:,}",
             f"{s['wall_s']:.3f}",
@@ -125,6 +138,7 @@ def _table(summaries: list[dict[str, Any]], runs: int) -> None:
             rss,
             f"{s['state_bytes'] / 1024:.1f}",
             str(s.get("ops_per_task", "-")),
+            str(s.get("transactions_per_task", "-")),
         )
     console = Console(width=max(Console().width, 130))
     console.print(table)

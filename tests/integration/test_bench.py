@@ -6,34 +6,30 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(180)
-def test_benchmark_suite_runs_every_workload_in_both_modes() -> None:
+def _bench(*args: str, timeout: float) -> tuple[str, list[dict[str, Any]]]:
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "--sizes",
-            "tiny",
-            "--runs",
-            "1",
-            "--modes",
-            "inproc,multiproc",
-        ],
+        [sys.executable, "-m", "bench", "--sizes", "tiny", "--runs", "1", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=timeout,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return done.stdout, lines
+
+
+@pytest.mark.timeout(180)
+def test_benchmark_suite_runs_every_workload_in_both_modes() -> None:
+    stdout, lines = _bench("--modes", "inproc,multiproc", timeout=170)
     assert {(r["workload"], r["mode"]) for r in lines} == {
         (w, m) for w in ("W1", "W2", "W3", "W4") for m in ("inproc", "multiproc")
     }
@@ -41,4 +37,14 @@ def test_benchmark_suite_runs_every_workload_in_both_modes() -> None:
     chain = next(r for r in lines if r["workload"] == "W2" and r["mode"] == "inproc")
     assert chain["step_p95_ms"] >= chain["step_p50_ms"] > 0
     assert all("ops_per_task" in r for r in lines if r["mode"] == "inproc")
-    assert "dagq benchmark" in done.stdout
+    assert "dagq benchmark" in stdout
+
+
+@pytest.mark.timeout(180)
+def test_benchmark_azure_mode_counts_storage_transactions(azurite: object) -> None:
+    stdout, lines = _bench("--workloads", "W1", "--stores", "azure", timeout=170)
+    [run] = lines
+    assert (run["store"], run["status"], run["tasks"]) == ("azure", ["completed"], 52)
+    assert run["transactions_per_task"] > 0
+    assert run["transactions"]["queue.send"] >= 50  # one message per task at least
+    assert "tx/task" in stdout
