@@ -1,6 +1,6 @@
 """Durable patterns survive a coordinator crash in the middle: a real ``dagq coordinator``
-is SIGKILLed while a timer is pending, a task waits for a signal, a loop iterates or a
-race is being run, and a fresh coordinator finishes the workflow correctly."""
+is SIGKILLed while a timer is pending, a task waits for a signal, a loop iterates, a
+foreach fans out or a race is being run, and a fresh coordinator finishes the workflow correctly."""
 
 from __future__ import annotations
 
@@ -29,6 +29,18 @@ def refine(ctx):
 def slow(seconds):
     time.sleep(seconds)
     return {"slept": seconds}
+
+def split(n):
+    return list(range(n))
+
+def square(item, index):
+    with open("items.log", "a") as log:
+        log.write(f"{index}\\n")
+    time.sleep(0.02)
+    return item * item
+
+def collect(inputs):
+    return inputs["square"]
 
 def mark(name):
     with open("ran.log", "a") as log:
@@ -160,6 +172,44 @@ def test_a_loop_resumes_its_iterations_after_a_coordinator_crash(cli: DagqCli) -
     assert output(cli, "loop", "refine") == {"draft": 3, "valid": True}
     iterations = log.read_text().split()
     assert iterations[-1] == "3" and set(iterations) == {"1", "2", "3"}
+
+
+def test_a_foreach_fan_out_finishes_every_item_once_after_a_coordinator_crash(
+    cli: DagqCli,
+) -> None:
+    coordinator = cli.start_coordinator()
+    worker(cli)
+    cli.submit_here(
+        "fan",
+        {
+            "name": "fan",
+            "tasks": [
+                {"name": "split", "call": "pattern_tasks:split", "args": {"n": 60}},
+                {
+                    "name": "square",
+                    "call": "pattern_tasks:square",
+                    "depends_on": ["split"],
+                    "foreach": "inputs.split",
+                    "max_parallel": 4,
+                },
+                {"name": "collect", "call": "pattern_tasks:collect", "depends_on": ["square"]},
+            ],
+        },
+    )
+    log = cli.workdir / "items.log"
+    wait_until(
+        lambda: log.exists() and len(log.read_text().split()) >= 8,
+        timeout_s=20,
+        what="the instances to be running",
+    )
+    crash_and_restart(cli, coordinator)
+    assert cli.wait_for_end("fan", timeout_s=60) == "completed"
+    # Outputs in index order, one per item; an instance runs again only if it was
+    # running when the coordinator died (at-least-once), never more than that.
+    assert output(cli, "fan", "collect") == [i * i for i in range(60)]
+    ran = [int(i) for i in log.read_text().split()]
+    assert set(ran) == set(range(60))
+    assert len(ran) - 60 <= 4
 
 
 def test_a_race_won_before_a_crash_stays_won(cli: DagqCli) -> None:
