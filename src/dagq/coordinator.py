@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from dagq import keys, machine
-from dagq.dispatching import Outgoing, task_message
+from dagq.dispatching import Outgoing, bundle, task_message
 from dagq.errors import ConflictError, DagqError, LeaseLost
 from dagq.history import encode_chunk
 from dagq.leasing import LeaseKeeper
@@ -71,6 +71,12 @@ class CoordinatorOptions:
     abandoned_submit_s: float = 600.0
     cache_size: int = 2000
     concurrency: int = 16
+    #: Task messages per queue message (a bundle) when many go out at once; None: the
+    #: store's choice (``queues.bundle_size``: 1 on memory and sqlite, 32 on azure).
+    bundle_size: int | None = None
+    #: A workflow's index row (status, counts) is rewritten when its status changes,
+    #: and otherwise at most this often while its counts move.
+    index_interval_s: float = 1.0
 
 
 @dataclass(eq=False)
@@ -86,6 +92,10 @@ class Entry:
     repairs: list[tuple[float, int, machine.Dispatch]] = field(default_factory=list)
     timers: list[tuple[float, int]] = field(default_factory=list)
     unsent: list[Outgoing] = field(default_factory=list)
+    #: The status and time of the last index write, and whether counts changed since.
+    indexed_status: str = ""
+    indexed_at: float = float("-inf")
+    index_owed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +106,7 @@ class _Flush:
     staged: Staged
     dispatched: int
     finished: bool
+    indexed: bool
 
 
 @dataclass
@@ -122,6 +133,7 @@ class Coordinator:
     ) -> None:
         self.store = store
         self.options = options or CoordinatorOptions()
+        self._bundle_size: int = self.options.bundle_size or store.queues.bundle_size
         self.clock = clock or time.time
         self.lease = LeaseKeeper(
             store, keys.COORDINATOR_LEASE, ttl_s=self.options.lease_ttl_s, owner=owner
@@ -339,17 +351,34 @@ class Coordinator:
         for o in outgoing:
             by_queue[o.queue].append(o.message)
         for queue, messages in by_queue.items():
-            batch.send(queue, messages)
+            batch.send(queue, bundle(messages, self._bundle_size))
         if fx.stop or fx.finished:
             batch.put(keys.control(workflow_id), control_document(st))
-        batch.upsert(index_row(entry))
-        return _Flush(entry, staged, len(outgoing), fx.finished)
+        indexed = self._index_due(entry)
+        if indexed:
+            batch.upsert(index_row(entry))
+        return _Flush(entry, staged, len(outgoing), fx.finished, indexed)
+
+    def _index_due(self, entry: Entry) -> bool:
+        return (
+            entry.state.status != entry.indexed_status
+            or self.clock() - entry.indexed_at >= self.options.index_interval_s
+        )
+
+    def _indexed(self, entry: Entry) -> None:
+        entry.indexed_status = entry.state.status
+        entry.indexed_at = self.clock()
+        entry.index_owed = False
 
     async def _settle(self, flush: _Flush, etags: list[str]) -> None:
         """After the commit: remember the new version; count; announce a finished run."""
         entry, st = flush.entry, flush.entry.state
         entry.stored = await settle_state(self.store, st, flush.staged, etags)
         st.dirty = False
+        if flush.indexed:
+            self._indexed(entry)
+        else:
+            entry.index_owed = True
         self.stats.flushes += 1
         self.stats.dispatched += flush.dispatched
         if flush.finished:
@@ -369,7 +398,7 @@ class Coordinator:
             for o in outgoing:
                 by_queue[o.queue].append(o.message)
             for queue, batch in by_queue.items():
-                await self.store.queues.send(queue, batch)
+                await self.store.queues.send(queue, bundle(batch, self._bundle_size))
             self.stats.dispatched += len(outgoing)
         except DagqError as exc:
             log.warning("sending %d task(s) failed, will retry: %s", len(outgoing), exc)
@@ -551,6 +580,9 @@ class Coordinator:
         except ConflictError:
             self._evict(st.workflow_id)
             return
+        if entry.index_owed and self._index_due(entry):  # counts that moved since
+            await self.store.index.upsert(index_row(entry))
+            self._indexed(entry)
         await self._repair(entry, now)
 
     async def _repair(self, entry: Entry, now: float) -> None:

@@ -3,10 +3,15 @@
 Upstream outputs ride in the message while they are small; above the inline limit
 they travel as one ``inputs`` document, and outputs that were already stored by
 reference are passed by their key, so no message ever exceeds the queue limit.
+
+Where every request is billed (Azure), task messages sent together to one queue go
+out as bundles: one queue message carrying several tasks (:func:`bundle`); a worker
+starts what it can and gives the rest back (see :mod:`dagq.worker`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,13 +19,15 @@ import msgspec
 
 from dagq import keys
 from dagq.machine import Dispatch
-from dagq.messages import INPUTS_INLINE_LIMIT, TaskMessage, encode_task
+from dagq.messages import INPUTS_INLINE_LIMIT, TaskMessage, encode_task, join_tasks
 from dagq.plan import Plan, PlanTask
 from dagq.state import RunState, TaskStatus
 from dagq.stores.base import OutgoingMessage
 
 #: A loop's previous output rides in the message up to this size, else as a document.
 PREVIOUS_INLINE_LIMIT = 8 * 1024
+#: A bundle's body stays under this many bytes (the queue limit is 48 KiB).
+BUNDLE_BYTES = 40 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +95,21 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
         queue=queue,
         message=OutgoingMessage(
             body=encode_task(message),
-            id=keys.message_id(workflow_id, name, dispatch.attempt),
+            id=attempt_id(message),
             delay_s=max(dispatch.delay_s, 0.0),
         ),
         documents=tuple(documents),
     )
+
+
+def attempt_id(task: TaskMessage) -> str:
+    """The id of an attempt's task message: one id per (task or instance or undo, attempt)."""
+    name = task.name
+    if task.item_index >= 0:
+        name = f"{name}[{task.item_index}]"
+    if task.undo:
+        name = f"{name}/undo"
+    return keys.message_id(task.workflow_id, name, task.attempt)
 
 
 def _inputs(
@@ -137,3 +154,37 @@ def _attempt_timeout(task: PlanTask, state: RunState, dispatch: Dispatch) -> flo
     if task.timeout_s is not None and task.timeout_s <= remaining:
         return None
     return remaining
+
+
+def bundle(messages: Sequence[OutgoingMessage], size: int) -> list[OutgoingMessage]:
+    """Pack task messages for one queue into bundles of up to ``size`` tasks.
+
+    Only messages due now are packed (a delayed one keeps its own delay); a bundle
+    stays under BUNDLE_BYTES and is named after its first task. ``size`` 1 packs
+    nothing.
+    """
+    if size <= 1 or len(messages) < 2:
+        return list(messages)
+    out: list[OutgoingMessage] = []
+    chunk: list[OutgoingMessage] = []
+    used = 0
+
+    def close() -> None:
+        if len(chunk) == 1:
+            out.append(chunk[0])
+        elif chunk:
+            bodies = [bytes(m.body) for m in chunk]
+            out.append(OutgoingMessage(join_tasks(bodies), id=f"{chunk[0].id}+{len(chunk) - 1}"))
+        chunk.clear()
+
+    for message in messages:
+        if message.delay_s > 0 or len(message.body) > BUNDLE_BYTES // 2:
+            out.append(message)
+            continue
+        if chunk and (len(chunk) >= size or used + len(message.body) > BUNDLE_BYTES):
+            close()
+            used = 0
+        chunk.append(message)
+        used += len(message.body)
+    close()
+    return out

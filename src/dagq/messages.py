@@ -1,7 +1,9 @@
 """What travels on the queues: task messages to workers, events to the coordinator.
 
 Bodies are msgpack (compact and fast); every struct is frozen. A completion-queue
-message carries a batch of events so a busy worker sends few messages.
+message carries a batch of events so a busy worker sends few messages; on a store that
+bills per request, a task-queue message may carry a bundle of task messages (a msgpack
+array of them; a single task message is a msgpack map).
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ Event = TaskStarted | TaskFinished | SubmitRequested | CancelRequested | RetryRe
 _encoder = msgspec.msgpack.Encoder()
 _task_decoder = msgspec.msgpack.Decoder(TaskMessage)
 _batch_decoder = msgspec.msgpack.Decoder(list[Event])
+_tasks_decoder = msgspec.msgpack.Decoder(TaskMessage | list[TaskMessage])
 
 
 def encode_task(message: TaskMessage) -> bytes:
@@ -145,6 +148,18 @@ def encode_task(message: TaskMessage) -> bytes:
 def decode_task(body: bytes) -> TaskMessage:
     """Parse a task message; raises msgspec.DecodeError/ValidationError if malformed."""
     return _task_decoder.decode(body)
+
+
+def join_tasks(encoded: list[bytes]) -> bytes:
+    """One task-queue body carrying several encoded task messages (a bundle)."""
+    return join_array(encoded)
+
+
+def decode_tasks(body: bytes) -> list[TaskMessage]:
+    """The task messages in a task-queue body: one, or a bundle's; raises msgspec
+    errors if malformed."""
+    decoded = _tasks_decoder.decode(body)
+    return decoded if isinstance(decoded, list) else [decoded]
 
 
 def encode_event(event: Event) -> bytes:
@@ -158,6 +173,11 @@ def join_events(encoded: list[bytes]) -> bytes:
     Events are encoded one by one so a sender can measure them and split a batch
     below the queue's message size limit without encoding anything twice.
     """
+    return join_array(encoded)
+
+
+def join_array(encoded: list[bytes]) -> bytes:
+    """A msgpack array of items that are already encoded, each on its own."""
     n = len(encoded)
     if n < 16:
         header = bytes([0x90 | n])

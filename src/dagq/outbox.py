@@ -7,6 +7,9 @@ up and commits it as one batch — the events (in as few messages as the size li
 allows), then the deletes of the task messages they report on — so a task message is
 never deleted before its completion is durable (DESIGN invariant 5). Nothing is
 dropped: a failed write is retried with backoff until it succeeds.
+
+On a store billed per request a completion may wait a little (``linger_s``) for those
+of the worker's other running tasks, so that one message carries many of them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,6 +32,8 @@ _FRAMING = 8
 #: How long progress-only events ('started') may wait for company: a task that ends
 #: within it never sends one (its 'finished' says it all).
 LINGER_S = 0.005
+#: A lingering batch goes out at once when it holds this many events.
+FULL_BATCH = 64
 
 
 class Received(Protocol):
@@ -42,7 +48,7 @@ class Received(Protocol):
 
 @dataclass(slots=True)
 class _Pending:
-    event: Event
+    event: Event | None  # None: only the delete of ``ack``
     encoded: bytes
     done: asyncio.Future[None] | None
     ack: Received | None = None
@@ -52,13 +58,25 @@ class _Pending:
 class Outbox:
     """Posts events to the completion queue in batches, with the deletes they allow."""
 
-    def __init__(self, store: Store, queue: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        queue: str,
+        *,
+        linger_s: float = 0.0,
+        expecting: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """``expecting`` says whether more completions are about to come (tasks are
+        running); while it does, a completion waits up to ``linger_s`` for company."""
         self._store = store
         self._queue = queue
+        self._linger_s = linger_s
+        self._expecting = expecting
         self._pending: list[_Pending] = []
         self._unsent_starts: dict[tuple[str, int, int], _Pending] = {}
         self._wake = asyncio.Event()
         self._urgent = asyncio.Event()
+        self._posted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.sent_messages = 0
 
@@ -86,7 +104,13 @@ class Outbox:
         self._pending.append(_Pending(event, encode_event(event), done, ack))
         self._wake.set()
         self._urgent.set()
+        self._posted.set()
         await done
+
+    def acknowledge(self, ack: Received) -> None:
+        """Delete ``ack`` with the next batch: after every event posted before."""
+        self._pending.append(_Pending(None, b"", None, ack))
+        self._wake.set()
 
     async def close(self) -> None:
         """Flush what is pending, then stop."""
@@ -108,6 +132,7 @@ class Outbox:
                 self._urgent.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._urgent.wait(), LINGER_S)
+            await self._linger()
             batch = [p for p in self._pending if not p.dropped]
             self._pending = []
             self._unsent_starts.clear()
@@ -129,11 +154,27 @@ class Outbox:
                 if p.done is not None and not p.done.done():
                     p.done.set_result(None)
 
+    async def _linger(self) -> None:
+        """Wait (up to ``linger_s``) for more completions while more are coming."""
+        if self._linger_s <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._linger_s
+        while self._expecting() and len(self._pending) < FULL_BATCH:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._posted.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._posted.wait(), left)
+
     async def _commit(self, batch: list[_Pending]) -> None:
         messages: list[OutgoingMessage] = []
         chunk: list[bytes] = []
         size = _FRAMING
         for p in batch:
+            if p.event is None:
+                continue
             if chunk and size + len(p.encoded) > MAX_MESSAGE_BYTES:
                 messages.append(OutgoingMessage(join_events(chunk)))
                 chunk, size = [], _FRAMING
@@ -146,7 +187,8 @@ class Outbox:
             if p.ack is not None:
                 acks[p.ack.queue].append(p.ack.receipt)
         writes = self._store.batch()
-        writes.send(self._queue, messages)
+        if messages:
+            writes.send(self._queue, messages)
         for queue, receipts in acks.items():
             writes.ack(queue, receipts)
         await writes.commit()

@@ -2,7 +2,10 @@
 
 For each message: keep it invisible while the task runs (heartbeats), run it, store
 a large output as a document, post the completion event, and only then delete the
-message (DESIGN invariant 5). A worker never writes runtime state.
+message (DESIGN invariant 5). A message may carry a bundle of tasks: the worker keeps
+as many as it has free slots plus a short backlog, and gives the rest back
+(:mod:`dagq.holding`). A slot is free again as soon as its task has run: the report
+goes out in the background, with others. A worker never writes runtime state.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,13 +25,14 @@ import msgspec
 
 from dagq import expression, keys
 from dagq.errors import DagqError, MessageLost
+from dagq.holding import Held, give_back, split
 from dagq.leasing import default_owner
 from dagq.messages import (
     OUTPUT_INLINE_LIMIT,
     TaskFinished,
     TaskMessage,
     TaskStarted,
-    decode_task,
+    decode_tasks,
 )
 from dagq.outbox import Outbox
 from dagq.runners import Outcome, TaskContext
@@ -42,6 +48,8 @@ DOCUMENT_CACHE_BYTES = 8 * 1024 * 1024
 #: The name prefix of the threads that run synchronous Python tasks.
 TASK_THREAD_PREFIX = "dagq-task"
 _FIRST_POLL_S = 0.005
+#: Tasks whose reports are on their way, per slot, before the worker takes no more.
+_REPORTING_PER_SLOT = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,25 +65,32 @@ class WorkerOptions:
     shutdown_grace_s: float = 30.0
     cancel_check_s: float = 1.0
     batch_size: int = 32
+    #: Tasks of a bundle a worker may keep beyond its free slots, to start as slots
+    #: free up (None: as many as ``concurrency``), and how long they may wait for a
+    #: slot before they go back to the queue for other workers.
+    backlog: int | None = None
+    backlog_wait_s: float = 1.0
+    #: How long a completion may wait for others to share its message (None: 20 ms on
+    #: a store that bundles task messages, else 0).
+    report_linger_s: float | None = None
     work_dir: str | None = None
     name: str = field(default_factory=default_owner)
 
 
 @dataclass(eq=False)
 class _Running:
-    message: Message
+    held: Held
     task: TaskMessage
-    receipt: str
-    extended_at: float
+    #: This task's key in ``Worker._running``: the message id (#n in a bundle).
+    key: str
     job: asyncio.Task[None] | None = None
-    lost: bool = False
     #: Why the task is being stopped (empty: it is not).
     stopping: str = ""
-
-    @property
-    def queue(self) -> str:
-        """The queue the message came from."""
-        return self.message.queue
+    #: When it was kept (a backlog task waits for a slot), and whether it holds one.
+    kept_at: float = 0.0
+    busy: bool = False
+    #: Its outcome has been handed to the outbox.
+    reported: bool = False
 
 
 class Worker:
@@ -92,15 +107,28 @@ class Worker:
         self.options = options or WorkerOptions()
         self.clock = clock
         self.completed = 0
+        #: Every task held: in the backlog, running, or reporting.
         self._running: dict[str, _Running] = {}
+        self._backlog: deque[_Running] = deque()
+        self._busy = 0
         self._slot_freed = asyncio.Event()
-        self._outbox = Outbox(store, keys.COMPLETIONS_QUEUE)
+        linger = self.options.report_linger_s
+        if linger is None:
+            linger = 0.02 if self._bundle_size > 1 else 0.0
+        self._outbox = Outbox(
+            store, keys.COMPLETIONS_QUEUE, linger_s=linger, expecting=lambda: self._busy > 0
+        )
         self._executor = ThreadPoolExecutor(
             max_workers=self.options.concurrency, thread_name_prefix=TASK_THREAD_PREFIX
         )
         self._controls: dict[str, tuple[float, _Control]] = {}
         #: Immutable documents (items, outputs, inputs) lately decoded, by key.
         self._documents: dict[str, Any] = {}
+        #: Tasks per received message lately (bundles make it more than one): a receive
+        #: asks for as many messages as are likely to fill the free slots.
+        self._per_message = float(self._bundle_size)
+        #: Bundles given back in part on shutdown, deleted once their events are out.
+        self._retired: list[Held] = []
         add_import_paths(self.options.import_paths)
 
     # --- the loop ---------------------------------------------------------------------
@@ -116,6 +144,7 @@ class Worker:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
             await self._outbox.close()
+            await self._delete_retired()
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _serve(self, stop: asyncio.Event) -> None:
@@ -123,8 +152,13 @@ class Worker:
         queue_index = 0
         poll = _FIRST_POLL_S
         while not stop.is_set():
-            free = self.options.concurrency - len(self._running)
-            if free <= 0:
+            self._start_backlog()
+            free = self.options.concurrency - self._busy
+            if (
+                free <= 0
+                or self._backlog
+                or self._reporting() >= _REPORTING_PER_SLOT * (self.options.concurrency)
+            ):
                 self._slot_freed.clear()
                 await _first(self._slot_freed.wait(), stop.wait())
                 continue
@@ -147,28 +181,31 @@ class Worker:
             if not got and idle is not None and self.clock() - idle_since >= idle:
                 log.info("idle for %.0fs, stopping", idle)
                 return
-            # Cleared here too: left set by an earlier finished task, it would turn this
-            # idle wait into a busy loop of empty receives.
-            self._slot_freed.clear()
-            # Across processes ``wait`` is a sleep: poll soon after work, then back off.
+            # The queues ran dry with slots free: only a send brings more (a finished
+            # task does not). Across processes ``wait`` is a sleep: poll soon after
+            # work, then back off.
             waits = [self.store.queues.wait(q, poll) for q in self.options.queues]
-            await _first(*waits, stop.wait(), self._slot_freed.wait())
+            await _first(*waits, stop.wait())
             poll = min(poll * 2, self.options.poll_interval_s)
 
     async def _take(self, queue: str, n: int) -> int:
+        """Start up to ``n`` tasks from ``queue``; how many were started."""
         if n <= 0:
             return 0
         try:
             messages = await self.store.queues.receive(
-                queue, max_messages=n, visibility_timeout_s=self.options.visibility_timeout_s
+                queue,
+                max_messages=max(1, math.ceil(n / self._per_message)),
+                visibility_timeout_s=self.options.visibility_timeout_s,
             )
         except DagqError as exc:
             log.warning("receiving from %r failed, retrying: %s", queue, exc)
             await asyncio.sleep(self.options.poll_interval_s)
             return 0
+        started = seen = 0
         for message in messages:
             try:
-                task = decode_task(message.body)
+                tasks = decode_tasks(message.body)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 log.error("unreadable task message %s dead-lettered: %s", message.id, exc)
                 with contextlib.suppress(DagqError):  # else it is redelivered, then buried
@@ -176,35 +213,143 @@ class Worker:
                         queue, message.receipt, f"cannot be parsed: {exc}"
                     )
                 continue
-            running = _Running(message, task, message.receipt, self.clock())
-            self._running[message.id] = running
-            running.job = asyncio.create_task(self._handle(running), name=f"dagq-task-{message.id}")
-        return len(messages)
+            seen += len(tasks)
+            try:
+                started += await self._hold(message, tasks, n - started)
+            except DagqError as exc:  # the message comes back after its visibility timeout
+                log.warning("bundle %s could not be taken apart: %s", message.id, exc)
+        if messages:
+            self._per_message = max(1.0, (self._per_message + seen / len(messages)) / 2)
+        return started
+
+    async def _hold(self, message: Message, tasks: list[TaskMessage], room: int) -> int:
+        """Start the tasks of one message that fit ``room``, keep a backlog, give the
+        rest back; how many were started."""
+        if len(tasks) > 1 and message.dequeue_count > 1:
+            await split(self.store, message, tasks)
+            return 0
+        room = max(room, 0)
+        spare = max(0, self._backlog_limit - len(self._backlog))
+        kept, rest = tasks[: room + spare], tasks[room + spare :]
+        if rest:
+            await give_back(self.store, message.queue, rest, self._bundle_size)
+        if not kept:
+            await self.store.queues.delete(message.queue, [message.receipt])
+            return 0
+        now = self.clock()
+        held = Held(message, message.receipt, now, kept=len(kept), open=len(kept))
+        for i, task in enumerate(kept):
+            key = message.id if len(tasks) == 1 else f"{message.id}#{i}"
+            running = _Running(held, task, key, kept_at=now)
+            self._running[key] = running
+            if i < room:
+                self._start(running)
+            else:
+                self._backlog.append(running)
+        return min(room, len(kept))
+
+    def _start(self, running: _Running) -> None:
+        running.busy = True
+        self._busy += 1
+        running.job = asyncio.create_task(self._handle(running), name=f"dagq-task-{running.key}")
+
+    def _start_backlog(self) -> None:
+        """Start backlog tasks while slots are free (those of a lost message are dropped)."""
+        while self._backlog and self._busy < self.options.concurrency:
+            running = self._backlog.popleft()
+            if running.held.lost:
+                self._running.pop(running.key, None)
+                continue
+            self._start(running)
+
+    def _free_slot(self, running: _Running) -> None:
+        if running.busy:
+            running.busy = False
+            self._busy -= 1
+            self._slot_freed.set()
+
+    def _reporting(self) -> int:
+        return len(self._running) - self._busy - len(self._backlog)
+
+    @property
+    def _backlog_limit(self) -> int:
+        limit = self.options.backlog
+        return self.options.concurrency if limit is None else max(0, limit)
+
+    async def _return_backlog(self, now: float) -> None:
+        """Give back backlog tasks that have waited too long for a slot."""
+        stale = [r for r in self._backlog if now - r.kept_at >= self.options.backlog_wait_s]
+        if not stale:
+            return
+        groups: dict[int, tuple[Held, list[_Running]]] = {}
+        for running in stale:
+            self._backlog.remove(running)
+            self._running.pop(running.key, None)
+            if not running.held.lost:  # a lost message is another worker's now
+                groups.setdefault(id(running.held), (running.held, []))[1].append(running)
+        for held, group in groups.values():
+            try:
+                await give_back(self.store, held.queue, [r.task for r in group], self._bundle_size)
+            except DagqError as exc:
+                log.warning("giving back %d waiting task(s) failed: %s", len(group), exc)
+                for running in group:  # they stay, and are tried again
+                    self._running[running.key] = running
+                    self._backlog.append(running)
+                continue
+            done = held.given_back(len(group))
+            if done is not None:
+                self._outbox.acknowledge(done)
+
+    @property
+    def _bundle_size(self) -> int:
+        return max(1, self.store.queues.bundle_size)
 
     async def _drain(self) -> None:
-        """On stop: let running tasks finish within the grace period, then release them."""
+        """On stop: let running tasks finish within the grace period, then release them
+        (and the backlog, which is not started)."""
+        waiting = list(self._backlog)
+        self._backlog.clear()
         in_flight = [r for r in self._running.values() if r.job is not None]
         jobs = [r.job for r in in_flight if r.job is not None]
-        if not jobs:
+        if not jobs and not waiting:
             return
         log.info(
             "waiting up to %gs for %d running task(s)", self.options.shutdown_grace_s, len(jobs)
         )
-        _, unfinished = await asyncio.wait(jobs, timeout=self.options.shutdown_grace_s)
+        unfinished: set[asyncio.Task[None]] = set()
+        if jobs:
+            _, unfinished = await asyncio.wait(jobs, timeout=self.options.shutdown_grace_s)
         for job in unfinished:
             job.cancel()
         await asyncio.gather(*unfinished, return_exceptions=True)
         # A cancelled job removes itself from ``_running``: release from the list taken above.
-        for running in in_flight:
-            if running.job in unfinished and not running.lost:
-                with contextlib.suppress(DagqError):  # hand it back to the queue at once
-                    await self.store.queues.extend(running.message.queue, running.receipt, 0)
+        left: dict[int, tuple[Held, list[TaskMessage]]] = {}
+        for running in in_flight + waiting:
+            if running.reported or running.held.lost:
+                continue
+            if running.job is None or running.job in unfinished:
+                left.setdefault(id(running.held), (running.held, []))[1].append(running.task)
+        for held, tasks in left.values():
+            with contextlib.suppress(DagqError):  # hand it back to the queue at once
+                if held.untouched and held.open == len(tasks):  # release it whole
+                    await self.store.queues.extend(held.queue, held.receipt, 0)
+                else:  # part reported: the rest goes back; the message once that is out
+                    await give_back(self.store, held.queue, tasks, self._bundle_size)
+                    self._retired.append(held)
         self._running.clear()
+
+    async def _delete_retired(self) -> None:
+        for held in self._retired:
+            if not held.failed and not held.lost:
+                with contextlib.suppress(DagqError):
+                    await self.store.queues.delete(held.queue, [held.receipt])
+        self._retired.clear()
 
     # --- one task ---------------------------------------------------------------------
 
     async def _handle(self, running: _Running) -> None:
-        message, task = running.message, running.task
+        task = running.task
+        reported = False
         try:
             why = await self._stop_reason(task)
             if why is not None:
@@ -212,7 +357,9 @@ class Worker:
                 # is waiting for word of it before the cancellation can finish.
                 outcome = Outcome(ok=False, error=f"not run: {why}", retryable=False)
                 report = await self._report(task, outcome, self.clock())
-                await self._outbox.post(report, ack=running)
+                reported = running.reported = True
+                self._free_slot(running)
+                await self._outbox.post(report, ack=running.held.reported())
                 return
             self._outbox.post_nowait(
                 TaskStarted(
@@ -233,17 +380,22 @@ class Worker:
                     raise  # worker shutdown: the message goes back to the queue
                 outcome = Outcome(ok=False, error=f"stopped: {running.stopping}", retryable=False)
             finished = await self._report(task, outcome, started)
-            await self._outbox.post(finished, ack=None if running.lost else running)
+            reported = running.reported = True
+            self._free_slot(running)
+            await self._outbox.post(finished, ack=running.held.reported())
             self.completed += 1
         except asyncio.CancelledError:
             raise
         except DagqError as exc:
             # The message stays in the queue and comes back after its visibility timeout.
             log.warning(
-                "task %s could not be reported, it will be redelivered: %s", message.id, exc
+                "task %s could not be reported, it will be redelivered: %s", running.key, exc
             )
+            if not reported:
+                running.held.report_failed()
         finally:
-            self._running.pop(message.id, None)
+            self._running.pop(running.key, None)
+            self._free_slot(running)
             self._slot_freed.set()
 
     async def _execute(self, task: TaskMessage) -> Outcome:
@@ -370,25 +522,28 @@ class Worker:
         while True:
             await asyncio.sleep(period)
             now = self.clock()
+            await self._return_backlog(now)
+            holds: dict[int, Held] = {}
             for running in list(self._running.values()):
-                why = await self._stop_reason(running.task)
-                if why is not None and running.job:
-                    if not running.stopping:
-                        running.stopping = why
-                        running.job.cancel()
+                if running.reported or not running.busy:  # not running: nothing to stop
+                    holds[id(running.held)] = running.held
                     continue
-                if now - running.extended_at < vt / 3 or running.lost:
+                why = await self._stop_reason(running.task)
+                if why is not None and running.job and not running.stopping:
+                    running.stopping = why
+                    running.job.cancel()
+                holds[id(running.held)] = running.held
+            for held in holds.values():
+                if now - held.extended_at < vt / 3 or held.lost or held.open <= 0:
                     continue
                 try:
-                    running.receipt = await self.store.queues.extend(
-                        running.message.queue, running.receipt, vt
-                    )
-                    running.extended_at = now
+                    held.receipt = await self.store.queues.extend(held.queue, held.receipt, vt)
+                    held.extended_at = now
                 except MessageLost:
-                    log.warning("message %s was redelivered elsewhere", running.message.id)
-                    running.lost = True
+                    log.warning("message %s was redelivered elsewhere", held.message.id)
+                    held.lost = True
                 except DagqError as exc:
-                    log.warning("heartbeat for %s failed: %s", running.message.id, exc)
+                    log.warning("heartbeat for %s failed: %s", held.message.id, exc)
 
     async def _stop_reason(self, task: TaskMessage) -> str | None:
         """Why this attempt must stop (its workflow was cancelled, or it lost a race), if so.

@@ -45,6 +45,7 @@ def test_benchmark_azure_mode_counts_storage_transactions(azurite: object) -> No
     stdout, lines = _bench("--workloads", "W1", "--stores", "azure", timeout=170)
     [run] = lines
     assert (run["store"], run["status"], run["tasks"]) == ("azure", ["completed"], 52)
-    assert run["transactions_per_task"] > 0
-    assert run["transactions"]["queue.send"] >= 50  # one message per task at least
+    assert 0 < run["transactions_per_task"] < 5
+    # Tasks sent together go out bundled: far fewer queue messages than tasks.
+    assert 0 < run["transactions"]["queue.send"] < 52
     assert "tx/task" in stdout

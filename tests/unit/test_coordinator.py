@@ -155,6 +155,31 @@ async def test_index_row_follows_each_flush(store: Store, clock: FakeClock) -> N
     assert row.data["counts"] == {"pending": 2, "ready": 1}
 
 
+async def test_index_counts_are_rewritten_at_most_once_an_interval_but_status_at_once(
+    store: Store, clock: FakeClock
+) -> None:
+    coord = coordinator(store, clock, index_interval_s=5.0)
+    await submit(store, fan_out(3), workflow_id="w", clock=clock)
+    await coord.step()
+    [root] = await take_tasks(store)
+    await post(store, finished(root, clock))
+    await coord.step()
+    tasks = await take_tasks(store)
+    await post(store, finished(tasks[0], clock))
+    await coord.step()
+    row = await store.index.get("w")
+    assert row is not None and row.data["counts"] == {"pending": 3, "ready": 1}  # not yet
+    clock.advance(5)
+    await coord.sweep()  # the counts owed since are written by the sweep
+    row = await store.index.get("w")
+    assert row is not None and row.data["counts"] == {"completed": 2, "ready": 2}
+    await post(store, *[finished(t, clock) for t in tasks[1:]])
+    await coord.step()  # a new status is written at once
+    row = await store.index.get("w")
+    assert row is not None and row.status == "completed"
+    assert row.data["counts"] == {"completed": 4}
+
+
 async def test_a_crash_between_flush_and_send_is_repaired(store: Store, clock: FakeClock) -> None:
     crashed = coordinator(store, clock)
     await submit(store, fan_out(1), workflow_id="w", clock=clock)

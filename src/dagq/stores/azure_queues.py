@@ -68,6 +68,8 @@ class AzureQueues:
     """At-least-once queues on Azure Queue Storage."""
 
     deduplicates = False
+    #: Task messages per queue message (dagq.dispatching.bundle): a request each.
+    bundle_size = 32
 
     def __init__(
         self,

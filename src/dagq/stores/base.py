@@ -124,6 +124,10 @@ class Queues(Protocol):
     #: False where the service cannot (Azure Queue Storage): there a duplicate id is a
     #: second message, and consumers rely on their own idempotence (DESIGN invariant 4).
     deduplicates: bool
+    #: How many task messages the coordinator packs into one queue message when many go
+    #: out at once: 1 where a message is cheap (memory, sqlite); more where every
+    #: request is billed and rate-limited (Azure).
+    bundle_size: int
 
     async def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
         """Enqueue messages (each at most MAX_MESSAGE_BYTES, else MessageTooLarge).

@@ -107,6 +107,7 @@ class MemoryQueues:
     """Queues in dicts, with the same visibility and dead-letter rules as sqlite."""
 
     deduplicates = True
+    bundle_size = 1
 
     def __init__(self, clock: Clock, max_deliveries: int) -> None:
         self._clock = clock

@@ -396,6 +396,7 @@ class SqliteQueues:
     """Messages in the ``messages`` table; a receive claims rows in one transaction."""
 
     deduplicates = True
+    bundle_size = 1
 
     def __init__(self, db: _Database, wakeups: Wakeups, max_deliveries: int) -> None:
         self._db = db
