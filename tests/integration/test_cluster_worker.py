@@ -227,3 +227,18 @@ def test_idle_timeout_exits_0_after_idling(cli: DagqCli) -> None:
     assert time.monotonic() - began >= 0.5
     assert "idle for" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_a_negative_backlog_is_refused_naming_the_option(cli: DagqCli) -> None:
+    result = cli.run("worker", "-q", "idle", "--backlog", "-1", timeout_s=15)
+
+    assert result.code == 2, result.output
+    assert "--backlog" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_worker_with_no_backlog_runs_a_workflow_to_the_end(cli: DagqCli) -> None:
+    submit(cli, "nobacklog", [{"name": f"t{i}", "queue": "nb", "cmd": "true"} for i in range(6)])
+    cli.start_worker("-q", "nb", "-c", "2", "--backlog", "0")
+
+    assert cli.wait_for_end("nobacklog", timeout_s=20) == "completed"

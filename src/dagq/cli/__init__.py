@@ -187,6 +187,13 @@ def coordinator(*, store_url: str, break_lease: bool, log_interval: float) -> No
     type=click.FloatRange(0),
     help="On SIGTERM, seconds running tasks get to finish before being released.",
 )
+@click.option(
+    "--backlog",
+    type=click.IntRange(0),
+    default=None,
+    help="Tasks of a bundle kept beyond the free slots, started as slots free up "
+    "(default: as many as -c; 0 gives every extra task back at once).",
+)
 def worker(
     *,
     store_url: str,
@@ -196,6 +203,7 @@ def worker(
     idle_timeout: float | None,
     visibility_timeout: float,
     grace: float,
+    backlog: int | None,
 ) -> None:
     """Run tasks from the given queues until stopped (SIGTERM: finish, then release)."""
     from dagq.cli.serve import run_worker
@@ -212,6 +220,7 @@ def worker(
             idle_timeout_s=idle_timeout,
             visibility_timeout_s=visibility_timeout,
             shutdown_grace_s=grace,
+            backlog=backlog,
         )
         return run_worker(store_url, options)
 
