@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from dagq import keys
+from dagq import dead_letters, keys
 from dagq.builder import Workflow, load_python_file
+from dagq.dead_letters import DeadLetterInfo
 from dagq.definition import WorkflowDef
 from dagq.errors import UsageError
 from dagq.history import HistoryEntry, read_history
@@ -302,6 +303,21 @@ class Client:
         _check_retryable(plan, st, workflow_id, tasks)
         await request_retry(self.store, workflow_id, tasks)
         return await self._taken_up(workflow_id, st.updated_at, ack_timeout_s)
+
+    async def dead_letters(
+        self, queue: str | None = None, *, limit: int = 100
+    ) -> builtins.list[DeadLetterInfo]:
+        """Dead-lettered messages (of ``queue``, or every queue), oldest first."""
+        found = await dead_letters.list_dead(self.store, queue, limit=limit)
+        return [dead_letters.describe(d) for d in found]
+
+    async def replay_dead_letters(self, which: builtins.list[str]) -> int:
+        """Send dead letters back to their queues (after a fix), then remove them."""
+        return await dead_letters.replay(self.store, await dead_letters.find(self.store, which))
+
+    async def purge_dead_letters(self, which: builtins.list[str]) -> int:
+        """Remove dead letters for good."""
+        return await dead_letters.purge(self.store, await dead_letters.find(self.store, which))
 
     async def _taken_up(self, workflow_id: str, updated_at: float, timeout_s: float) -> bool:
         """Wait until the run's state moved on from ``updated_at`` (while a coordinator runs)."""

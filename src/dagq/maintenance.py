@@ -17,7 +17,7 @@ from dagq import keys
 from dagq.errors import DagqError, UsageError
 from dagq.leasing import holder_is_dead_here
 from dagq.state import WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
-from dagq.stores.base import Store
+from dagq.stores.base import DeadLetter, Store
 from dagq.submission import Submitted
 from dagq.validation import check_workflow_id
 
@@ -27,6 +27,8 @@ PENDING_STUCK_S = 120.0
 STALE_S = 3600.0
 #: How old the oldest message of a task queue may be before doctor suspects no worker.
 QUEUE_WAIT_S = 300.0
+#: How many dead letters doctor reads (it counts them per queue).
+DEAD_LETTERS_SHOWN = 1000
 
 
 async def purge(store: Store, workflow_id: str, *, force: bool = False) -> int:
@@ -190,11 +192,16 @@ async def _active_rows(store: Store) -> list[tuple[str, str, float, float, list[
 async def _queues(
     store: Store, active: list[tuple[str, str, float, float, list[str]]], now: float
 ) -> list[Finding]:
-    names = sorted({q for *_, queues in active for q in queues} | {keys.COMPLETIONS_QUEUE})
+    buried: dict[str, list[DeadLetter]] = {}
+    for letter in await store.queues.dead_letters(None, limit=DEAD_LETTERS_SHOWN):
+        buried.setdefault(letter.queue, []).append(letter)
+    names = sorted(
+        {q for *_, queues in active for q in queues} | {keys.COMPLETIONS_QUEUE} | set(buried)
+    )
     findings = []
     for name in names:
         depth = await store.queues.depth(name)
-        dead = await store.queues.dead_letters(name, limit=1000)
+        dead = buried.get(name, [])
         label = "completion queue" if name == keys.COMPLETIONS_QUEUE else f"queue '{name}'"
         detail = (
             f"{depth.visible} waiting, {depth.invisible} in flight, "
@@ -207,8 +214,8 @@ async def _queues(
                     label,
                     f"{len(dead)} dead-lettered message(s), the last because "
                     f"{dead[-1].reason!r}; {detail}",
-                    "the worker and coordinator logs name each one; fix the cause, then "
-                    "re-run the workflows they held up: dagq cancel ID, dagq retry ID",
+                    f"see them: dagq dlq list --queue {name}; after fixing the cause, "
+                    "dagq dlq replay KEY (or --all), or dagq dlq purge",
                 )
             )
         elif depth.visible and depth.oldest_age_s > QUEUE_WAIT_S:

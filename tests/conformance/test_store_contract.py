@@ -441,6 +441,32 @@ async def test_dead_letter_moves_a_received_message_with_the_reason(
     assert await store.queues.receive("q", max_messages=10, visibility_timeout_s=30) == []
 
 
+async def test_dead_letters_of_every_queue_are_listed_oldest_first_and_removed_by_key(
+    store: Store, clock: FakeClock
+) -> None:
+    for queue, body in [("a", b"first"), ("b", b"second"), ("a", b"third")]:
+        await store.queues.send(queue, [out(body)])
+        message = await receive_one(store, queue, visibility=30)
+        await store.queues.dead_letter(queue, message.receipt, f"bad {body.decode()}")
+        clock.advance(1)
+    everything = await store.queues.dead_letters(None)
+    assert [(d.queue, d.body) for d in everything] == [
+        ("a", b"first"),
+        ("b", b"second"),
+        ("a", b"third"),
+    ]
+    assert len({d.key for d in everything}) == 3 and all(d.key for d in everything)
+    assert [d.key for d in await store.queues.dead_letters("a")] == [
+        everything[0].key,
+        everything[2].key,
+    ]
+    bogus = ["", "nope", "../states/x", "9" * 40, everything[1].key + "x"]
+    assert await store.queues.remove_dead_letters(bogus) == 0
+    assert await store.queues.remove_dead_letters([everything[0].key, everything[0].key]) == 1
+    assert [d.body for d in await store.queues.dead_letters(None)] == [b"second", b"third"]
+    assert await store.queues.remove_dead_letters([everything[0].key]) == 0
+
+
 async def test_dead_letter_with_a_stale_receipt_is_a_no_op(store: Store, clock: FakeClock) -> None:
     await store.queues.send("q", [out(b"x")])
     stale = await receive_one(store, visibility=1)

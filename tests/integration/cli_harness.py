@@ -58,6 +58,7 @@ STORE_COMMANDS = frozenset(
         "events",
         "graph",
         "doctor",
+        "dlq",
         "signal",
         "purge",
     }

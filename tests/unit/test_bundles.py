@@ -106,16 +106,21 @@ async def visible(store: Store, queue: str = "default") -> int:
     return (await store.queues.depth(queue)).visible
 
 
+async def bundled(tasks: list[TaskMessage]) -> Store:
+    """A memory store that bundles by 8, with ``tasks`` queued in one bundle."""
+    store = open_memory_store()
+    store.queues.bundle_size = 8  # type: ignore[misc]
+    await store.queues.send("default", bundle([message(t) for t in tasks], 8))
+    return store
+
+
 async def until(check: Any) -> None:
     while not await check():
         await asyncio.sleep(0.01)
 
 
 async def test_a_worker_keeps_what_it_can_run_and_gives_the_rest_back() -> None:
-    store = open_memory_store()
-    store.queues.bundle_size = 8  # type: ignore[misc]
-    tasks = [task(i, seconds=0.2) for i in range(6)]
-    await store.queues.send("default", bundle([message(t) for t in tasks], 8))
+    store = await bundled([task(i, seconds=0.2) for i in range(6)])
     stop = asyncio.Event()
     worker = Worker(store, WorkerOptions(concurrency=2, backlog=0, poll_interval_s=0.05))
     serving = asyncio.create_task(worker.run(stop))
@@ -132,10 +137,7 @@ async def test_a_worker_keeps_what_it_can_run_and_gives_the_rest_back() -> None:
 
 
 async def test_a_worker_keeps_a_backlog_and_runs_it_as_its_slots_free_up() -> None:
-    store = open_memory_store()
-    store.queues.bundle_size = 8  # type: ignore[misc]
-    tasks = [task(i, seconds=0.1) for i in range(6)]
-    await store.queues.send("default", bundle([message(t) for t in tasks], 8))
+    store = await bundled([task(i, seconds=0.1) for i in range(6)])
     stop = asyncio.Event()
     worker = Worker(store, WorkerOptions(concurrency=2, backlog=2, backlog_wait_s=30))
     serving = asyncio.create_task(worker.run(stop))
@@ -149,10 +151,7 @@ async def test_a_worker_keeps_a_backlog_and_runs_it_as_its_slots_free_up() -> No
 
 
 async def test_a_backlog_that_waits_too_long_goes_back_for_other_workers() -> None:
-    store = open_memory_store()
-    store.queues.bundle_size = 8  # type: ignore[misc]
-    tasks = [task(0, seconds=30)] + [task(i) for i in range(1, 4)]
-    await store.queues.send("default", bundle([message(t) for t in tasks], 8))
+    store = await bundled([task(0, seconds=30)] + [task(i) for i in range(1, 4)])
     stop = asyncio.Event()
     options = WorkerOptions(
         concurrency=1, backlog=3, backlog_wait_s=0.1, cancel_check_s=0.05, shutdown_grace_s=0.1

@@ -30,7 +30,7 @@ from dagq.errors import UsageError, WorkflowExists, WorkflowNotFound
 from dagq.history import HistoryEntry
 from dagq.messages import OUTPUT_INLINE_LIMIT
 from dagq.stores import open_store
-from dagq.stores.base import Store
+from dagq.stores.base import OutgoingMessage, Store
 from dagq.stores.memory import open_memory_store
 from dagq.worker import Worker, WorkerOptions
 
@@ -361,3 +361,26 @@ def test_sync_client_of_a_url_raises_workflow_not_found_for_an_unknown_id(
         assert client.status("x").status == "pending"
         with pytest.raises(WorkflowNotFound, match="ghost"):
             client.status("ghost")
+
+
+# --- dead letters ------------------------------------------------------------------------
+
+
+async def test_dead_letters_are_described_replayed_and_purged(client: Client, store: Store) -> None:
+    for body in (b"first", b"second"):
+        await store.queues.send("q", [OutgoingMessage(body, id=body.decode())])
+        [message] = await store.queues.receive("q", max_messages=1, visibility_timeout_s=30)
+        await store.queues.dead_letter("q", message.receipt, f"{body.decode()} is bad")
+    first, second = await client.dead_letters()
+    assert (first.queue, first.message_id, first.kind) == ("q", "first", "unreadable")
+    assert second.reason == "second is bad"
+    assert await client.dead_letters("elsewhere") == []
+
+    assert await client.replay_dead_letters([first.key]) == 1
+    assert [
+        m.body for m in await store.queues.receive("q", max_messages=5, visibility_timeout_s=30)
+    ] == [b"first"]
+    with pytest.raises(UsageError, match="no dead letter with key"):
+        await client.purge_dead_letters([first.key])
+    assert await client.purge_dead_letters([second.key]) == 1
+    assert await client.dead_letters() == []

@@ -402,6 +402,58 @@ def purge(
     _exit(lambda: run_purge(store_url, workflow_id, older_than_days=older_than, force=force))
 
 
+@main.group()
+def dlq() -> None:
+    """Dead-lettered messages: list, show, replay after a fix, purge."""
+
+
+@dlq.command("list")
+@click.option("--queue", default=None, help="Only this queue's dead letters.")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 100_000))
+@store_option
+@json_option
+def dlq_list(*, queue: str | None, limit: int, store_url: str, as_json: bool) -> None:
+    """Dead letters, oldest first: key, queue, what they carried, why they died."""
+    from dagq.cli.dlq import run_list
+
+    _exit(lambda: run_list(store_url, queue, limit, as_json=as_json))
+
+
+@dlq.command("show")
+@click.argument("key")
+@store_option
+@json_option
+def dlq_show(*, key: str, store_url: str, as_json: bool) -> None:
+    """One dead letter: where it was, why, and its decoded content."""
+    from dagq.cli.dlq import run_show
+
+    _exit(lambda: run_show(store_url, key, as_json=as_json))
+
+
+@dlq.command("replay")
+@click.argument("keys", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Every dead letter (of --queue).")
+@click.option("--queue", default=None, help="With --all: only this queue's.")
+@store_option
+def dlq_replay(*, keys: tuple[str, ...], every: bool, queue: str | None, store_url: str) -> None:
+    """Send dead letters back to their queues (after a fix), then remove them."""
+    from dagq.cli.dlq import run_replay
+
+    _exit(lambda: run_replay(store_url, keys, every=every, queue=queue))
+
+
+@dlq.command("purge")
+@click.argument("keys", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Every dead letter (of --queue).")
+@click.option("--queue", default=None, help="With --all: only this queue's.")
+@store_option
+def dlq_purge(*, keys: tuple[str, ...], every: bool, queue: str | None, store_url: str) -> None:
+    """Remove dead letters for good."""
+    from dagq.cli.dlq import run_purge
+
+    _exit(lambda: run_purge(store_url, keys, every=every, queue=queue))
+
+
 @main.command()
 @click.argument("workflow_id")
 @click.argument("name")

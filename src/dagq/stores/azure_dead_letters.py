@@ -4,12 +4,15 @@ Azure Queue Storage has no dead-letter queue, and a second queue would not do: i
 peek shows at most 32 messages and no reasons. Each dead letter is one blob,
 ``dead-letters/{azure queue}/{time in ms}-{random}``, holding the id, body, delivery
 count, reason and time; names sort oldest first, so listing is one ``list_blobs``.
+A dead letter's key is its blob name without the ``dead-letters/`` folder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+from collections.abc import Sequence
 
 import msgspec
 from azure.core.exceptions import ResourceNotFoundError
@@ -19,6 +22,8 @@ from dagq.stores.base import DeadLetter
 from dagq.stores.common import new_token
 
 DEAD_LETTERS = "dead-letters/"
+#: What a key looks like: nothing else is ever deleted by ``remove``.
+_KEY = re.compile(r"[a-z0-9-]{3,63}/[0-9]{15}-[0-9a-f]{16}")
 
 
 class _Record(msgspec.Struct, array_like=True):
@@ -27,6 +32,7 @@ class _Record(msgspec.Struct, array_like=True):
     dequeue_count: int
     reason: str
     dead_at: float
+    queue: str = ""  # the dagq name (absent in records written before it was kept)
 
 
 class DeadLetterBlobs:
@@ -39,7 +45,9 @@ class DeadLetterBlobs:
         """Store one dead letter (its ``queue`` is the dagq name; the blob path uses
         the Azure name, which is unique and safe in a path)."""
         name = f"{DEAD_LETTERS}{azure_queue}/{round(dead.dead_at * 1000):015d}-{new_token()}"
-        record = _Record(dead.id, dead.body, dead.dequeue_count, dead.reason, dead.dead_at)
+        record = _Record(
+            dead.id, dead.body, dead.dequeue_count, dead.reason, dead.dead_at, dead.queue
+        )
         data = msgspec.msgpack.encode(record)
 
         async def upload(c: Clients) -> None:
@@ -47,30 +55,58 @@ class DeadLetterBlobs:
 
         await self._service.call("blob.put", upload)
 
-    async def list(self, queue: str, azure_queue: str, limit: int) -> list[DeadLetter]:
-        """The oldest ``limit`` dead letters of a queue."""
+    async def list(
+        self, queue: str | None, azure_queue: str | None, limit: int
+    ) -> list[DeadLetter]:
+        """The oldest ``limit`` dead letters of a queue (None: of every queue)."""
         names: list[str] = []
         if limit == 0:
             return []
+        folder = DEAD_LETTERS if azure_queue is None else f"{DEAD_LETTERS}{azure_queue}/"
         pages = self._service.pages(
             "blob.list",
             lambda c: c.container.list_blobs(
-                name_starts_with=f"{DEAD_LETTERS}{azure_queue}/",
-                results_per_page=min(limit, 5000),
+                name_starts_with=folder, results_per_page=min(limit, 5000)
             ),
         )
         async with contextlib.aclosing(pages):
             async for page in pages:
                 names.extend(str(blob.name) for blob in page)
-                if len(names) >= limit:
-                    break
-        names = sorted(names)[:limit]
+                if azure_queue is not None and len(names) >= limit:
+                    break  # one queue's names come oldest first; all queues' do not
+        names = sorted(names, key=lambda name: name.rsplit("/", 1)[-1])[:limit]
         records = await asyncio.gather(*(self._read(name) for name in names))
         return [
-            DeadLetter(queue, r.id, r.body, r.dequeue_count, r.reason, r.dead_at)
-            for r in records
+            DeadLetter(
+                queue or r.queue or name[len(DEAD_LETTERS) :].split("/")[0],
+                r.id,
+                r.body,
+                r.dequeue_count,
+                r.reason,
+                r.dead_at,
+                key=name[len(DEAD_LETTERS) :],
+            )
+            for name, r in zip(names, records, strict=True)
             if r is not None
         ]
+
+    async def remove(self, keys: Sequence[str]) -> int:
+        """Delete dead letters by key; how many were there."""
+
+        async def remove_one(key: str) -> bool:
+            if not _KEY.fullmatch(key):
+                return False
+            try:
+                await self._service.call(
+                    "blob.delete",
+                    lambda c: c.container.delete_blob(DEAD_LETTERS + key),
+                    expect=(ResourceNotFoundError,),
+                )
+            except ResourceNotFoundError:
+                return False
+            return True
+
+        return sum(await asyncio.gather(*(remove_one(k) for k in dict.fromkeys(keys))))
 
     async def _read(self, name: str) -> _Record | None:
         async def download(c: Clients) -> bytes:

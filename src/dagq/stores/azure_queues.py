@@ -287,9 +287,13 @@ class AzureQueues:
         dead = DeadLetter(queue, held.id, held.body, held.dequeue_count, reason, self._clock())
         await self._bury(self.azure_name(queue), current, dead)
 
-    async def dead_letters(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
+    async def dead_letters(self, queue: str | None, *, limit: int = 100) -> list[DeadLetter]:
         check_limit(limit)
-        return await self._dead.list(queue, self.azure_name(queue), limit)
+        azure_queue = None if queue is None else self.azure_name(queue)
+        return await self._dead.list(queue, azure_queue, limit)
+
+    async def remove_dead_letters(self, keys: Sequence[str]) -> int:
+        return await self._dead.remove(keys)
 
     async def depth(self, queue: str) -> QueueDepth:
         name = self.azure_name(queue)

@@ -106,6 +106,8 @@ class DeadLetter:
     dequeue_count: int
     reason: str
     dead_at: float
+    #: The store's handle for this dead letter (for removing it); unique in the store.
+    key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +165,12 @@ class Queues(Protocol):
         """Move a received message to the dead-letter queue (e.g. it cannot be parsed)."""
         ...
 
-    async def dead_letters(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
-        """The dead-lettered messages of ``queue``, oldest first."""
+    async def dead_letters(self, queue: str | None, *, limit: int = 100) -> list[DeadLetter]:
+        """The dead-lettered messages of ``queue`` (None: of every queue), oldest first."""
+        ...
+
+    async def remove_dead_letters(self, keys: Sequence[str]) -> int:
+        """Remove dead letters by ``key`` (unknown keys are ignored); how many went."""
         ...
 
     async def depth(self, queue: str) -> QueueDepth:

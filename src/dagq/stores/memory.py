@@ -113,7 +113,8 @@ class MemoryQueues:
         self._clock = clock
         self._max_deliveries = max_deliveries
         self._queues: dict[str, dict[str, _Queued]] = {}
-        self._dead: dict[str, list[DeadLetter]] = {}
+        self._dead: list[DeadLetter] = []
+        self._dead_seq = 0
         self._seq = itertools.count()
         self._wakeups = Wakeups()
         self._seen: dict[str, int] = {}
@@ -175,9 +176,15 @@ class MemoryQueues:
         if queued is not None:  # a stale receipt is ignored, as by delete
             self._bury(queue, queued, reason, self._clock())
 
-    async def dead_letters(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
+    async def dead_letters(self, queue: str | None, *, limit: int = 100) -> list[DeadLetter]:
         check_limit(limit)
-        return self._dead.get(queue, [])[:limit]
+        return [d for d in self._dead if queue is None or d.queue == queue][:limit]
+
+    async def remove_dead_letters(self, keys: Sequence[str]) -> int:
+        gone = set(keys)
+        before = len(self._dead)
+        self._dead = [d for d in self._dead if d.key not in gone]
+        return before - len(self._dead)
 
     async def depth(self, queue: str) -> QueueDepth:
         now = self._clock()
@@ -197,8 +204,10 @@ class MemoryQueues:
 
     def _bury(self, queue: str, queued: _Queued, reason: str, now: float) -> None:
         del self._queues[queue][queued.id]
-        dead = DeadLetter(queue, queued.id, queued.body, queued.dequeue_count, reason, now)
-        self._dead.setdefault(queue, []).append(dead)
+        self._dead_seq += 1
+        key = str(self._dead_seq)
+        dead = DeadLetter(queue, queued.id, queued.body, queued.dequeue_count, reason, now, key)
+        self._dead.append(dead)
 
 
 def _received(queue: str, queued: _Queued) -> Message:

@@ -476,14 +476,27 @@ class SqliteQueues:
 
         await self._db.run(work)
 
-    async def dead_letters(self, queue: str, *, limit: int = 100) -> list[DeadLetter]:
+    async def dead_letters(self, queue: str | None, *, limit: int = 100) -> list[DeadLetter]:
         check_limit(limit)
         sql = (
-            "SELECT queue, id, body, dequeue_count, reason, dead_at FROM dead_letters "
-            "WHERE queue = ? ORDER BY seq LIMIT ?"
+            "SELECT queue, id, body, dequeue_count, reason, dead_at, seq FROM dead_letters "
+            "WHERE ? IS NULL OR queue = ? ORDER BY seq LIMIT ?"
         )
-        rows = await self._db.run(lambda c: c.execute(sql, (queue, limit)).fetchall())
-        return [DeadLetter(*row) for row in rows]
+        args = (queue, queue, limit)
+        rows = await self._db.run(lambda c: c.execute(sql, args).fetchall())
+        return [DeadLetter(q, i, bytes(b), n, r, t, key=str(seq)) for q, i, b, n, r, t, seq in rows]
+
+    async def remove_dead_letters(self, keys: Sequence[str]) -> int:
+        seqs = [int(k) for k in keys if k.isdecimal() and len(k) <= 18]
+        if not seqs:
+            return 0
+        sql = f"DELETE FROM dead_letters WHERE seq IN ({', '.join('?' * len(seqs))})"
+
+        def work(c: sqlite3.Connection) -> int:
+            with _immediate(c):
+                return int(c.execute(sql, seqs).rowcount)
+
+        return await self._db.run(work)
 
     async def depth(self, queue: str) -> QueueDepth:
         now = self._db.clock()

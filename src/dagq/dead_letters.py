@@ -1,0 +1,128 @@
+"""Dead letters, for people: what each one is, and putting it back after a fix.
+
+A message goes to its queue's dead letters when it was delivered too many times (a
+task that keeps killing its worker, a completion the coordinator keeps failing to
+apply) or cannot be parsed — never silently dropped. ``dagq dlq`` lists them, shows
+one, replays it (sends it back to its queue, then removes the dead letter, so a crash
+in between leaves a duplicate, never a loss) or purges it.
+
+A replayed task message runs again; if the coordinator has given up on that attempt
+since (it timed out and was retried), its completion is ignored as stale — use
+``dagq retry`` for a workflow that already failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from dagq.errors import UsageError
+from dagq.messages import TaskFinished, TaskStarted, decode_events, decode_tasks
+from dagq.stores.base import DeadLetter, OutgoingMessage, Store
+
+#: The most dead letters looked through to find one by key.
+SEARCH_LIMIT = 100_000
+
+
+class DeadLetterInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A dead letter as shown: where it was, why, and what it carried."""
+
+    key: str
+    queue: str
+    message_id: str
+    deliveries: int
+    reason: str
+    dead_at: float
+    #: "task", "events" or "unreadable".
+    kind: str
+    #: One line: the workflows and tasks it concerns.
+    summary: str
+    size: int
+
+
+def describe(dead: DeadLetter) -> DeadLetterInfo:
+    """What a dead letter is, decoded as far as it can be."""
+    kind, summary = _what(dead.body)
+    return DeadLetterInfo(
+        key=dead.key,
+        queue=dead.queue,
+        message_id=dead.id,
+        deliveries=dead.dequeue_count,
+        reason=dead.reason,
+        dead_at=dead.dead_at,
+        kind=kind,
+        summary=summary,
+        size=len(dead.body),
+    )
+
+
+def body_of(dead: DeadLetter) -> Any:
+    """The message's content as JSON-ready data (unreadable bytes as text, replaced)."""
+    try:
+        return [msgspec.to_builtins(t) for t in decode_tasks(dead.body)]
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    try:
+        return [msgspec.to_builtins(e) for e in decode_events(dead.body)]
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return dead.body.decode("utf-8", errors="replace")
+
+
+def _what(body: bytes) -> tuple[str, str]:
+    try:
+        tasks = decode_tasks(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    else:
+        names = ", ".join(
+            f"{t.workflow_id}/{_task_name(t.name, t.item_index)}#{t.attempt}" for t in tasks
+        )
+        return "task", names
+    try:
+        events = decode_events(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return "unreadable", body[:60].decode("utf-8", errors="replace")
+    finished = sum(isinstance(e, TaskFinished) for e in events)
+    started = sum(isinstance(e, TaskStarted) for e in events)
+    workflows = sorted({e.workflow_id for e in events})
+    shown = ", ".join(workflows[:3]) + (
+        f" and {len(workflows) - 3} more" if len(workflows) > 3 else ""
+    )
+    return "events", f"{len(events)} event(s) ({finished} finished, {started} started) of {shown}"
+
+
+def _task_name(name: str, index: int) -> str:
+    return name if index < 0 else f"{name}[{index}]"
+
+
+async def list_dead(
+    store: Store, queue: str | None = None, *, limit: int = 100
+) -> list[DeadLetter]:
+    """Dead letters of ``queue`` (None: every queue), oldest first."""
+    return await store.queues.dead_letters(queue, limit=limit)
+
+
+async def find(store: Store, keys: Sequence[str]) -> list[DeadLetter]:
+    """The dead letters with these keys, in the order given; an unknown key is an error."""
+    everything = {d.key: d for d in await store.queues.dead_letters(None, limit=SEARCH_LIMIT)}
+    missing = [k for k in keys if k not in everything]
+    if missing:
+        raise UsageError(
+            f"no dead letter with key {', '.join(repr(k) for k in missing)} (see: dagq dlq list)"
+        )
+    return [everything[k] for k in dict.fromkeys(keys)]
+
+
+async def replay(store: Store, dead: Sequence[DeadLetter]) -> int:
+    """Send each dead letter back to its queue (as new), then remove it; how many."""
+    for letter in dead:
+        await store.queues.send(letter.queue, [OutgoingMessage(letter.body, id=letter.id)])
+        await store.queues.remove_dead_letters([letter.key])
+    return len(dead)
+
+
+async def purge(store: Store, dead: Sequence[DeadLetter]) -> int:
+    """Remove dead letters for good; how many went."""
+    return await store.queues.remove_dead_letters([d.key for d in dead])
