@@ -144,6 +144,9 @@ class Coordinator:
         self._active: set[str] = set()
         self._plans: OrderedDict[str, Plan] = OrderedDict()
         self._next_sweep = 0.0
+        #: Events a dead predecessor received stay invisible for the event visibility
+        #: timeout: no repair before they are back (they may say a task already ran).
+        self._repairs_from = self.clock() + self.options.event_visibility_s + 1.0
         self._next_rescan = 0.0
         self._poll_delay = _FIRST_POLL_S
 
@@ -153,6 +156,7 @@ class Coordinator:
         """Hold the lease and advance workflows until ``stop`` is set."""
         await self.lease.acquire(force=break_lease)
         log.info("coordinator %s holds the lease on %s", self.lease.owner, self.store.url)
+        self._repairs_from = self.clock() + self.options.event_visibility_s + 1.0
         keeper = asyncio.create_task(self.lease.keep(), name="dagq-lease")
         try:
             while not stop.is_set():
@@ -477,11 +481,14 @@ class Coordinator:
         """A fresh load may follow a crash between flush and send: re-send what is due.
 
         Sends carry deterministic ids, so a message still queued is not duplicated; the
-        grace period leaves time for 'started' events already on their way.
+        grace period leaves time for 'started' events already on their way, and no
+        repair comes before the events a crashed coordinator had received are visible
+        again (a task whose completion is among them must not run twice).
         """
         st = entry.state
         grace = self.options.repair_grace_s
         now = self.clock()
+        earliest = self._repairs_from
         sent: list[tuple[float, machine.Dispatch]] = []
         for i, code in enumerate(st.task_status):
             if code == TaskStatus.READY and st.dispatched_at[i] != UNSET:
@@ -495,7 +502,8 @@ class Coordinator:
                     dispatch = machine.Dispatch(i, group.attempt[k], item=k)
                     sent.append((group.dispatched_at[k], dispatch))
         entry.repairs = [
-            (max(when, now - grace) + grace, n, dispatch) for n, (when, dispatch) in enumerate(sent)
+            (max(max(when, now - grace) + grace, earliest), n, dispatch)
+            for n, (when, dispatch) in enumerate(sent)
         ]
         heapq.heapify(entry.repairs)
 

@@ -198,6 +198,9 @@ async def test_a_crash_between_flush_and_send_is_repaired(store: Store, clock: F
     await fresh.rescan()
     clock.advance(10)
     await fresh.sweep()
+    assert await take_tasks(store) == []  # not before a dead coordinator's events are back
+    clock.advance(10)
+    await fresh.sweep()
     [root] = await take_tasks(store)
     assert (root.name, root.attempt) == ("root", 1)
 

@@ -10,10 +10,12 @@ processes on many machines may share.
 
 from __future__ import annotations
 
+import os
 import time
 
 from dagq.errors import ValidationError
 from dagq.stores.base import DEFAULT_MAX_DELIVERIES, Clock, Store
+from dagq.stores.faults import FAULTS_ENV, parse_faults, with_faults
 from dagq.stores.memory import open_memory_store
 from dagq.stores.sqlite import open_sqlite_store
 
@@ -38,7 +40,16 @@ def open_store(
     """Open the store a URL names; an unknown scheme raises ValidationError.
 
     ``create=False`` (for commands that only look) refuses a store that does not exist.
+    With ``DAGQ_FAULTS`` set, the store injects the faults it names (:mod:`.faults`).
     """
+    store = _open(url, clock=clock, max_deliveries=max_deliveries, create=create)
+    plan = os.environ.get(FAULTS_ENV, "")
+    if not plan.strip():
+        return store
+    return with_faults(store, parse_faults(plan))
+
+
+def _open(url: str, *, clock: Clock, max_deliveries: int, create: bool) -> Store:
     if url == "memory://":
         return open_memory_store(url, clock=clock, max_deliveries=max_deliveries)
     if url.startswith("sqlite:") or ("://" not in url and url.endswith(".db")):
