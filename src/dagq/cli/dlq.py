@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
+
 from rich.table import Column, Table
 from rich.text import Text
 
@@ -9,7 +11,9 @@ from dagq import dead_letters
 from dagq.cli.inspect import EXIT_OK, console, print_json, when, with_client
 from dagq.client import Client
 from dagq.errors import UsageError
-from dagq.stores.base import DeadLetter
+from dagq.stores.base import DeadLetter, Store
+
+_DONE = {"replay": "replayed", "purge": "purged"}
 
 
 def run_list(store_url: str, queue: str | None, limit: int, *, as_json: bool) -> int:
@@ -93,23 +97,28 @@ async def _select(
 
 def run_replay(store_url: str, keys: tuple[str, ...], *, every: bool, queue: str | None) -> int:
     """``dagq dlq replay KEY... | --all``: back to their queues, then removed."""
-    _chosen(keys, every, queue, "replay")
-
-    async def body(client: Client) -> int:
-        return await dead_letters.replay(client.store, await _select(client, keys, every, queue))
-
-    count = with_client(store_url, body)
-    console().print(f"replayed {count} dead letter(s)")
-    return EXIT_OK
+    return _apply(store_url, keys, every, queue=queue, verb="replay", action=dead_letters.replay)
 
 
 def run_purge(store_url: str, keys: tuple[str, ...], *, every: bool, queue: str | None) -> int:
     """``dagq dlq purge KEY... | --all``: removed for good."""
-    _chosen(keys, every, queue, "purge")
+    return _apply(store_url, keys, every, queue=queue, verb="purge", action=dead_letters.purge)
+
+
+def _apply(
+    store_url: str,
+    keys: tuple[str, ...],
+    every: bool,
+    *,
+    queue: str | None,
+    verb: str,
+    action: Callable[[Store, Sequence[DeadLetter]], Awaitable[int]],
+) -> int:
+    _chosen(keys, every, queue, verb)
 
     async def body(client: Client) -> int:
-        return await dead_letters.purge(client.store, await _select(client, keys, every, queue))
+        return await action(client.store, await _select(client, keys, every, queue))
 
     count = with_client(store_url, body)
-    console().print(f"purged {count} dead letter(s)")
+    console().print(f"{_DONE[verb]} {count} dead letter(s)")
     return EXIT_OK
