@@ -51,6 +51,9 @@ log = logging.getLogger("dagq.coordinator")
 
 _CAS_ATTEMPTS = 8
 _FIRST_POLL_S = 0.005
+#: Waits after a store error: doubling from the first, up to the last, reset on success.
+_FIRST_BACKOFF_S = 0.5
+_MAX_BACKOFF_S = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +147,7 @@ class Coordinator:
         self._active: set[str] = set()
         self._plans: OrderedDict[str, Plan] = OrderedDict()
         self._next_sweep = 0.0
+        self._backoff = _FIRST_BACKOFF_S
         #: Events a dead predecessor received stay invisible for the event visibility
         #: timeout: no repair before they are back (they may say a task already ran).
         self._repairs_from = self.clock() + self.options.event_visibility_s + 1.0
@@ -186,10 +190,15 @@ class Coordinator:
         except LeaseLost:
             raise
         except DagqError as exc:
-            log.warning("store error, will retry: %s", exc)
+            delay = self._backoff
+            self._backoff = min(delay * 2, _MAX_BACKOFF_S)
+            log.warning("store error, retrying in %.1fs: %s", delay, exc)
             self._cache.clear()
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(delay)
             return 0
+        if self._backoff != _FIRST_BACKOFF_S:
+            log.info("store reachable again")
+            self._backoff = _FIRST_BACKOFF_S
         return int(result or 0)
 
     async def _idle(self, stop: asyncio.Event) -> None:

@@ -17,9 +17,9 @@ from dagq import expression
 from dagq.definition import TaskDef, WorkflowDef
 from dagq.errors import ValidationError
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/:@+=]*$")
-QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-PARAM_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/:@+=]*\Z")
+QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
+PARAM_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}\Z")
 MAX_TASKS = 1_000_000
 #: A task's own spec travels in every task message; it must leave room under the
 #: queue message limit for inputs and framing.
@@ -308,4 +308,4 @@ def check_workflow_id(workflow_id: str) -> str:
     return workflow_id
 
 
-WORKFLOW_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+WORKFLOW_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")

@@ -48,6 +48,9 @@ DOCUMENT_CACHE_BYTES = 8 * 1024 * 1024
 #: The name prefix of the threads that run synchronous Python tasks.
 TASK_THREAD_PREFIX = "dagq-task"
 _FIRST_POLL_S = 0.005
+#: Waits after a failed receive: doubling from the first, up to the last.
+_FIRST_BACKOFF_S = 0.2
+_MAX_BACKOFF_S = 10.0
 #: Tasks whose reports are on their way, per slot, before the worker takes no more.
 _REPORTING_PER_SLOT = 4
 
@@ -129,6 +132,7 @@ class Worker:
         self._per_message = float(self._bundle_size)
         #: Bundles given back in part on shutdown, deleted once their events are out.
         self._retired: list[Held] = []
+        self._backoff = _FIRST_BACKOFF_S
         add_import_paths(self.options.import_paths)
 
     # --- the loop ---------------------------------------------------------------------
@@ -199,9 +203,14 @@ class Worker:
                 visibility_timeout_s=self.options.visibility_timeout_s,
             )
         except DagqError as exc:
-            log.warning("receiving from %r failed, retrying: %s", queue, exc)
-            await asyncio.sleep(self.options.poll_interval_s)
+            delay = self._backoff
+            self._backoff = min(delay * 2, _MAX_BACKOFF_S)
+            log.warning("receiving from %r failed, retrying in %.1fs: %s", queue, delay, exc)
+            await asyncio.sleep(delay)
             return 0
+        if self._backoff != _FIRST_BACKOFF_S:
+            log.info("receiving from %r works again", queue)
+            self._backoff = _FIRST_BACKOFF_S
         started = seen = 0
         for message in messages:
             try:

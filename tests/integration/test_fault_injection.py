@@ -96,3 +96,70 @@ def test_a_worker_killed_at_any_report_is_replaced_and_effects_happen_once(
     # A task runs again only if its worker died before its completion was durable
     # (the tasks in flight then): once more at most; the effects stay single.
     assert set(runs) == {"a", "b", "c", "d"} and max(runs.values()) <= 2
+
+
+def test_a_store_outage_is_waited_out_and_nothing_is_lost_or_run_twice(cli: DagqCli) -> None:
+    cli.submit_here("w", DIAMOND)
+    # Receives fail for a while on both sides; a worker report fails once and
+    # another hangs for two seconds before the store answers.
+    coordinator = start_faulty(cli, "queues.receive@3-6=fail", "coordinator")
+    worker = start_faulty(
+        cli,
+        "queues.receive@2-6=fail,batch.commit@1=fail,batch.commit@3=delay:2",
+        "worker",
+        "-q",
+        "default",
+        "--visibility-timeout",
+        "30",
+    )
+
+    assert cli.wait_for_end("w", timeout_s=50) == "completed"
+    assert effects_once(cli) == {"a": 1, "b": 1, "c": 1, "d": 1}
+    for process in (coordinator, worker):
+        assert process.process.poll() is None  # still serving: no one had to restart it
+        assert "retrying in" in process.stderr()
+
+
+# --- submit -----------------------------------------------------------------------------
+
+
+def submit_file(cli: DagqCli) -> Path:
+    return cli.workflow("diamond.yaml", DIAMOND)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["index.upsert@1=kill-after", "documents.put@1=kill-after", "documents.put@2=kill"],
+    ids=["after-index-row", "after-definition", "before-state"],
+)
+def test_a_submit_killed_before_its_state_is_written_completes_when_repeated(
+    cli: DagqCli, fault: str
+) -> None:
+    crashed = cli.run("submit", submit_file(cli), "--id", "w", env={FAULTS_ENV: fault})
+    assert crashed.code == -9
+
+    again = cli.run("submit", submit_file(cli), "--id", "w")
+
+    assert again.code == 0, again.output
+    cli.start_coordinator()
+    cli.start_worker("-q", "default")
+    assert cli.wait_for_end("w", timeout_s=30) == "completed"
+    assert effects_once(cli) == {"a": 1, "b": 1, "c": 1, "d": 1}
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["documents.put@2=kill-after", "queues.send@1=kill"],
+    ids=["after-state", "before-wake-up-event"],
+)
+def test_a_submit_killed_after_its_state_is_written_runs_without_repeating_it(
+    cli: DagqCli, fault: str
+) -> None:
+    crashed = cli.run("submit", submit_file(cli), "--id", "w", env={FAULTS_ENV: fault})
+    assert crashed.code == -9
+
+    cli.start_coordinator()  # finds it in the index at start-up
+    cli.start_worker("-q", "default")
+
+    assert cli.wait_for_end("w", timeout_s=30) == "completed"
+    assert effects_once(cli) == {"a": 1, "b": 1, "c": 1, "d": 1}

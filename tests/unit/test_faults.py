@@ -25,20 +25,30 @@ def test_a_plan_is_parsed_into_rules() -> None:
     assert parse_faults("documents.put@1=delay:0.5") == [
         Fault("documents.put", 1, "delay", seconds=0.5)
     ]
+    assert parse_faults("queues.receive@2-4=fail") == [Fault("queues.receive", 2, "fail", last=4)]
 
 
-@pytest.mark.parametrize("bad", ["put@1=fail", "documents.put@0=fail", "documents.put@1=explode"])
+@pytest.mark.parametrize(
+    "bad",
+    ["put@1=fail", "documents.put@0=fail", "documents.put@1=explode", "documents.put@3-2=fail"],
+)
 def test_a_malformed_rule_is_refused_by_name(bad: str) -> None:
     with pytest.raises(ValidationError, match=re.escape(f"{FAULTS_ENV}: {bad!r}")):
         parse_faults(bad)
 
 
 async def test_a_failure_fires_at_the_nth_call_only_or_from_it_onwards() -> None:
-    store = with_faults(open_memory_store(), parse_faults("documents.put@2=fail,index.get@2+=fail"))
+    store = with_faults(
+        open_memory_store(),
+        parse_faults("documents.put@2=fail,index.get@2+=fail,documents.get@1-2=fail"),
+    )
     await store.documents.put("a", b"1")
     with pytest.raises(StoreUnavailable, match=r"injected fault: documents\.put call 2"):
         await store.documents.put("b", b"2")
     await store.documents.put("c", b"3")
+    for _ in range(2):  # an outage of two calls, then back
+        with pytest.raises(StoreUnavailable):
+            await store.documents.get("b")
     assert await store.documents.get("b") is None  # a failed call writes nothing
     await store.index.get("x")
     for _ in range(3):

@@ -105,6 +105,10 @@ class PhasedCommitter:
         self._store = store
         self._documents = documents
 
+    def bound_to(self, store: Store) -> PhasedCommitter:
+        """The same committer writing through ``store`` (a wrapper of this one's)."""
+        return PhasedCommitter(store, self._documents)
+
     async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
         for op in ops:
             if isinstance(op, PutOp):

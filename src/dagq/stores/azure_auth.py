@@ -31,9 +31,9 @@ AZURITE_PORTS = {"blob": 10000, "queue": 10001, "table": 10002}
 AZURITE_HOST_VARIABLE = "DAGQ_AZURITE_HOST"
 CONNECTION_STRING_VARIABLE = "AZURE_STORAGE_CONNECTION_STRING"
 
-_ACCOUNT = re.compile(r"^[a-z0-9]{3,24}$")
+_ACCOUNT = re.compile(r"^[a-z0-9]{3,24}\Z")
 # Container names allow no leading, trailing or doubled hyphen; the prefix is one.
-_PREFIX = re.compile(r"^(?=.{3,24}$)[a-z0-9]+(?:-[a-z0-9]+)*$")
+_PREFIX = re.compile(r"^(?=.{3,24}\Z)[a-z0-9]+(?:-[a-z0-9]+)*\Z")
 
 Source = Literal["connection-string", "azurite", "credential"]
 

@@ -48,7 +48,7 @@ _STATUSES = "statuses"
 _POINTER_ROW = "w"
 _CHUNK = 60_000  # bytes per binary property (Azure's limit is 64 KiB)
 _MAX_CHUNKS = 15
-_SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_SAFE = re.compile(r"^[A-Za-z0-9_.\-]+\Z")
 _Where = tuple[str, float]  # (status, created_at): where a row entity is
 
 

@@ -34,7 +34,7 @@ PAGE = 32
 
 _NAME_LIMIT = 63
 _HASH_CHARS = 10
-_PLAIN = re.compile(r"^[a-z0-9]+$")
+_PLAIN = re.compile(r"^[a-z0-9]+\Z")
 _BASE64 = "0"
 _BASE85 = "1"
 # base85 uses '&', '<' and '>'; swap them for characters it leaves out.

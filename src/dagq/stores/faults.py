@@ -18,7 +18,7 @@ For crash-safety tests with real processes. A plan is a comma-separated list of
   and whatever was to follow it is not).
 
 ``N+`` (as in ``queues.receive@3+=fail``) applies the action to call N and every
-later one, for outages that last.
+later one; ``N-M`` to calls N through M — an outage that ends.
 """
 
 from __future__ import annotations
@@ -43,26 +43,29 @@ log = logging.getLogger("dagq.faults")
 FAULTS_ENV = "DAGQ_FAULTS"
 
 _RULE = re.compile(
-    r"(?P<operation>[a-z]+\.[a-z_]+)@(?P<call>[1-9][0-9]*)(?P<onwards>\+?)="
+    r"(?P<operation>[a-z]+\.[a-z_]+)@(?P<call>[1-9][0-9]*)"
+    r"(?:(?P<onwards>\+)|-(?P<last>[1-9][0-9]*))?="
     r"(?P<action>fail|hang|kill|kill-after|delay:(?P<seconds>[0-9]+(\.[0-9]+)?))"
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """One rule: do ``action`` at call ``call`` of ``operation`` (and later, if onwards)."""
+    """One rule: do ``action`` at call ``call`` of ``operation`` (through call ``last``,
+    or every later one if ``onwards``)."""
 
     operation: str
     call: int
     action: str
     onwards: bool = False
     seconds: float = 0.0
+    last: int | None = None
 
     def applies(self, operation: str, call: int) -> bool:
         """Does this rule fire on call ``call`` of ``operation``?"""
-        if operation != self.operation:
+        if operation != self.operation or call < self.call:
             return False
-        return call >= self.call if self.onwards else call == self.call
+        return self.onwards or call <= (self.last or self.call)
 
 
 def parse_faults(text: str) -> list[Fault]:
@@ -75,9 +78,13 @@ def parse_faults(text: str) -> list[Fault]:
         if match is None:
             raise ValidationError(
                 f"{FAULTS_ENV}: {part!r} is not OPERATION@N=ACTION (e.g. batch.commit@3=kill; "
-                "actions: fail, hang, kill, kill-after, delay:SECONDS; N+ for every call from N)"
+                "actions: fail, hang, kill, kill-after, delay:SECONDS; N+ for every call "
+                "from N, N-M for calls N to M)"
             )
         action = match["action"]
+        last = int(match["last"]) if match["last"] else None
+        if last is not None and last < int(match["call"]):
+            raise ValidationError(f"{FAULTS_ENV}: {part!r}: the range ends before it starts")
         faults.append(
             Fault(
                 operation=match["operation"],
@@ -85,6 +92,7 @@ def parse_faults(text: str) -> list[Fault]:
                 action="delay" if action.startswith("delay:") else action,
                 onwards=bool(match["onwards"]),
                 seconds=float(match["seconds"] or 0.0),
+                last=last,
             )
         )
     return faults

@@ -5,6 +5,8 @@ original, each call going through ``hook(operation, args, call)`` — ``operatio
 ``documents.put``, ``queues.receive``, ..., or ``batch.commit`` for a natively
 committed batch; ``call()`` performs it. Counting (:mod:`.counting`) and fault
 injection (:mod:`.faults`) are hooks. ``queues.wait`` (a local sleep) is not hooked.
+A native committer that writes through the primitives (``bound_to``, as Azure's
+phased one does) is re-bound to the view, so its writes are hooked one by one too.
 """
 
 from __future__ import annotations
@@ -53,15 +55,17 @@ def intercepted(store: Store, hook: Hook) -> Store:
     A batch committed natively (one transaction) is one ``batch.commit``; one committed
     in order is each operation under its primitive.
     """
-    return Store(
+    view = Store(
         url=store.url,
         documents=_Intercepted(store.documents, "documents", hook),
         queues=_Intercepted(store.queues, "queues", hook),
         index=_Intercepted(store.index, "index", hook),
         leases=_Intercepted(store.leases, "leases", hook),
         closers=[store.close],
-        committer=(
-            None if store.committer is None else _intercepted_committer(store.committer, hook)
-        ),
         transactions=store.transactions,  # what the backend itself counts (azure)
     )
+    committer = store.committer
+    if committer is not None:
+        rebind = getattr(committer, "bound_to", None)
+        view.committer = _intercepted_committer(committer if rebind is None else rebind(view), hook)
+    return view
