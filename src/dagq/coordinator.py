@@ -194,6 +194,7 @@ class Coordinator:
             self._backoff = min(delay * 2, _MAX_BACKOFF_S)
             log.warning("store error, retrying in %.1fs: %s", delay, exc)
             self._cache.clear()
+            self._defer_repairs()
             await asyncio.sleep(delay)
             return 0
         if self._backoff != _FIRST_BACKOFF_S:
@@ -442,6 +443,13 @@ class Coordinator:
 
     def _evict(self, workflow_id: str) -> None:
         self._cache.pop(workflow_id, None)
+        self._defer_repairs()
+
+    def _defer_repairs(self) -> None:
+        """Events this coordinator received but did not apply (a failed write) stay
+        invisible for the event visibility timeout: reloads wait for them to repair."""
+        later = self.clock() + self.options.event_visibility_s + 1.0
+        self._repairs_from = max(self._repairs_from, later)
 
     async def _entry(self, workflow_id: str) -> Entry | None:
         entry = self._cache.get(workflow_id)
@@ -631,8 +639,11 @@ class Coordinator:
                     if now - row.created_at > self.options.abandoned_submit_s:
                         log.warning("forgetting %s: its submit never completed", row.id)
                         await self.store.index.delete(row.id)
-                elif entry.state.status != row.status:  # a crash between flush and index write
+                elif entry.state.status != row.status or row.data.get("counts") != (
+                    entry.state.count_map()
+                ):  # a crash between flush and index write, or counts not written yet
                     await self.store.index.upsert(index_row(entry))
+                    self._indexed(entry)
             cursor = page.cursor
             if cursor is None:
                 return

@@ -36,8 +36,6 @@ class Held:
     lost: bool = False
     #: A kept task could not report: the message must come back, so it is never deleted.
     failed: bool = False
-    #: A bundle given back in part on shutdown: deleted once the events are out.
-    retire: bool = False
 
     @property
     def queue(self) -> str:

@@ -77,6 +77,7 @@ class Outbox:
         self._wake = asyncio.Event()
         self._urgent = asyncio.Event()
         self._posted = asyncio.Event()
+        self._committing = False
         self._task: asyncio.Task[None] | None = None
         self.sent_messages = 0
 
@@ -116,7 +117,7 @@ class Outbox:
         """Flush what is pending, then stop."""
         if self._task is None:
             return
-        while self._pending:
+        while self._pending or self._committing:  # never cancel a commit under way
             self._wake.set()
             await asyncio.sleep(0.01)
         self._task.cancel()
@@ -138,6 +139,7 @@ class Outbox:
             self._unsent_starts.clear()
             if not batch:
                 continue
+            self._committing = True
             try:
                 await self._commit(batch)
             except DagqError as exc:
@@ -149,10 +151,13 @@ class Outbox:
                 delay = min(delay * 2, 5.0)
                 self._wake.set()
                 continue
-            delay = 0.05
-            for p in batch:
-                if p.done is not None and not p.done.done():
-                    p.done.set_result(None)
+            else:
+                delay = 0.05
+                for p in batch:
+                    if p.done is not None and not p.done.done():
+                        p.done.set_result(None)
+            finally:
+                self._committing = False
 
     async def _linger(self) -> None:
         """Wait (up to ``linger_s``) for more completions while more are coming."""

@@ -94,6 +94,8 @@ class _Running:
     busy: bool = False
     #: Its outcome has been handed to the outbox.
     reported: bool = False
+    #: It is inside the task itself (only then may a stop cancel it).
+    executing: bool = False
 
 
 class Worker:
@@ -130,8 +132,10 @@ class Worker:
         #: Tasks per received message lately (bundles make it more than one): a receive
         #: asks for as many messages as are likely to fill the free slots.
         self._per_message = float(self._bundle_size)
-        #: Bundles given back in part on shutdown, deleted once their events are out.
-        self._retired: list[Held] = []
+        #: Held while backlog tasks go back to the queue, so shutdown never sees a task
+        #: that is neither in the backlog nor back on the queue.
+        self._backlog_lock = asyncio.Lock()
+        self._draining = False
         self._backoff = _FIRST_BACKOFF_S
         add_import_paths(self.options.import_paths)
 
@@ -148,7 +152,6 @@ class Worker:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
             await self._outbox.close()
-            await self._delete_retired()
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _serve(self, stop: asyncio.Event) -> None:
@@ -287,6 +290,11 @@ class Worker:
 
     async def _return_backlog(self, now: float) -> None:
         """Give back backlog tasks that have waited too long for a slot."""
+        async with self._backlog_lock:
+            if not self._draining:
+                await self._return_stale(now)
+
+    async def _return_stale(self, now: float) -> None:
         stale = [r for r in self._backlog if now - r.kept_at >= self.options.backlog_wait_s]
         if not stale:
             return
@@ -316,6 +324,8 @@ class Worker:
     async def _drain(self) -> None:
         """On stop: let running tasks finish within the grace period, then release them
         (and the backlog, which is not started)."""
+        async with self._backlog_lock:  # a give-back under way finishes first
+            self._draining = True
         waiting = list(self._backlog)
         self._backlog.clear()
         in_flight = [r for r in self._running.values() if r.job is not None]
@@ -339,20 +349,17 @@ class Worker:
             if running.job is None or running.job in unfinished:
                 left.setdefault(id(running.held), (running.held, []))[1].append(running.task)
         for held, tasks in left.values():
-            with contextlib.suppress(DagqError):  # hand it back to the queue at once
+            with contextlib.suppress(DagqError):  # else it comes back after its timeout
                 if held.untouched and held.open == len(tasks):  # release it whole
                     await self.store.queues.extend(held.queue, held.receipt, 0)
-                else:  # part reported: the rest goes back; the message once that is out
-                    await give_back(self.store, held.queue, tasks, self._bundle_size)
-                    self._retired.append(held)
+                    continue
+                # Part reported or given back: the rest goes back too; the message is
+                # deleted once the reports are out (the outbox is closed after this).
+                await give_back(self.store, held.queue, tasks, self._bundle_size)
+                done = held.given_back(len(tasks))
+                if done is not None:
+                    self._outbox.acknowledge(done)
         self._running.clear()
-
-    async def _delete_retired(self) -> None:
-        for held in self._retired:
-            if not held.failed and not held.lost:
-                with contextlib.suppress(DagqError):
-                    await self.store.queues.delete(held.queue, [held.receipt])
-        self._retired.clear()
 
     # --- one task ---------------------------------------------------------------------
 
@@ -382,12 +389,15 @@ class Worker:
                 )
             )
             started = self.clock()
+            running.executing = True
             try:
                 outcome = await self._execute(task)
             except asyncio.CancelledError:
                 if not running.stopping:
                     raise  # worker shutdown: the message goes back to the queue
                 outcome = Outcome(ok=False, error=f"stopped: {running.stopping}", retryable=False)
+            finally:
+                running.executing = False
             finished = await self._report(task, outcome, started)
             reported = running.reported = True
             self._free_slot(running)
@@ -538,7 +548,7 @@ class Worker:
                     holds[id(running.held)] = running.held
                     continue
                 why = await self._stop_reason(running.task)
-                if why is not None and running.job and not running.stopping:
+                if why is not None and running.job and running.executing and not running.stopping:
                     running.stopping = why
                     running.job.cancel()
                 holds[id(running.held)] = running.held

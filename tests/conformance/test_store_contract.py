@@ -467,6 +467,26 @@ async def test_dead_letters_of_every_queue_are_listed_oldest_first_and_removed_b
     assert await store.queues.remove_dead_letters([everything[0].key]) == 0
 
 
+async def test_a_dead_letter_key_is_never_given_to_another_dead_letter(
+    store: Store, clock: FakeClock
+) -> None:
+    async def bury(body: bytes) -> str:
+        await store.queues.send("q", [out(body)])
+        message = await receive_one(store, visibility=30)
+        await store.queues.dead_letter("q", message.receipt, "test")
+        [dead] = [d for d in await store.queues.dead_letters("q") if d.body == body]
+        return dead.key
+
+    await bury(b"first")
+    old = await bury(b"second")
+    assert await store.queues.remove_dead_letters([old]) == 1
+    clock.advance(1)
+    new = await bury(b"third")
+    assert new != old
+    assert await store.queues.remove_dead_letters([old]) == 0  # a stale listing's key
+    assert [d.body for d in await store.queues.dead_letters("q")] == [b"first", b"third"]
+
+
 async def test_dead_letter_with_a_stale_receipt_is_a_no_op(store: Store, clock: FakeClock) -> None:
     await store.queues.send("q", [out(b"x")])
     stale = await receive_one(store, visibility=1)

@@ -78,7 +78,7 @@ class DeadLetterBlobs:
         records = await asyncio.gather(*(self._read(name) for name in names))
         return [
             DeadLetter(
-                queue or r.queue or name[len(DEAD_LETTERS) :].split("/")[0],
+                queue or r.queue or self._dagq_name(name[len(DEAD_LETTERS) :].split("/")[0]),
                 r.id,
                 r.body,
                 r.dequeue_count,
@@ -89,6 +89,13 @@ class DeadLetterBlobs:
             for name, r in zip(names, records, strict=True)
             if r is not None
         ]
+
+    def _dagq_name(self, azure_queue: str) -> str:
+        """The dagq queue of an Azure queue name, for records that did not keep it
+        (a hashed name cannot be mapped back: it is kept as it is)."""
+        head = f"{self._service.target.prefix}-q-"
+        plain = azure_queue.removeprefix(head)
+        return plain if plain != azure_queue and plain.isalnum() else azure_queue
 
     async def remove(self, keys: Sequence[str]) -> int:
         """Delete dead letters by key; how many were there."""

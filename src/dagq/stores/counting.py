@@ -33,4 +33,5 @@ def counted(store: Store) -> tuple[Store, Counter[str]]:
             counts[f"{operation}:items"] += len(items)
         return await call()
 
-    return intercepted(store, count), counts
+    # A batch counts once: its writes inside are not counted again.
+    return intercepted(store, count, rebind=False), counts

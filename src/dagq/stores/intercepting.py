@@ -49,11 +49,12 @@ def _intercepted_committer(committer: Committer, hook: Hook) -> Committer:
     return commit
 
 
-def intercepted(store: Store, hook: Hook) -> Store:
+def intercepted(store: Store, hook: Hook, *, rebind: bool = True) -> Store:
     """A view of ``store`` whose every operation goes through ``hook``.
 
     A batch committed natively (one transaction) is one ``batch.commit``; one committed
-    in order is each operation under its primitive.
+    in order is each operation under its primitive. With ``rebind``, a native committer
+    that writes through the primitives has those writes hooked too.
     """
     view = Store(
         url=store.url,
@@ -66,6 +67,8 @@ def intercepted(store: Store, hook: Hook) -> Store:
     )
     committer = store.committer
     if committer is not None:
-        rebind = getattr(committer, "bound_to", None)
-        view.committer = _intercepted_committer(committer if rebind is None else rebind(view), hook)
+        bound_to = getattr(committer, "bound_to", None) if rebind else None
+        view.committer = _intercepted_committer(
+            committer if bound_to is None else bound_to(view), hook
+        )
     return view

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -375,6 +376,14 @@ class _Committer:
         return etags
 
 
+#: A dead letter's key: its row number and the microsecond it died.
+_DEAD_KEY = re.compile(r"[0-9]{1,18}-[0-9]{1,20}")
+
+
+def _dead_key(seq: int, dead_at: float) -> str:
+    return f"{seq}-{round(dead_at * 1_000_000)}"
+
+
 _DEAD_LETTER_OVERDUE = """
 INSERT INTO dead_letters (queue, id, body, dequeue_count, reason, dead_at)
 SELECT queue, id, body, dequeue_count, dead_letter_reason(dequeue_count), ?
@@ -484,19 +493,29 @@ class SqliteQueues:
         )
         args = (queue, queue, limit)
         rows = await self._db.run(lambda c: c.execute(sql, args).fetchall())
-        return [DeadLetter(q, i, bytes(b), n, r, t, key=str(seq)) for q, i, b, n, r, t, seq in rows]
+        return [
+            DeadLetter(q, i, bytes(b), n, r, t, key=_dead_key(seq, t))
+            for q, i, b, n, r, t, seq in rows
+        ]
 
     async def remove_dead_letters(self, keys: Sequence[str]) -> int:
-        seqs = [int(k) for k in keys if k.isdecimal() and len(k) <= 18]
-        if not seqs:
-            return 0
-        sql = f"DELETE FROM dead_letters WHERE seq IN ({', '.join('?' * len(seqs))})"
+        # A key names the row and its time: a row number SQLite reuses after a delete
+        # never matches a key listed before.
+        wanted = {k for k in keys if _DEAD_KEY.fullmatch(k)}
 
         def work(c: sqlite3.Connection) -> int:
+            gone = 0
             with _immediate(c):
-                return int(c.execute(sql, seqs).rowcount)
+                for key in wanted:
+                    seq = int(key.split("-")[0])
+                    row = c.execute(
+                        "SELECT seq, dead_at FROM dead_letters WHERE seq = ?", (seq,)
+                    ).fetchone()
+                    if row is not None and _dead_key(*row) == key:
+                        gone += c.execute("DELETE FROM dead_letters WHERE seq = ?", (seq,)).rowcount
+            return gone
 
-        return await self._db.run(work)
+        return await self._db.run(work) if wanted else 0
 
     async def depth(self, queue: str) -> QueueDepth:
         now = self._db.clock()
