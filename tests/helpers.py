@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from dagq import machine
@@ -98,3 +99,23 @@ class Sim:
         return [
             t.name for t in self.plan.tasks if self.state.task_status[t.index] == TaskStatus.READY
         ]
+
+
+class GatedQueues:
+    """Queues whose sends to ``queue`` wait until ``open`` is set (after setting
+    ``sending``): to hold a write in flight while a test does something else."""
+
+    def __init__(self, inner: Any, queue: str) -> None:
+        self._inner = inner
+        self._queue = queue
+        self.sending = asyncio.Event()
+        self.open = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def send(self, queue: str, messages: Any) -> None:
+        if queue == self._queue:
+            self.sending.set()
+            await self.open.wait()
+        await self._inner.send(queue, messages)

@@ -32,7 +32,7 @@ from dagq.stores.base import OutgoingMessage, Store
 from dagq.stores.memory import open_memory_store
 from dagq.views import load_view
 from dagq.worker import Worker, WorkerOptions
-from tests.helpers import definition
+from tests.helpers import GatedQueues, definition
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -274,27 +274,9 @@ async def test_a_fan_out_completes_with_every_task_run_once_when_bundled() -> No
     assert {(t.status, t.attempts) for t in view.tasks} == {("completed", 1)}
 
 
-class SlowGiveBack:
-    """Queues whose sends to the task queue wait for ``release`` (after saying so)."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.sending = asyncio.Event()
-        self.release = asyncio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def send(self, queue: str, messages: Any) -> None:
-        if queue == "default":
-            self.sending.set()
-            await self.release.wait()
-        await self._inner.send(queue, messages)
-
-
 async def test_a_shutdown_during_a_backlog_give_back_loses_no_task() -> None:
     store = await bundled([task(0, seconds=30), task(1)])
-    slow = SlowGiveBack(store.queues)
+    slow = GatedQueues(store.queues, "default")
     store.queues = slow  # type: ignore[assignment]
     stop = asyncio.Event()
     options = WorkerOptions(
@@ -304,7 +286,7 @@ async def test_a_shutdown_during_a_backlog_give_back_loses_no_task() -> None:
     await slow.sending.wait()  # task 1 is on its way back to the queue
     stop.set()  # the shutdown must wait for that give-back, then give back task 0
     await asyncio.sleep(0.2)
-    slow.release.set()
+    slow.open.set()
     await serving
     back = await store.queues.receive("default", max_messages=10, visibility_timeout_s=60)
     assert sorted(t.task for m in back for t in decode_tasks(m.body)) == [0, 1]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 import pytest
 
@@ -14,26 +13,9 @@ from dagq.messages import TaskFinished, decode_events
 from dagq.outbox import Outbox
 from dagq.stores.base import OutgoingMessage
 from dagq.stores.memory import open_memory_store
+from tests.helpers import GatedQueues
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class Gate:
-    """Queues whose sends to the completion queue wait for ``open``."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.sending = asyncio.Event()
-        self.open = asyncio.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def send(self, queue: str, messages: Any) -> None:
-        if queue == keys.COMPLETIONS_QUEUE:
-            self.sending.set()
-            await self.open.wait()
-        await self._inner.send(queue, messages)
 
 
 def event(task: int) -> TaskFinished:
@@ -42,7 +24,7 @@ def event(task: int) -> TaskFinished:
 
 async def test_close_waits_for_a_batch_already_on_its_way() -> None:
     store = open_memory_store()
-    gate = Gate(store.queues)
+    gate = GatedQueues(store.queues, keys.COMPLETIONS_QUEUE)
     store.queues = gate  # type: ignore[assignment]
     outbox = Outbox(store, keys.COMPLETIONS_QUEUE)
     outbox.start()
