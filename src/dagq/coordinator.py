@@ -11,6 +11,7 @@ workflows whose submit event was lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import logging
 import time
@@ -148,6 +149,7 @@ class Coordinator:
         self._plans: OrderedDict[str, Plan] = OrderedDict()
         self._next_sweep = 0.0
         self._backoff = _FIRST_BACKOFF_S
+        self._stop = asyncio.Event()  # run() sets the real one
         #: Events a dead predecessor received stay invisible for the event visibility
         #: timeout: no repair before they are back (they may say a task already ran).
         self._repairs_from = self.clock() + self.options.event_visibility_s + 1.0
@@ -161,6 +163,7 @@ class Coordinator:
         await self.lease.acquire(force=break_lease)
         log.info("coordinator %s holds the lease on %s", self.lease.owner, self.store.url)
         self._repairs_from = self.clock() + self.options.event_visibility_s + 1.0
+        self._stop = stop
         keeper = asyncio.create_task(self.lease.keep(), name="dagq-lease")
         try:
             while not stop.is_set():
@@ -195,7 +198,8 @@ class Coordinator:
             log.warning("store error, retrying in %.1fs: %s", delay, exc)
             self._cache.clear()
             self._defer_repairs()
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
+                await asyncio.wait_for(self._stop.wait(), delay)
             return 0
         if self._backoff != _FIRST_BACKOFF_S:
             log.info("store reachable again")
