@@ -95,7 +95,10 @@ class Entry:
     deadlines: list[tuple[float, int, int]] = field(default_factory=list)
     repairs: list[tuple[float, int, machine.Dispatch]] = field(default_factory=list)
     timers: list[tuple[float, int]] = field(default_factory=list)
-    unsent: list[Outgoing] = field(default_factory=list)
+    unsent: list[tuple[machine.Dispatch, Outgoing]] = field(default_factory=list)
+    #: The stored state lists dispatches as unconfirmed that have been sent since: the
+    #: next flush (or a sweep) writes it without them.
+    confirm_owed: bool = False
     #: The status and time of the last index write, and whether counts changed since.
     indexed_status: str = ""
     indexed_at: float = float("-inf")
@@ -360,6 +363,7 @@ class Coordinator:
             st.history_seq += 1
         for key, data in fx.documents:  # foreach items, assembled outputs: before the state
             batch.put(key, data)
+        st.unconfirmed = _unconfirmed(entry, fx.dispatch)
         staged = stage_state(batch, st, entry.stored)
         outgoing = [task_message(entry.plan, st, d) for d in fx.dispatch]
         documents = {key: data for o in outgoing for key, data in o.documents}
@@ -393,6 +397,7 @@ class Coordinator:
         entry, st = flush.entry, flush.entry.state
         entry.stored = await settle_state(self.store, st, flush.staged, etags)
         st.dirty = False
+        entry.confirm_owed = flush.dispatched > 0  # sent now; the stored state says not
         if flush.indexed:
             self._indexed(entry)
         else:
@@ -405,10 +410,11 @@ class Coordinator:
             log.info("workflow %s %s", st.workflow_id, st.status)
         self.changed.set()
 
-    async def _send(self, entry: Entry, outgoing: list[Outgoing]) -> None:
+    async def _send(self, entry: Entry, pending: list[tuple[machine.Dispatch, Outgoing]]) -> None:
         """Send task messages; a failure keeps them for the next sweep (state is durable)."""
-        if not outgoing:
+        if not pending:
             return
+        outgoing = [o for _, o in pending]
         try:
             for key, data in (doc for o in outgoing for doc in o.documents):
                 await self.store.documents.put(key, data)
@@ -418,9 +424,10 @@ class Coordinator:
             for queue, batch in by_queue.items():
                 await self.store.queues.send(queue, bundle(batch, self._bundle_size))
             self.stats.dispatched += len(outgoing)
+            entry.confirm_owed = True
         except DagqError as exc:
             log.warning("sending %d task(s) failed, will retry: %s", len(outgoing), exc)
-            entry.unsent.extend(outgoing)
+            entry.unsent.extend(pending)
 
     # --- the cache ------------------------------------------------------------------
 
@@ -501,25 +508,34 @@ class Coordinator:
     def _schedule_repairs(self, entry: Entry) -> None:
         """A fresh load may follow a crash between flush and send: re-send what is due.
 
-        Sends carry deterministic ids, so a message still queued is not duplicated; the
-        grace period leaves time for 'started' events already on their way, and no
-        repair comes before the events a crashed coordinator had received are visible
-        again (a task whose completion is among them must not run twice).
+        Only what the state lists as unconfirmed is re-sent (what its last flush
+        dispatched, sends that had failed): a message still queued would otherwise be
+        sent twice where queues cannot deduplicate (Azure). Sends carry deterministic
+        ids, so where they can, a message still queued is not duplicated; the grace
+        period leaves time for 'started' events already on their way, and no repair
+        comes before the events a crashed coordinator had received are visible again
+        (a task whose completion is among them must not run twice).
         """
         st = entry.state
         grace = self.options.repair_grace_s
         now = self.clock()
         earliest = self._repairs_from
+        known = st.unconfirmed
+
+        def maybe_unsent(task: int, item: int = -1, undo: bool = False) -> bool:
+            return known is None or (task, item, undo) in known
+
         sent: list[tuple[float, machine.Dispatch]] = []
         for i, code in enumerate(st.task_status):
-            if code == TaskStatus.READY and st.dispatched_at[i] != UNSET:
+            if code == TaskStatus.READY and st.dispatched_at[i] != UNSET and maybe_unsent(i):
                 sent.append((st.dispatched_at[i], machine.Dispatch(i, st.attempt[i])))
         for i, undo in st.undo_status.items():  # a compensation in flight
-            if undo == UNDO_SENT:
+            if undo == UNDO_SENT and maybe_unsent(i, undo=True):
                 sent.append((now, machine.Dispatch(i, st.undo_attempt[i], undo=True)))
         for i, group in st.groups.items():  # foreach instances in flight
             for k, code in enumerate(group.status):
-                if code == TaskStatus.READY and group.dispatched_at[k] != UNSET:
+                ready = code == TaskStatus.READY and group.dispatched_at[k] != UNSET
+                if ready and maybe_unsent(i, k):
                     dispatch = machine.Dispatch(i, group.attempt[k], item=k)
                     sent.append((group.dispatched_at[k], dispatch))
         entry.repairs = [
@@ -604,6 +620,8 @@ class Coordinator:
             machine.wake(plan, st, now, fx, task=i)
         if st.status == "cancelling" and now > st.cancelled_at + self.options.cancel_grace_s:
             machine.abandon_running(plan, st, now, fx)
+        if entry.confirm_owed:  # its sends went out: the stored state may say so now
+            st.dirty = True
         try:
             await self._flush(entry, fx)
         except ConflictError:
@@ -616,14 +634,14 @@ class Coordinator:
 
     async def _repair(self, entry: Entry, now: float) -> None:
         st = entry.state
-        outgoing, entry.unsent = entry.unsent, []
+        pending, entry.unsent = entry.unsent, []
         while entry.repairs and entry.repairs[0][0] <= now:
             _, _, dispatch = heapq.heappop(entry.repairs)
             if _still_sent(st, dispatch):
-                outgoing.append(task_message(entry.plan, st, dispatch))
-        if outgoing:
-            log.info("re-sending %d task message(s) of %s", len(outgoing), st.workflow_id)
-            await self._send(entry, outgoing)
+                pending.append((dispatch, task_message(entry.plan, st, dispatch)))
+        if pending:
+            log.info("re-sending %d task message(s) of %s", len(pending), st.workflow_id)
+            await self._send(entry, pending)
 
     async def rescan(self) -> None:
         """Pick up active workflows this coordinator does not know (startup, lost submits)."""
@@ -666,6 +684,17 @@ def _value_needed(plan: Plan, task: int) -> bool:
         or not isinstance(plan.tasks[c].sleep, float | None)
         for c in plan.tasks[task].children
     )
+
+
+def _unconfirmed(
+    entry: Entry, dispatched: Iterable[machine.Dispatch]
+) -> set[tuple[int, int, bool]]:
+    """What a state written now must list as possibly unsent: this flush's dispatches
+    (sent after the state is written), sends that failed, and repairs still to come."""
+    keys = {(d.task, d.item, d.undo) for d in dispatched}
+    keys.update((d.task, d.item, d.undo) for d, _ in entry.unsent)
+    keys.update((d.task, d.item, d.undo) for _, _, d in entry.repairs)
+    return keys
 
 
 def _still_sent(st: RunState, dispatch: machine.Dispatch) -> bool:

@@ -54,6 +54,16 @@ class Header(msgspec.Struct, array_like=True, kw_only=True):
     deltas: list[str] = msgspec.field(default_factory=list)
     base_bytes: int = 0
     delta_bytes: int = 0
+    unconfirmed: Unconfirmed | None = None
+
+
+class Unconfirmed(msgspec.Struct, array_like=True):
+    """Dispatches whose sends were not yet confirmed: task indexes, foreach instances
+    (item indexes by task) and undos, as compressed arrays of indexes."""
+
+    tasks: bytes = b""
+    items: dict[int, bytes] = msgspec.field(default_factory=dict)
+    undos: list[int] = msgspec.field(default_factory=list)
 
 
 class _Sparse(msgspec.Struct, array_like=True):
@@ -147,8 +157,41 @@ def header(state: RunState, **where: Any) -> Header:
         signals=state.signals,
         undo_order=state.undo_order,
         compensate_after=state.compensate_after,
+        unconfirmed=_encode_unconfirmed(state.unconfirmed),
         **where,
     )
+
+
+def _encode_unconfirmed(keys: set[tuple[int, int, bool]] | None) -> Unconfirmed | None:
+    if keys is None:
+        return None
+    tasks = sorted(i for i, item, undo in keys if item < 0 and not undo)
+    items: dict[int, list[int]] = {}
+    for i, item, undo in keys:
+        if item >= 0 and not undo:
+            items.setdefault(i, []).append(item)
+    return Unconfirmed(
+        tasks=_indexes(tasks),
+        items={i: _indexes(sorted(k)) for i, k in items.items()},
+        undos=sorted(i for i, _, undo in keys if undo),
+    )
+
+
+def _decode_unconfirmed(found: Unconfirmed | None) -> set[tuple[int, int, bool]] | None:
+    if found is None:
+        return None
+    keys = {(i, -1, False) for i in _unindex(found.tasks)}
+    keys |= {(i, k, False) for i, data in found.items.items() for k in _unindex(data)}
+    keys |= {(i, -1, True) for i in found.undos}
+    return keys
+
+
+def _indexes(values: list[int]) -> bytes:
+    return zlib.compress(array("I", values).tobytes(), 1) if values else b""
+
+
+def _unindex(data: bytes) -> list[int]:
+    return array("I", zlib.decompress(data)).tolist() if data else []
 
 
 def encode_header(head: Header) -> bytes:
@@ -181,6 +224,7 @@ def empty_state(head: Header) -> RunState:
     state.signals = dict(head.signals)
     state.undo_order = list(head.undo_order)
     state.compensate_after = head.compensate_after
+    state.unconfirmed = _decode_unconfirmed(head.unconfirmed)
     return state
 
 

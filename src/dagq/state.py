@@ -103,6 +103,7 @@ class RunState:
         "stop_requests",
         "task_finished_at",
         "task_status",
+        "unconfirmed",
         "undo_attempt",
         "undo_order",
         "undo_status",
@@ -154,6 +155,10 @@ class RunState:
         self.compensate_after = ""
         #: The instances of expanded foreach tasks, by task (see :mod:`dagq.group`).
         self.groups: dict[int, Group] = {}
+        #: Attempts dispatched whose messages may not have gone out yet, as (task, item
+        #: or -1, undo): a coordinator that loads this state re-sends only these. None:
+        #: not known (a document from before this was kept): every ready task may be.
+        self.unconfirmed: set[tuple[int, int, bool]] | None = set()
         # --- derived (rebuilt by ``rebuild``; never stored)
         self.n_done = [0] * n_tasks
         self.n_skip = [0] * n_tasks

@@ -217,6 +217,42 @@ async def test_repair_does_not_duplicate_a_message_still_queued(
     assert len(await take_tasks(store)) == 1
 
 
+class NoDedupe:
+    """Queues that, like Azure's, take a message with a queued message's id as a new one."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def send(self, queue: str, messages: Any) -> None:
+        await self._inner.send(
+            queue, [OutgoingMessage(m.body, delay_s=m.delay_s) for m in messages]
+        )
+
+
+@pytest.mark.parametrize(("confirmed", "queued"), [(True, 20), (False, 40)])
+async def test_a_restarted_coordinator_re_sends_only_what_may_not_have_gone_out(
+    store: Store, clock: FakeClock, confirmed: bool, queued: int
+) -> None:
+    store.queues = NoDedupe(store.queues)  # type: ignore[assignment]
+    first = coordinator(store, clock)
+    await submit(store, fan_out(20), workflow_id="w", clock=clock)
+    await first.step()
+    [root] = await take_tasks(store)
+    await post(store, finished(root, clock))
+    await first.step()  # the 20 go out after the state that dispatched them
+    if confirmed:
+        await first.sweep()  # and the state says so
+    fresh = coordinator(store, clock)  # the first one died
+    await fresh.rescan()
+    clock.advance(30)  # past the repair delay; the root's message is still hidden
+    await fresh.sweep()
+    depth = await store.queues.depth("default")
+    assert depth.visible == queued  # unconfirmed sends are repeated; confirmed ones not
+
+
 async def test_rescan_activates_a_workflow_whose_submit_event_was_lost(
     store: Store, clock: FakeClock
 ) -> None:

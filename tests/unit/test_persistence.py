@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from dagq import keys, persistence, snapshots
 from dagq.errors import ConflictError
 from dagq.messages import SubmitRequested, TaskFinished
 from dagq.persistence import INLINE_TASKS, MAX_DELTAS, create_state, read_state, write_state
+from dagq.state import RunState
 from dagq.stores.base import Store
 from dagq.stores.memory import open_memory_store
 from tests.helpers import Sim
@@ -109,3 +111,16 @@ async def test_a_stale_writer_conflicts_and_its_delta_is_cleaned_up_later(store:
         finish(sim, f"t{i}")
         current = await write_state(store, sim.state, current)
     assert not orphans & set(await parts(store))
+
+
+def test_unconfirmed_dispatches_survive_the_header_and_older_headers_say_unknown() -> None:
+    st = RunState("w", 10, 1.0)
+    st.unconfirmed = {(1, -1, False), (2, 3, False), (2, 0, False), (4, -1, True)}
+    head = snapshots.decode_header(snapshots.encode_header(snapshots.header(st)))
+    assert snapshots.empty_state(head).unconfirmed == st.unconfirmed
+    older = msgspec.structs.replace(head, unconfirmed=None)  # written before it was kept
+    assert snapshots.empty_state(older).unconfirmed is None
+    fresh = snapshots.decode_header(
+        snapshots.encode_header(snapshots.header(RunState("v", 3, 1.0)))
+    )
+    assert snapshots.empty_state(fresh).unconfirmed == set()
