@@ -404,6 +404,8 @@ class Coordinator:
             entry.index_owed = True
         self.stats.flushes += 1
         self.stats.dispatched += flush.dispatched
+        if st.status in WORKFLOW_ACTIVE:  # e.g. a finished run that a retry reopened
+            self._active.add(st.workflow_id)
         if flush.finished:
             self._active.discard(st.workflow_id)
             self.stats.finished_workflows += 1
@@ -634,7 +636,8 @@ class Coordinator:
 
     async def _repair(self, entry: Entry, now: float) -> None:
         st = entry.state
-        pending, entry.unsent = entry.unsent, []
+        pending = [(d, o) for d, o in entry.unsent if _still_sent(st, d)]
+        entry.unsent = []
         while entry.repairs and entry.repairs[0][0] <= now:
             _, _, dispatch = heapq.heappop(entry.repairs)
             if _still_sent(st, dispatch):

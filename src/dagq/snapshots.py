@@ -187,11 +187,22 @@ def _decode_unconfirmed(found: Unconfirmed | None) -> set[tuple[int, int, bool]]
 
 
 def _indexes(values: list[int]) -> bytes:
-    return zlib.compress(array("I", values).tobytes(), 1) if values else b""
+    """Little-endian 32-bit indexes, compressed, whatever this machine's byte order."""
+    if not values:
+        return b""
+    packed = array("I", values)
+    if sys.byteorder == "big":  # pragma: no cover - every supported platform is little-endian
+        packed.byteswap()
+    return zlib.compress(packed.tobytes(), 1)
 
 
 def _unindex(data: bytes) -> list[int]:
-    return array("I", zlib.decompress(data)).tolist() if data else []
+    if not data:
+        return []
+    packed = array("I", zlib.decompress(data))
+    if sys.byteorder == "big":  # pragma: no cover
+        packed.byteswap()
+    return packed.tolist()
 
 
 def encode_header(head: Header) -> bytes:

@@ -355,3 +355,27 @@ async def test_a_coordinator_that_lost_its_lease_stops_writing(
     assert store.documents.puts["states"] == before
     depth = await store.queues.depth(keys.COMPLETIONS_QUEUE)
     assert depth.visible + depth.invisible == 1  # the submit event is not acknowledged
+
+
+async def test_a_workflow_reopened_by_a_retry_is_swept_again(
+    store: Store, clock: FakeClock
+) -> None:
+    coord = coordinator(store, clock, timeout_grace_s=1)
+    result = await submit(
+        store, definition([{"name": "t", "timeout_s": 5}]), workflow_id="w", clock=clock
+    )
+    await coord.step()
+    [first] = await take_tasks(store)
+    await post(store, finished(first, clock, ok=False, error="boom", retryable=False))
+    await coord.step()
+    assert (await load_state(store, "w", result.plan)).status == "failed"
+    await post(store, RetryRequested(workflow_id="w"))
+    await coord.step()
+    [second] = await take_tasks(store)
+    started = TaskStarted(workflow_id="w", task=second.task, attempt=second.attempt, at=clock())
+    await post(store, started)
+    await coord.step()
+    clock.advance(10)  # the attempt outlives its timeout: only a sweep can tell
+    await coord.sweep()
+    st = await load_state(store, "w", result.plan)
+    assert st.status == "failed" and "within the 5s timeout" in (st.errors.get(0) or "")
