@@ -22,8 +22,8 @@ from dagq.errors import UsageError
 from dagq.messages import TaskFinished, TaskStarted, decode_events, decode_tasks
 from dagq.stores.base import DeadLetter, OutgoingMessage, Store
 
-#: The most dead letters looked through to find one by key.
-SEARCH_LIMIT = 100_000
+#: The most dead letters one `--all` replays or purges.
+ALL_LIMIT = 100_000
 
 
 class DeadLetterInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,13 +106,14 @@ async def list_dead(
 
 async def find(store: Store, keys: Sequence[str]) -> list[DeadLetter]:
     """The dead letters with these keys, in the order given; an unknown key is an error."""
-    everything = {d.key: d for d in await store.queues.dead_letters(None, limit=SEARCH_LIMIT)}
-    missing = [k for k in keys if k not in everything]
+    wanted = list(dict.fromkeys(keys))
+    found = [await store.queues.dead_letter_of(key) for key in wanted]
+    missing = [k for k, d in zip(wanted, found, strict=True) if d is None]
     if missing:
         raise UsageError(
             f"no dead letter with key {', '.join(repr(k) for k in missing)} (see: dagq dlq list)"
         )
-    return [everything[k] for k in dict.fromkeys(keys)]
+    return [d for d in found if d is not None]
 
 
 async def replay(store: Store, dead: Sequence[DeadLetter]) -> int:

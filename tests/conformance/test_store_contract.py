@@ -461,6 +461,8 @@ async def test_dead_letters_of_every_queue_are_listed_oldest_first_and_removed_b
         everything[2].key,
     ]
     bogus = ["", "nope", "../states/x", "9" * 40, everything[1].key + "x"]
+    assert await store.queues.dead_letter_of(everything[1].key) == everything[1]
+    assert [await store.queues.dead_letter_of(k) for k in bogus] == [None] * len(bogus)
     assert await store.queues.remove_dead_letters(bogus) == 0
     assert await store.queues.remove_dead_letters([everything[0].key, everything[0].key]) == 1
     assert [d.body for d in await store.queues.dead_letters(None)] == [b"second", b"third"]

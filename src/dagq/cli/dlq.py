@@ -91,7 +91,7 @@ async def _select(
     client: Client, keys: tuple[str, ...], every: bool, queue: str | None
 ) -> list[DeadLetter]:
     if every:
-        return await client.store.queues.dead_letters(queue, limit=dead_letters.SEARCH_LIMIT)
+        return await client.store.queues.dead_letters(queue, limit=dead_letters.ALL_LIMIT)
     return await dead_letters.find(client.store, keys)
 
 

@@ -90,6 +90,24 @@ class DeadLetterBlobs:
             if r is not None
         ]
 
+    async def one(self, key: str) -> DeadLetter | None:
+        """The dead letter with this key (one download), if there is one."""
+        if not _KEY.fullmatch(key):
+            return None
+        record = await self._read(DEAD_LETTERS + key)
+        if record is None:
+            return None
+        queue = record.queue or self._dagq_name(key.split("/", maxsplit=1)[0])
+        return DeadLetter(
+            queue,
+            record.id,
+            record.body,
+            record.dequeue_count,
+            record.reason,
+            record.dead_at,
+            key=key,
+        )
+
     def _dagq_name(self, azure_queue: str) -> str:
         """The dagq queue of an Azure queue name, for records that did not keep it
         (a hashed name cannot be mapped back: it is kept as it is)."""

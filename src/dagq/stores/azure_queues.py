@@ -292,6 +292,9 @@ class AzureQueues:
         azure_queue = None if queue is None else self.azure_name(queue)
         return await self._dead.list(queue, azure_queue, limit)
 
+    async def dead_letter_of(self, key: str) -> DeadLetter | None:
+        return await self._dead.one(key)
+
     async def remove_dead_letters(self, keys: Sequence[str]) -> int:
         return await self._dead.remove(keys)
 

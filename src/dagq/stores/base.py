@@ -169,6 +169,11 @@ class Queues(Protocol):
         """The dead-lettered messages of ``queue`` (None: of every queue), oldest first."""
         ...
 
+    async def dead_letter_of(self, key: str) -> DeadLetter | None:
+        """The dead letter with this ``key``, if there is one (an unknown or malformed
+        key is None)."""
+        ...
+
     async def remove_dead_letters(self, keys: Sequence[str]) -> int:
         """Remove dead letters by ``key`` (unknown keys are ignored); how many went."""
         ...

@@ -180,6 +180,9 @@ class MemoryQueues:
         check_limit(limit)
         return [d for d in self._dead if queue is None or d.queue == queue][:limit]
 
+    async def dead_letter_of(self, key: str) -> DeadLetter | None:
+        return next((d for d in self._dead if d.key == key), None)
+
     async def remove_dead_letters(self, keys: Sequence[str]) -> int:
         gone = set(keys)
         before = len(self._dead)

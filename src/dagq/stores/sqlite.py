@@ -498,6 +498,20 @@ class SqliteQueues:
             for q, i, b, n, r, t, seq in rows
         ]
 
+    async def dead_letter_of(self, key: str) -> DeadLetter | None:
+        if not _DEAD_KEY.fullmatch(key):
+            return None
+        sql = (
+            "SELECT queue, id, body, dequeue_count, reason, dead_at, seq FROM dead_letters "
+            "WHERE seq = ?"
+        )
+        seq = int(key.split("-", maxsplit=1)[0])
+        row = await self._db.run(lambda c: c.execute(sql, (seq,)).fetchone())
+        if row is None or _dead_key(row[6], row[5]) != key:
+            return None
+        q, i, b, n, r, t, _ = row
+        return DeadLetter(q, i, bytes(b), n, r, t, key=key)
+
     async def remove_dead_letters(self, keys: Sequence[str]) -> int:
         # A key names the row and its time: a row number SQLite reuses after a delete
         # never matches a key listed before.
