@@ -308,7 +308,7 @@ class Client:
         self, queue: str | None = None, *, limit: int = 100
     ) -> builtins.list[DeadLetterInfo]:
         """Dead-lettered messages (of ``queue``, or every queue), oldest first."""
-        found = await dead_letters.list_dead(self.store, queue, limit=limit)
+        found = await self.store.queues.dead_letters(queue, limit=limit)
         return [dead_letters.describe(d) for d in found]
 
     async def replay_dead_letters(self, which: builtins.list[str]) -> int:

@@ -97,13 +97,6 @@ def _task_name(name: str, index: int) -> str:
     return name if index < 0 else f"{name}[{index}]"
 
 
-async def list_dead(
-    store: Store, queue: str | None = None, *, limit: int = 100
-) -> list[DeadLetter]:
-    """Dead letters of ``queue`` (None: every queue), oldest first."""
-    return await store.queues.dead_letters(queue, limit=limit)
-
-
 async def find(store: Store, keys: Sequence[str]) -> list[DeadLetter]:
     """The dead letters with these keys, in the order given; an unknown key is an error."""
     wanted = list(dict.fromkeys(keys))

@@ -20,7 +20,7 @@ def run_list(store_url: str, queue: str | None, limit: int, *, as_json: bool) ->
     """``dagq dlq list``: oldest first."""
 
     async def body(client: Client) -> list[DeadLetter]:
-        return await dead_letters.list_dead(client.store, queue, limit=limit)
+        return await client.store.queues.dead_letters(queue, limit=limit)
 
     infos = [dead_letters.describe(d) for d in with_client(store_url, body)]
     if as_json:

@@ -54,7 +54,7 @@ from dagq.stores.base import (
     UpsertOp,
     commit_in_order,
 )
-from dagq.stores.common import Wakeups, check_max_deliveries, check_outgoing, check_put
+from dagq.stores.common import Wakeups, check_batch, check_max_deliveries
 
 __all__ = ["PhasedCommitter", "open_azure_store"]
 
@@ -110,11 +110,7 @@ class PhasedCommitter:
         return PhasedCommitter(store, self._documents)
 
     async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
-        for op in ops:
-            if isinstance(op, PutOp):
-                check_put(op.if_match, op.if_none_match)
-            elif isinstance(op, SendOp):
-                check_outgoing(op.queue, op.messages)
+        check_batch(ops)
         if _writes_twice(ops):  # phases would reorder writes to one key: keep the order
             return await commit_in_order(self._store, ops)
         store = self._store

@@ -19,7 +19,15 @@ from collections.abc import Sequence
 import msgspec
 
 from dagq.errors import ConflictError, LeaseLost, MessageLost, MessageTooLarge, ValidationError
-from dagq.stores.base import MAX_MESSAGE_BYTES, IndexRow, Lease, OutgoingMessage
+from dagq.stores.base import (
+    MAX_MESSAGE_BYTES,
+    BatchOp,
+    IndexRow,
+    Lease,
+    OutgoingMessage,
+    PutOp,
+    SendOp,
+)
 
 
 def new_token() -> str:
@@ -74,6 +82,16 @@ def check_put(if_match: str | None, if_none_match: bool) -> None:
     """``if_match`` and ``if_none_match`` together could never succeed."""
     if if_match is not None and if_none_match:
         raise ValidationError("put takes if_match or if_none_match, not both")
+
+
+def check_batch(ops: Sequence[BatchOp]) -> None:
+    """Reject a whole batch up front, as the primitives would reject its operations:
+    a native committer must not write part of a batch it would refuse."""
+    for op in ops:
+        if isinstance(op, PutOp):
+            check_put(op.if_match, op.if_none_match)
+        elif isinstance(op, SendOp):
+            check_outgoing(op.queue, op.messages)
 
 
 def check_limit(limit: int | None) -> None:

@@ -44,6 +44,7 @@ from dagq.stores.base import (
 )
 from dagq.stores.common import (
     Wakeups,
+    check_batch,
     check_limit,
     check_max_deliveries,
     check_outgoing,
@@ -356,11 +357,7 @@ class _Committer:
         self._wakeups = wakeups
 
     async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
-        for op in ops:
-            if isinstance(op, PutOp):
-                check_put(op.if_match, op.if_none_match)
-            elif isinstance(op, SendOp):
-                check_outgoing(op.queue, op.messages)
+        check_batch(ops)
         now = self._db.clock()
 
         def work(c: sqlite3.Connection) -> list[str]:
