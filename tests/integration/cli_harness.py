@@ -8,6 +8,7 @@ colours, a wide terminal so table rows do not wrap) and a deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -380,6 +381,16 @@ class DagqCli:
         """Kill the background ``dagq`` processes started after the first ``since``."""
         for started in self.processes[since:]:
             started.kill()
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[DagqCli]:
+        """This harness, for one test of a module sharing it: the processes the test
+        starts are killed when it ends."""
+        mark = len(self.processes)
+        try:
+            yield self
+        finally:
+            self.stop_processes(since=mark)
 
     def __enter__(self) -> DagqCli:
         return self

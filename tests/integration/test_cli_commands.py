@@ -84,9 +84,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagqCli]:
 
 @pytest.fixture
 def cli(cluster: DagqCli) -> Iterator[DagqCli]:
-    mark = len(cluster.processes)
-    yield cluster
-    cluster.stop_processes(since=mark)
+    with cluster.scope() as cli:
+        yield cli
 
 
 def submit(cli: DagqCli, workflow_id: str, tasks: list[dict[str, Any]]) -> Path:

@@ -38,9 +38,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagqCli]:
 @pytest.fixture
 def cli(cluster: DagqCli) -> Iterator[DagqCli]:
     """The module's store and coordinator; workers a test starts die with the test."""
-    mark = len(cluster.processes)
-    yield cluster
-    cluster.stop_processes(since=mark)
+    with cluster.scope() as cli:
+        yield cli
 
 
 def submit(cli: DagqCli, workflow_id: str, tasks: list[dict[str, Any]]) -> None:
