@@ -3,7 +3,7 @@
 Each step drains a batch of events from the completion queue, groups them by
 workflow, applies them to a cached working copy of each state, writes each touched
 state ONCE under compare-and-swap, sends the task messages that became ready, writes
-the index row, and only then acknowledges the events (DESIGN §1, invariants 2-5).
+the index row, and only then acknowledges the events (docs/architecture.md §1, invariants 2-5).
 Periodic sweeps handle what no event announces: timeouts, deadlines, lost sends and
 workflows whose submit event was lost.
 """

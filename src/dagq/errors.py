@@ -3,6 +3,14 @@
 Store backends translate their driver errors into these at their boundary
 (``raise StoreUnavailable(...) from exc``), so nothing above the stores ever sees
 a driver exception.
+
+Errors come in two kinds, and callers act on the kind, not on the message:
+
+* **transient** (:class:`TransientError`): the store is unreachable, throttled, or a
+  conditional write lost a race. Retrying later, with backoff, may succeed.
+* **permanent** (:class:`PermanentError`): the data itself is at fault — too large,
+  undecodable, invalid. Retrying can never help; the unit of work it belongs to (one
+  workflow, one task, one message) fails or is quarantined, and nothing else stops.
 """
 
 from __future__ import annotations
@@ -12,7 +20,15 @@ class DagqError(Exception):
     """Root of every error dagq raises on purpose."""
 
 
-class ValidationError(DagqError):
+class TransientError(DagqError):
+    """Retrying later may help (an outage, throttling, a lost race)."""
+
+
+class PermanentError(DagqError):
+    """Retrying will never help: the input or the stored data is at fault."""
+
+
+class ValidationError(PermanentError):
     """A workflow definition, parameter or name is not acceptable.
 
     The message names the file, task and field at fault, and what to do.
@@ -38,11 +54,11 @@ class StoreError(DagqError):
     """Something went wrong talking to a store."""
 
 
-class StoreUnavailable(StoreError):
+class StoreUnavailable(StoreError, TransientError):
     """The store cannot be reached or refused the operation; retrying later may help."""
 
 
-class ConflictError(StoreError):
+class ConflictError(StoreError, TransientError):
     """A conditional write lost: the document changed (if-match) or exists (if-none-match)."""
 
 
@@ -50,8 +66,18 @@ class NotFoundError(StoreError):
     """The document, message or row does not exist."""
 
 
-class MessageTooLarge(StoreError):
+class MessageTooLarge(StoreError, PermanentError):
     """A queue message body is over the portable size limit; send a reference instead."""
+
+
+class DamagedData(StoreError, PermanentError):
+    """A stored document or a message cannot be decoded (corrupt, truncated, foreign)."""
+
+
+class PayloadTooLarge(ValidationError):
+    """A value (a param, signal data, an output, a definition) is over a documented
+    bound: too many bytes or nested too deep. The message names the value and the bound.
+    """
 
 
 class MessageLost(StoreError):

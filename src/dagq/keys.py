@@ -71,5 +71,5 @@ def control(workflow_id: str) -> str:
 
 
 def message_id(workflow_id: str, task_name: str, attempt: int) -> str:
-    """The deterministic id of an attempt's task message (DESIGN invariant 7)."""
+    """The deterministic id of an attempt's task message (docs/architecture.md, invariant 7)."""
     return f"{workflow_id}/{task_name}/{attempt}"

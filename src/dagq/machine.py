@@ -4,7 +4,7 @@ Every function takes the plan, the coordinator's working copy of the state, the
 current time and an :class:`Effects` collector, changes the state and records what
 must happen outside (task messages to send, workers to stop, timers to watch,
 history to append). Applying an event twice, or an event of an older attempt,
-changes nothing (DESIGN invariant 4). The state is changed in place rather than
+changes nothing (docs/architecture.md, invariant 4). The state is changed in place rather than
 copied because a 100,000-task workflow must advance in time proportional to the
 event, not the run; the coordinator discards the copy whenever a flush fails.
 

@@ -5,7 +5,7 @@ A worker finishing hundreds of tasks a second must not pay one queue round trip 
 event. Callers ``await`` their event; a background flusher takes whatever has piled
 up and commits it as one batch — the events (in as few messages as the size limit
 allows), then the deletes of the task messages they report on — so a task message is
-never deleted before its completion is durable (DESIGN invariant 5). Nothing is
+never deleted before its completion is durable (docs/architecture.md, invariant 5). Nothing is
 dropped: a failed write is retried with backoff until it succeeds.
 
 On a store billed per request a completion may wait a little (``linger_s``) for those

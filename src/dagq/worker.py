@@ -2,7 +2,7 @@
 
 For each message: keep it invisible while the task runs (heartbeats), run it, store
 a large output as a document, post the completion event, and only then delete the
-message (DESIGN invariant 5). A message may carry a bundle of tasks: the worker keeps
+message (docs/architecture.md, invariant 5). A message may carry a bundle of tasks: the worker keeps
 as many as it has free slots plus a short backlog, and gives the rest back
 (:mod:`dagq.holding`). A slot is free again as soon as its task has run: the report
 goes out in the background, with others. A worker never writes runtime state.

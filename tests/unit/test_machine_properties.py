@@ -2,7 +2,8 @@
 
 Events arrive shuffled, duplicated, from stale attempts, and the coordinator's working
 copy is thrown away and rebuilt from its encoded document at random points (a
-crash). Whatever happens, every run terminates and the invariants of DESIGN §2 hold.
+crash). Whatever happens, every run terminates and the invariants of
+docs/architecture.md §2 hold.
 """
 
 from __future__ import annotations
@@ -292,7 +293,7 @@ def test_every_run_terminates_and_keeps_the_invariants(
 
 
 def oracle(policy: Any, parents: list[TaskStatus]) -> str:
-    """DESIGN §5 spelled out plainly, independent of the machine's tallies."""
+    """docs/architecture.md §5 spelled out plainly, independent of the machine's tallies."""
     done = parents.count(TaskStatus.COMPLETED)
     skipped = parents.count(TaskStatus.SKIPPED)
     bad = sum(1 for p in parents if p in BAD)

@@ -124,7 +124,8 @@ class Queues(Protocol):
 
     #: True if ``send`` drops a message whose ``id`` is still queued (memory, sqlite);
     #: False where the service cannot (Azure Queue Storage): there a duplicate id is a
-    #: second message, and consumers rely on their own idempotence (DESIGN invariant 4).
+    #: second message, and consumers rely on their own idempotence
+    #: (docs/architecture.md, invariant 4).
     deduplicates: bool
     #: How many task messages the coordinator packs into one queue message when many go
     #: out at once: 1 where a message is cheap (memory, sqlite); more where every
