@@ -21,7 +21,9 @@ def blocks(language: str) -> list[str]:
 
 def test_readme_starts_with_the_two_commands_and_ci_runs_them_verbatim() -> None:
     commands = [b.strip() for b in blocks("bash")[:2]]
-    assert commands[0].startswith("pip install -e . && dagq run examples/")
+    venv = "python3 -m venv .venv && .venv/bin/pip install -e "
+    assert commands[0].startswith(venv + ". && .venv/bin/dagq run examples/")
+    assert commands[1].startswith(venv + "'.[test]' && ")
     assert "pytest" in commands[1]
     for command in commands:
         assert command in CI

@@ -26,6 +26,8 @@ SUPPORTED_URLS = (
     "azure://ACCOUNT/PREFIX",
 )
 
+#: The top-level packages of the ``azure`` extra.
+_AZURE_PACKAGES = frozenset({"azure", "aiohttp"})
 
 __all__ = ["Store", "open_memory_store", "open_sqlite_store", "open_store"]
 
@@ -55,8 +57,17 @@ def _open(url: str, *, clock: Clock, max_deliveries: int, create: bool) -> Store
     if url.startswith("sqlite:") or ("://" not in url and url.endswith(".db")):
         return open_sqlite_store(url, clock=clock, max_deliveries=max_deliveries, create=create)
     if url.startswith("azure:"):
-        # Imported here: the Azure SDKs take a third of a second to load.
-        from dagq.stores.azure import open_azure_store
+        # Imported here: the Azure SDKs take a third of a second to load, and they are
+        # an optional extra.
+        try:
+            from dagq.stores.azure import open_azure_store
+        except ImportError as exc:
+            if (exc.name or "").partition(".")[0] not in _AZURE_PACKAGES:
+                raise
+            raise ValidationError(
+                f"store URL {url!r} needs the Azure store, which is not installed "
+                f"({exc.name or exc}); install it with: pip install 'dagq[azure]'"
+            ) from exc
 
         return open_azure_store(url, clock=clock, max_deliveries=max_deliveries, create=create)
     raise ValidationError(
