@@ -34,7 +34,5 @@ def test_the_core_never_imports_the_azure_sdks() -> None:
         "import sys, dagq, dagq.cli, dagq.client, dagq.stores, dagq.local\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('azure', 'aiohttp')))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
-    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
