@@ -395,6 +395,9 @@ def _start_compensation(plan: Plan, state: RunState, final: str, now: float, fx:
     state.status = "compensating"
     state.compensate_after = final
     state.undo_order = done
+    # A cancel or a deadline told workers to stop every attempt of the run's epoch;
+    # the undos go out in an epoch of their own, which that stop does not cover.
+    state.epoch += 1
     for i in done:
         state.undo_status[i] = UNDO_QUEUED
         state.touch(i)
