@@ -188,8 +188,13 @@ def _wait(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskS
     task = plan.tasks[i]
     assert task.wait is not None
     signal = task.wait.signal
-    if signal in state.signals:  # it came before the task was ready: kept, not lost
-        return receive_signal(state, task, state.signals[signal], now, fx)
+    kept = state.signals.get(signal)
+    if kept:  # it came before the task was ready: kept, not lost; each wait takes one
+        data = kept.pop(0)
+        if not kept:
+            del state.signals[signal]
+        state.dirty = True
+        return receive_signal(state, task, data, now, fx)
     state.set_status(i, TaskStatus.WAITING)
     detail = f"for signal '{signal}'"
     if task.wait.timeout_s is not None:
