@@ -145,12 +145,20 @@ def _inputs(
 
 
 def _attempt_timeout(task: PlanTask, state: RunState, dispatch: Dispatch) -> float | None:
-    """A task deadline may leave this attempt less time than its own timeout."""
+    """A task deadline may leave this attempt less time than its own timeout.
+
+    The deadline counts from the task's first send (``round_started``); this attempt
+    is sent at its own dispatch time (an instance's, for one of a foreach task).
+    """
     deadline = task.task_deadline_s
     started = state.round_started.get(dispatch.task)
     if deadline is None or started is None:
         return None
-    remaining = max(0.001, started + deadline - state.dispatched_at[dispatch.task])
+    if dispatch.item >= 0:
+        sent = state.groups[dispatch.task].dispatched_at[dispatch.item]
+    else:
+        sent = state.dispatched_at[dispatch.task]
+    remaining = max(0.001, started + deadline - max(sent, started))
     if task.timeout_s is not None and task.timeout_s <= remaining:
         return None
     return remaining

@@ -165,8 +165,6 @@ def evaluate(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> Ta
 def start(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
     """Begin a task whose turn has come: dispatch it, or wait (signal, timer)."""
     task = plan.tasks[i]
-    if i not in state.round_started:
-        state.round_started[i] = now
     if task.kind == "wait":
         return _wait(plan, state, i, now, fx)
     if task.kind == "sleep":
@@ -314,6 +312,10 @@ def dispatch(
     plan: Plan, state: RunState, i: int, now: float, fx: Effects, *, delay: float = 0.0
 ) -> None:
     """Send the current attempt of a ready task."""
+    if i not in state.round_started:
+        # A task deadline counts from the first send, not from when the task became
+        # ready: time held back by max_parallelism is not the task's to lose.
+        state.round_started[i] = now
     state.dispatched_at[i] = now + delay
     state.in_flight += 1
     state.touch(i)
@@ -504,6 +506,8 @@ def expand(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> Task
     state.set_status(i, TaskStatus.RUNNING)
     if state.started_at[i] == UNSET:
         state.started_at[i] = now
+    if i not in state.round_started:  # its instances' deadline counts from here
+        state.round_started[i] = now
     state.in_flight += 1
     fill_group(plan, state, i, now, fx)
     return None
