@@ -309,7 +309,7 @@ def _on_instance_finished(
         return
     i, k = event.task, event.item
     task = plan.tasks[i]
-    name = f"{task.name}[{k}]"
+    name = keys.attempt_name(task.name, item=k)
     group.sent -= 1
     state.touch_item(i, k)
     group.finished_at[k] = event.at
@@ -367,7 +367,9 @@ def _on_undo_finished(
     elif event.retryable and event.attempt < undo.max_attempts:
         delay = event.retry_after_s
         if delay is None:
-            key = keys.message_id(state.workflow_id, f"{name}/undo", event.attempt)
+            key = keys.message_id(
+                state.workflow_id, keys.attempt_name(name, undo=True), event.attempt
+            )
             delay = retry_delay(undo.retry, event.attempt, key)
         fx.note(event.at, "undo_retried", name, event.attempt, f"{event.error} (in {delay:.1f}s)")
         send_undo(plan, state, i, now, fx, delay=delay)
