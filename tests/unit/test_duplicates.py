@@ -78,6 +78,40 @@ async def test_a_workflow_ends_right_when_every_message_arrives_twice() -> None:
     assert set(completed.values()) == {1} and len(completed) == len(tasks)
 
 
+async def test_requests_sent_twice_to_a_running_engine_act_once() -> None:
+    store = open_memory_store()
+    doubling = Doubling(store.queues)
+    store.queues = doubling  # type: ignore[assignment]
+    waits: list[dict[str, Any]] = [
+        {"name": "first", "wait_for": {"signal": "go"}},
+        {"name": "second", "wait_for": {"signal": "go"}, "depends_on": ["first"]},
+    ]
+    runner = LocalRunner(store, workers=2)
+    await runner.submit(definition(waits), params={}, workflow_id="w")
+    drive = asyncio.create_task(runner.drive())
+
+    async def settled(wanted: list[str]) -> None:
+        while True:
+            st = await runner.current_state()
+            depth = await store.queues.depth(keys.COMPLETIONS_QUEUE)
+            if [TaskStatus(s).label for s in st.task_status] == wanted and not (
+                depth.visible or depth.invisible
+            ):
+                return
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(settled(["waiting", "pending"]), 10)
+    await request_signal(store, "w", "go", 1)  # and its copy
+    await asyncio.wait_for(settled(["completed", "waiting"]), 10)
+    await request_cancel(store, "w")  # and its copy
+    status = await asyncio.wait_for(drive, 10)
+
+    assert status == "cancelled"
+    history = await read_history(store, "w")
+    assert [e.kind for e in history].count("signal") == 1
+    assert [e.kind for e in history].count("cancel_requested") == 1
+
+
 # --- requests delivered twice: cancel, retry, signal (and purge, repeated) ----------------
 
 
