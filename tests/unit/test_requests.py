@@ -5,6 +5,7 @@ encoding tests; the store-level duplicates are in test_duplicates.py."""
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import msgspec
 import pytest
@@ -13,7 +14,15 @@ from dagq import snapshots
 from dagq.client import Client
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.errors import UsageError
-from dagq.messages import CancelRequested, RetryRequested, SignalSent
+from dagq.messages import (
+    CancelRequested,
+    Event,
+    RetryRequested,
+    SignalSent,
+    SubmitRequested,
+    TaskFinished,
+    TaskStarted,
+)
 from dagq.state import MAX_REQUEST_IDS
 from dagq.stores.memory import open_memory_store
 from dagq.submission import submit
@@ -159,3 +168,61 @@ async def test_the_client_refuses_a_signal_that_no_task_is_left_to_take() -> Non
     message = str(refused.value)
     assert "already holds 1 unused 'go' signal" in message and "review" in message
     assert "\n" not in message
+
+
+# --- every kind of event, delivered twice, acts once -------------------------------------
+
+
+def twice(sim: Sim, event: Event) -> None:
+    """Apply ``event``, then its copy: the copy must change nothing and do nothing."""
+    sim.apply(event)
+    before = snapshots.encode(sim.state)
+    fx = sim.apply(event)
+    assert (fx.dispatch, fx.history, fx.timers, fx.stop, fx.finished) == ([], [], [], False, False)
+    assert snapshots.encode(sim.state) == before, f"{type(event).__name__} acted twice"
+
+
+def test_every_kind_of_event_delivered_twice_acts_once() -> None:
+    sim = Sim(
+        [
+            {"name": "prep", "compensate": {"cmd": "undo"}},
+            {"name": "fan", "foreach": "params.items", "depends_on": ["prep"]},
+            {"name": "gate", "wait_for": {"signal": "go"}, "depends_on": ["prep"]},
+            {"name": "last", "depends_on": ["fan", "gate"]},
+        ],
+        params={"items": [1, 2]},
+    )
+    i = sim.index
+    at = sim.now
+
+    def started(task: str, **kw: Any) -> TaskStarted:
+        return TaskStarted(workflow_id="wf-1", task=i(task), attempt=1, at=at, **kw)
+
+    def done(task: str, ok: bool = True, **kw: Any) -> TaskFinished:
+        return TaskFinished(workflow_id="wf-1", task=i(task), attempt=1, at=at, ok=ok, **kw)
+
+    twice(sim, SubmitRequested(workflow_id="wf-1"))
+    twice(sim, started("prep"))
+    twice(sim, done("prep", output={"id": 7}))
+    twice(sim, started("fan", item=0))
+    twice(sim, done("fan", item=0))
+    twice(sim, done("fan", item=1))
+    twice(sim, SignalSent(workflow_id="wf-1", name="go", request_id="s1"))
+    twice(sim, started("last"))
+    twice(sim, done("last", ok=False, error="boom", retryable=False))
+    assert sim.state.status == "compensating"
+    twice(sim, started("prep", undo=True))
+    twice(sim, done("prep", undo=True))
+    assert sim.state.status == "failed"
+    twice(sim, RetryRequested(workflow_id="wf-1", request_id="r1"))  # ignored: undone
+
+
+def test_cancel_and_retry_delivered_twice_act_once() -> None:
+    sim = Sim([{"name": "t", "retry": {"backoff_s": 0}}])
+    twice(sim, SubmitRequested(workflow_id="wf-1"))
+    twice(sim, CancelRequested(workflow_id="wf-1", request_id="c1"))
+    assert sim.state.status == "cancelled"
+    twice(sim, RetryRequested(workflow_id="wf-1", request_id="r1"))
+    assert sim.state.status == "running" and sim.state.attempt == [2]
+    twice(sim, CancelRequested(workflow_id="wf-1", request_id="c2"))
+    assert sim.state.status == "cancelled"
