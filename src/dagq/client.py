@@ -36,7 +36,13 @@ from dagq.state import (
 )
 from dagq.stores import open_store
 from dagq.stores.base import IndexRow, Store
-from dagq.submission import request_cancel, request_retry, request_signal, submit
+from dagq.submission import (
+    new_request_id,
+    request_cancel,
+    request_retry,
+    request_signal,
+    submit,
+)
 from dagq.views import load_run
 
 T = TypeVar("T")
@@ -262,27 +268,53 @@ class Client:
         await load_run(self.store, workflow_id)
         return await read_history(self.store, workflow_id)
 
-    async def signal(self, workflow_id: str, name: str, data: Any = None) -> None:
+    async def signal(
+        self, workflow_id: str, name: str, data: Any = None, *, request_id: str | None = None
+    ) -> str:
         """Send a signal (an approval, a decision, with ``data``) to a workflow.
 
-        Kept until a task waits for it, so a signal may come early. Refused when no task
-        waits for that signal, when those that do have finished, or when the run ended.
+        Kept until a task waits for it, so a signal may come early; each wait takes one
+        signal, in the order they were sent. Refused when no task waits for that signal,
+        when those that do have finished or already have one kept for them, or when the
+        run ended. Returns the request id; sending again with the same ``request_id``
+        acts once.
         """
         _, plan, st = await load_run(self.store, workflow_id)
         if st.status in WORKFLOW_TERMINAL:
             raise UsageError(f"workflow {workflow_id} already {st.status}; signals no longer count")
         waiting = [t for t in plan.tasks if t.wait is not None and t.wait.signal == name]
-        if waiting and all(st.task_status[t.index] in TERMINAL for t in waiting):
+        to_wait = [t.name for t in waiting if st.task_status[t.index] not in TERMINAL]
+        if waiting and not to_wait:
             names = ", ".join(t.name for t in waiting)
             raise UsageError(f"task(s) {names} waiting for '{name}' already finished")
-        await request_signal(self.store, workflow_id, name, data)
+        kept = len(st.signals.get(name, ()))
+        if waiting and kept >= len(to_wait):
+            raise UsageError(
+                f"workflow {workflow_id} already holds {kept} unused '{name}' signal(s) for "
+                f"the {len(to_wait)} task(s) yet to wait for it ({', '.join(to_wait[:5])}); "
+                "another one would never be used"
+            )
+        request_id = request_id or new_request_id()
+        await request_signal(self.store, workflow_id, name, data, request_id=request_id)
+        return request_id
 
-    async def cancel(self, workflow_id: str, reason: str = "cancelled by request") -> None:
-        """Ask the coordinator to cancel a run (an error if it has already ended)."""
+    async def cancel(
+        self,
+        workflow_id: str,
+        reason: str = "cancelled by request",
+        *,
+        request_id: str | None = None,
+    ) -> str:
+        """Ask the coordinator to cancel a run (an error if it has already ended).
+
+        Returns the request id; sending again with the same ``request_id`` acts once.
+        """
         status = await self.status(workflow_id)
         if status.terminal:
             raise UsageError(f"workflow {workflow_id} already {status.status}; nothing to cancel")
-        await request_cancel(self.store, workflow_id, reason)
+        request_id = request_id or new_request_id()
+        await request_cancel(self.store, workflow_id, reason, request_id=request_id)
+        return request_id
 
     async def retry(
         self,
@@ -290,19 +322,23 @@ class Client:
         tasks: builtins.list[str] | None = None,
         *,
         ack_timeout_s: float = 10.0,
+        request_id: str | None = None,
     ) -> bool:
         """Re-run the failed, upstream_failed and cancelled tasks of a finished run.
 
         Returns once the coordinator has taken the request up (True), so that a
         ``wait`` or ``status`` right after sees the new run, not the old ending; False
         if no coordinator did within ``ack_timeout_s`` (the request stays queued).
+        A retry the coordinator refused (the run changed meanwhile) is an error
+        saying why. Sending again with the same ``request_id`` acts once.
         """
         _, plan, st = await load_run(self.store, workflow_id)
         if st.status not in WORKFLOW_TERMINAL:
             raise UsageError(f"workflow {workflow_id} is still {st.status}; retry it once it ends")
         _check_retryable(plan, st, workflow_id, tasks)
-        await request_retry(self.store, workflow_id, tasks)
-        return await self._taken_up(workflow_id, st.updated_at, ack_timeout_s)
+        request_id = request_id or new_request_id()
+        await request_retry(self.store, workflow_id, tasks, request_id=request_id)
+        return await self._taken_up(workflow_id, st.updated_at, request_id, ack_timeout_s)
 
     async def dead_letters(
         self, queue: str | None = None, *, limit: int = 100
@@ -319,19 +355,33 @@ class Client:
         """Remove dead letters for good."""
         return await dead_letters.purge(self.store, await dead_letters.find(self.store, which))
 
-    async def _taken_up(self, workflow_id: str, updated_at: float, timeout_s: float) -> bool:
-        """Wait until the run's state moved on from ``updated_at`` (while a coordinator runs)."""
+    async def _taken_up(
+        self, workflow_id: str, updated_at: float, request_id: str, timeout_s: float
+    ) -> bool:
+        """Wait until the coordinator applied a retry request (while one runs); an error
+        if it applied it by refusing it."""
         deadline = time.monotonic() + timeout_s
         delay = 0.02
         while await self.store.leases.get(keys.COORDINATOR_LEASE) is not None:
             _, _, st = await load_run(self.store, workflow_id)
             if st.status not in WORKFLOW_TERMINAL or st.updated_at != updated_at:
                 return True
+            if request_id in st.requests:  # applied, yet the run did not re-open
+                raise UsageError(
+                    f"the coordinator did not retry {workflow_id}: "
+                    f"{await self._refusal(workflow_id)}"
+                )
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
         return False
+
+    async def _refusal(self, workflow_id: str) -> str:
+        """Why the coordinator last ignored a retry, from the run's history."""
+        history = await read_history(self.store, workflow_id)
+        ignored = [e.detail for e in history if e.kind == "retry_ignored"]
+        return (ignored[-1] if ignored else None) or "see dagq events " + workflow_id
 
     async def wait(
         self, workflow_id: str, *, timeout_s: float | None = None, poll_s: float = 0.2
@@ -391,9 +441,15 @@ def _definition(workflow: WorkflowDef | Workflow | str | Path) -> WorkflowDef:
 
 
 def _check_retryable(plan: Plan, st: RunState, workflow_id: str, tasks: list[str] | None) -> None:
-    """Refuse a retry the coordinator would ignore: unknown tasks, or none to re-run."""
+    """Refuse a retry the coordinator would ignore: unknown tasks, none to re-run, or a
+    run whose completed tasks were undone."""
     for name in tasks or []:
         _task_index(plan, workflow_id, name)
+    if st.undo_order:
+        raise UsageError(
+            f"workflow {workflow_id} cannot be retried: it ended {st.status} after its "
+            "completed tasks were compensated (undone); run it again under a new id"
+        )
     names = tasks or [task.name for task in plan.tasks]
     if not any(st.task_status[plan.by_name[name]] in BAD for name in names):
         which = f"task(s) {', '.join(map(repr, names))} are not" if tasks else "no task is"

@@ -59,13 +59,12 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
             documents.append((previous_ref, encoded))
         if previous_ref is not None:
             previous = None
-    spec, queue, name = task.spec, task.queue, task.name
+    spec, queue = task.spec, task.queue
     if dispatch.undo:
         assert task.undo is not None
-        spec, queue, name = task.undo.spec, task.undo.queue, f"{task.name}/undo"
+        spec, queue = task.undo.spec, task.undo.queue
     item, item_ref = None, None
     if dispatch.item >= 0:  # one instance of a foreach task
-        name = f"{task.name}[{dispatch.item}]"
         group = state.groups[dispatch.task]
         if group.items is not None:
             item = group.items[dispatch.item]
@@ -80,7 +79,9 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
         inputs=inputs,
         input_refs=refs,
         inputs_ref=inputs_ref,
-        idempotency_key=f"{workflow_id}/{name}",
+        idempotency_key=keys.idempotency_key(
+            workflow_id, task.name, item=dispatch.item, undo=dispatch.undo
+        ),
         iteration=iteration,
         previous=previous,
         previous_ref=previous_ref,
@@ -104,11 +105,7 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
 
 def attempt_id(task: TaskMessage) -> str:
     """The id of an attempt's task message: one id per (task or instance or undo, attempt)."""
-    name = task.name
-    if task.item_index >= 0:
-        name = f"{name}[{task.item_index}]"
-    if task.undo:
-        name = f"{name}/undo"
+    name = keys.attempt_name(task.name, item=task.item_index, undo=task.undo)
     return keys.message_id(task.workflow_id, name, task.attempt)
 
 
@@ -145,12 +142,20 @@ def _inputs(
 
 
 def _attempt_timeout(task: PlanTask, state: RunState, dispatch: Dispatch) -> float | None:
-    """A task deadline may leave this attempt less time than its own timeout."""
+    """A task deadline may leave this attempt less time than its own timeout.
+
+    The deadline counts from the task's first send (``round_started``); this attempt
+    is sent at its own dispatch time (an instance's, for one of a foreach task).
+    """
     deadline = task.task_deadline_s
     started = state.round_started.get(dispatch.task)
     if deadline is None or started is None:
         return None
-    remaining = max(0.001, started + deadline - state.dispatched_at[dispatch.task])
+    if dispatch.item >= 0:
+        sent = state.groups[dispatch.task].dispatched_at[dispatch.item]
+    else:
+        sent = state.dispatched_at[dispatch.task]
+    remaining = max(0.001, started + deadline - max(sent, started))
     if task.timeout_s is not None and task.timeout_s <= remaining:
         return None
     return remaining

@@ -70,6 +70,27 @@ def control(workflow_id: str) -> str:
     return f"control/{check_workflow_id(workflow_id)}"
 
 
+def attempt_name(task_name: str, *, item: int = -1, undo: bool = False) -> str:
+    """What an attempt runs: a task, one instance of a foreach task (``name[3]``) or a
+    task's compensation (``name#undo``).
+
+    '#', '[' and ']' never appear in a task name (``validation.NAME_PATTERN``), so two
+    different things never share a name: a task called ``charge/undo`` is not the undo
+    of ``charge``, nor ``x[0]`` the first instance of ``x``.
+    """
+    name = task_name if item < 0 else f"{task_name}[{item}]"
+    return f"{name}#undo" if undo else name
+
+
+def idempotency_key(workflow_id: str, task_name: str, *, item: int = -1, undo: bool = False) -> str:
+    """The key a task's side effects can be deduplicated by: the same for every attempt."""
+    return f"{workflow_id}/{attempt_name(task_name, item=item, undo=undo)}"
+
+
 def message_id(workflow_id: str, task_name: str, attempt: int) -> str:
-    """The deterministic id of an attempt's task message (docs/architecture.md, invariant 7)."""
+    """The deterministic id of an attempt's task message (docs/architecture.md, invariant 7).
+
+    ``task_name`` is an :func:`attempt_name`. The id reads back unambiguously: the
+    workflow id has no '/', and the attempt is the part after the last one.
+    """
     return f"{workflow_id}/{task_name}/{attempt}"

@@ -34,6 +34,7 @@ from dagq.plan import Plan
 from dagq.retrying import Attempts, decide_retry
 from dagq.state import (
     BAD,
+    TERMINAL,
     UNDO_DONE,
     UNDO_FAILED,
     UNDO_SENT,
@@ -191,23 +192,42 @@ def _on_submit(plan: Plan, state: RunState, event: Any, now: float, fx: Effects)
 
 
 def _on_cancel(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
-    cancel(plan, state, now, fx, event.reason)
+    if state.first_delivery(event.request_id):
+        cancel(plan, state, now, fx, event.reason)
 
 
 def _on_signal(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
-    """Keep the signal (a task may wait for it later) and complete the tasks waiting now."""
-    if state.status in WORKFLOW_TERMINAL:
-        fx.note(now, "signal_ignored", detail=f"'{event.name}': the workflow is {state.status}")
+    """Complete the first task waiting for the signal, or keep it for the next that waits.
+
+    Each wait takes one signal, in the order they came; one that no task can ever take
+    (every task waiting for it has finished or has one kept for it) is recorded as
+    ignored.
+    """
+    if not state.first_delivery(event.request_id):
         return
-    state.signals[event.name] = event.data
-    state.dirty = True
-    fx.note(now, "signal", detail=f"'{event.name}' received")
-    for task in plan.tasks:
-        waiting = state.task_status[task.index] == TaskStatus.WAITING
-        if waiting and task.wait is not None and task.wait.signal == event.name:
+    name = event.name
+    if state.status in WORKFLOW_TERMINAL:
+        fx.note(now, "signal_ignored", detail=f"'{name}': the workflow is {state.status}")
+        return
+    takers = [t for t in plan.tasks if t.wait is not None and t.wait.signal == name]
+    for task in takers:
+        if state.task_status[task.index] == TaskStatus.WAITING:
+            fx.note(now, "signal", detail=f"'{name}' received")
             outcome = receive_signal(state, task, event.data, now, fx)
             finish(plan, state, task.index, now, fx, status=outcome)
-    settle(plan, state, now, fx)
+            settle(plan, state, now, fx)
+            return
+    kept = state.signals.setdefault(name, [])
+    to_wait = sum(1 for t in takers if state.task_status[t.index] not in TERMINAL)
+    if len(kept) >= to_wait:
+        if not kept:
+            del state.signals[name]
+        why = "every task waiting for it has finished or has one kept for it"
+        fx.note(now, "signal_ignored", detail=f"'{name}': {why}")
+        return
+    kept.append(event.data)
+    state.dirty = True
+    fx.note(now, "signal", detail=f"'{name}' received; kept for the next task to wait for it")
 
 
 def _on_started(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
@@ -289,7 +309,7 @@ def _on_instance_finished(
         return
     i, k = event.task, event.item
     task = plan.tasks[i]
-    name = f"{task.name}[{k}]"
+    name = keys.attempt_name(task.name, item=k)
     group.sent -= 1
     state.touch_item(i, k)
     group.finished_at[k] = event.at
@@ -347,7 +367,9 @@ def _on_undo_finished(
     elif event.retryable and event.attempt < undo.max_attempts:
         delay = event.retry_after_s
         if delay is None:
-            key = keys.message_id(state.workflow_id, f"{name}/undo", event.attempt)
+            key = keys.message_id(
+                state.workflow_id, keys.attempt_name(name, undo=True), event.attempt
+            )
             delay = retry_delay(undo.retry, event.attempt, key)
         fx.note(event.at, "undo_retried", name, event.attempt, f"{event.error} (in {delay:.1f}s)")
         send_undo(plan, state, i, now, fx, delay=delay)
@@ -441,6 +463,8 @@ def _on_failure(plan: Plan, state: RunState, event: TaskFinished, now: float, fx
 
 
 def _on_retry(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
+    if not state.first_delivery(event.request_id):
+        return
     if state.status not in WORKFLOW_TERMINAL:
         fx.note(now, "retry_ignored", detail=f"the workflow is still {state.status}")
         return

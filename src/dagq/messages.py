@@ -114,6 +114,8 @@ class CancelRequested(msgspec.Struct, frozen=True, tag="cancel", kw_only=True):
 
     workflow_id: str
     reason: str = "cancelled by request"
+    #: Names this request: a copy delivered again is recognised and applied once.
+    request_id: str = ""
 
 
 class SignalSent(msgspec.Struct, frozen=True, tag="signal", kw_only=True):
@@ -122,6 +124,8 @@ class SignalSent(msgspec.Struct, frozen=True, tag="signal", kw_only=True):
     workflow_id: str
     name: str
     data: Any = None
+    #: Names this request: a copy delivered again is recognised and applied once.
+    request_id: str = ""
 
 
 class RetryRequested(msgspec.Struct, frozen=True, tag="retry", kw_only=True):
@@ -129,6 +133,8 @@ class RetryRequested(msgspec.Struct, frozen=True, tag="retry", kw_only=True):
 
     workflow_id: str
     tasks: list[str] = msgspec.field(default_factory=list)
+    #: Names this request: a copy delivered again is recognised and applied once.
+    request_id: str = ""
 
 
 Event = TaskStarted | TaskFinished | SubmitRequested | CancelRequested | RetryRequested | SignalSent

@@ -46,6 +46,7 @@ class Header(msgspec.Struct, array_like=True, kw_only=True):
     final_on_cancel: str
     history_seq: int
     epoch: int = 0
+    #: Only read, from documents written before ``signal_queue``; written empty.
     signals: dict[str, Any] = msgspec.field(default_factory=dict)
     undo_order: list[int] = msgspec.field(default_factory=list)
     compensate_after: str = ""
@@ -55,6 +56,11 @@ class Header(msgspec.Struct, array_like=True, kw_only=True):
     base_bytes: int = 0
     delta_bytes: int = 0
     unconfirmed: Unconfirmed | None = None
+    #: Ids of the requests applied last (``RunState.requests``).
+    requests: list[str] = msgspec.field(default_factory=list)
+    #: Signals no wait has taken yet, by name, oldest first. (Documents written before
+    #: this field keep one signal per name in ``signals`` instead.)
+    signal_queue: dict[str, list[Any]] = msgspec.field(default_factory=dict)
 
 
 class Unconfirmed(msgspec.Struct, array_like=True):
@@ -154,10 +160,11 @@ def header(state: RunState, **where: Any) -> Header:
         final_on_cancel=state.final_on_cancel,
         history_seq=state.history_seq,
         epoch=state.epoch,
-        signals=state.signals,
         undo_order=state.undo_order,
         compensate_after=state.compensate_after,
         unconfirmed=_encode_unconfirmed(state.unconfirmed),
+        requests=state.requests,
+        signal_queue=state.signals,
         **where,
     )
 
@@ -232,7 +239,10 @@ def empty_state(head: Header) -> RunState:
     state.final_on_cancel = head.final_on_cancel
     state.history_seq = head.history_seq
     state.epoch = head.epoch
-    state.signals = dict(head.signals)
+    state.signals = {name: list(queued) for name, queued in head.signal_queue.items()}
+    for name, data in head.signals.items():  # an older document: the last one of each name
+        state.signals.setdefault(name, [data])
+    state.requests = list(head.requests)
     state.undo_order = list(head.undo_order)
     state.compensate_after = head.compensate_after
     state.unconfirmed = _decode_unconfirmed(head.unconfirmed)

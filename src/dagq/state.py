@@ -54,6 +54,10 @@ BAD = frozenset({TaskStatus.FAILED, TaskStatus.UPSTREAM_FAILED, TaskStatus.CANCE
 WORKFLOW_ACTIVE = frozenset({"pending", "running", "cancelling", "compensating"})
 WORKFLOW_TERMINAL = frozenset({"completed", "failed", "cancelled", "compensation_failed"})
 
+#: How many request ids a state remembers (the most recent ones): a copy of a request
+#: delivered again within this many later requests to the same workflow is recognised.
+MAX_REQUEST_IDS = 100
+
 #: Where a task's compensation stands (``RunState.undo_status``).
 UNDO_QUEUED, UNDO_SENT, UNDO_DONE, UNDO_FAILED = 1, 2, 3, 4
 
@@ -94,6 +98,7 @@ class RunState:
         "n_terminal",
         "output_refs",
         "outputs",
+        "requests",
         "resolved",
         "retry_base",
         "round_started",
@@ -145,8 +150,12 @@ class RunState:
         self.delay_spent: dict[int, float] = {}
         #: Running attempts workers must stop (a lost race), by task.
         self.stop_requests: dict[int, int] = {}
-        #: Signals received, by name (kept even if no task waits for them yet).
-        self.signals: dict[str, Any] = {}
+        #: Signals received that no wait has taken yet, by name, oldest first: each task
+        #: that starts waiting takes the next one of its signal.
+        self.signals: dict[str, list[Any]] = {}
+        #: The ids of the most recent requests applied (cancel, retry, signal), oldest
+        #: first, at most MAX_REQUEST_IDS: a request delivered twice acts once.
+        self.requests: list[str] = []
         #: Compensations (sagas): each task's undo progress and attempt, the order they
         #: run in (reverse completion), and the status the run ends with afterwards.
         self.undo_status: dict[int, int] = {}
@@ -211,6 +220,20 @@ class RunState:
         """Note a change to a task's fields other than its status."""
         self.changed.add(task)
         self.dirty = True
+
+    def first_delivery(self, request_id: str) -> bool:
+        """Remember a request's id; False if it was applied already (a redelivery).
+
+        Requests without an id (sent by an older client) are always applied.
+        """
+        if not request_id:
+            return True
+        if request_id in self.requests:
+            return False
+        self.requests.append(request_id)
+        del self.requests[:-MAX_REQUEST_IDS]
+        self.dirty = True
+        return True
 
     def count_map(self) -> dict[str, int]:
         """Counts per task status, by label, leaving out zeros."""

@@ -151,20 +151,37 @@ def _pending_row(submitted: Submitted, plan: Plan) -> IndexRow:
     )
 
 
+def new_request_id() -> str:
+    """A fresh id for a cancel, retry or signal request (random, 16 hex digits)."""
+    return os.urandom(8).hex()
+
+
 async def request_cancel(
-    store: Store, workflow_id: str, reason: str = "cancelled by request"
+    store: Store,
+    workflow_id: str,
+    reason: str = "cancelled by request",
+    *,
+    request_id: str | None = None,
 ) -> None:
-    """Ask the coordinator to cancel a workflow (durably queued; applied once)."""
+    """Ask the coordinator to cancel a workflow (durably queued; applied once).
+
+    Sending again with the same ``request_id`` (after a timeout, say) acts once, like
+    every copy of the request the queue delivers twice; without one, a fresh id.
+    """
     await require_submitted(store, workflow_id)
-    event = CancelRequested(workflow_id=workflow_id, reason=reason)
+    request_id = request_id or new_request_id()
+    event = CancelRequested(workflow_id=workflow_id, reason=reason, request_id=request_id)
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
 
 
-async def request_signal(store: Store, workflow_id: str, name: str, data: Any = None) -> None:
-    """Send a signal to a workflow; kept until a task waits for it.
+async def request_signal(
+    store: Store, workflow_id: str, name: str, data: Any = None, *, request_id: str | None = None
+) -> None:
+    """Send a signal to a workflow; kept until a task waits for it (request ids: see
+    :func:`request_cancel`).
 
-    Refused when no task of the workflow waits for that signal, or when every task that
-    does has already finished.
+    Refused when no task of the workflow waits for that signal. Each wait takes one
+    signal, in the order they were sent.
     """
     submitted = await require_submitted(store, workflow_id)
     signals = {t.wait_for.signal for t in submitted.definition.tasks if t.wait_for}
@@ -174,12 +191,20 @@ async def request_signal(store: Store, workflow_id: str, name: str, data: Any = 
             f"no task of workflow '{workflow_id}' waits for signal '{name}' "
             f"(it waits for: {listed})"
         )
-    event = SignalSent(workflow_id=workflow_id, name=name, data=data)
+    request_id = request_id or new_request_id()
+    event = SignalSent(workflow_id=workflow_id, name=name, data=data, request_id=request_id)
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
 
 
-async def request_retry(store: Store, workflow_id: str, tasks: list[str] | None = None) -> None:
-    """Ask the coordinator to re-run failed, upstream_failed and cancelled tasks."""
+async def request_retry(
+    store: Store,
+    workflow_id: str,
+    tasks: list[str] | None = None,
+    *,
+    request_id: str | None = None,
+) -> None:
+    """Ask the coordinator to re-run failed, upstream_failed and cancelled tasks
+    (request ids: see :func:`request_cancel`)."""
     submitted = await require_submitted(store, workflow_id)
     names = {t.name for t in submitted.definition.tasks}
     unknown = [t for t in tasks or [] if t not in names]
@@ -187,5 +212,6 @@ async def request_retry(store: Store, workflow_id: str, tasks: list[str] | None 
         raise UsageError(
             f"workflow '{workflow_id}' has no task named {', '.join(map(repr, unknown))}"
         )
-    event = RetryRequested(workflow_id=workflow_id, tasks=list(tasks or []))
+    request_id = request_id or new_request_id()
+    event = RetryRequested(workflow_id=workflow_id, tasks=list(tasks or []), request_id=request_id)
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])

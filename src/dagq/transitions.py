@@ -165,8 +165,6 @@ def evaluate(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> Ta
 def start(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
     """Begin a task whose turn has come: dispatch it, or wait (signal, timer)."""
     task = plan.tasks[i]
-    if i not in state.round_started:
-        state.round_started[i] = now
     if task.kind == "wait":
         return _wait(plan, state, i, now, fx)
     if task.kind == "sleep":
@@ -188,8 +186,13 @@ def _wait(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskS
     task = plan.tasks[i]
     assert task.wait is not None
     signal = task.wait.signal
-    if signal in state.signals:  # it came before the task was ready: kept, not lost
-        return receive_signal(state, task, state.signals[signal], now, fx)
+    kept = state.signals.get(signal)
+    if kept:  # it came before the task was ready: kept, not lost; each wait takes one
+        data = kept.pop(0)
+        if not kept:
+            del state.signals[signal]
+        state.dirty = True
+        return receive_signal(state, task, data, now, fx)
     state.set_status(i, TaskStatus.WAITING)
     detail = f"for signal '{signal}'"
     if task.wait.timeout_s is not None:
@@ -309,6 +312,10 @@ def dispatch(
     plan: Plan, state: RunState, i: int, now: float, fx: Effects, *, delay: float = 0.0
 ) -> None:
     """Send the current attempt of a ready task."""
+    if i not in state.round_started:
+        # A task deadline counts from the first send, not from when the task became
+        # ready: time held back by max_parallelism is not the task's to lose.
+        state.round_started[i] = now
     state.dispatched_at[i] = now + delay
     state.in_flight += 1
     state.touch(i)
@@ -395,6 +402,9 @@ def _start_compensation(plan: Plan, state: RunState, final: str, now: float, fx:
     state.status = "compensating"
     state.compensate_after = final
     state.undo_order = done
+    # A cancel or a deadline told workers to stop every attempt of the run's epoch;
+    # the undos go out in an epoch of their own, which that stop does not cover.
+    state.epoch += 1
     for i in done:
         state.undo_status[i] = UNDO_QUEUED
         state.touch(i)
@@ -496,6 +506,8 @@ def expand(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> Task
     state.set_status(i, TaskStatus.RUNNING)
     if state.started_at[i] == UNSET:
         state.started_at[i] = now
+    if i not in state.round_started:  # its instances' deadline counts from here
+        state.round_started[i] = now
     state.in_flight += 1
     fill_group(plan, state, i, now, fx)
     return None

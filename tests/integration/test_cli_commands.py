@@ -345,6 +345,23 @@ def test_retry_of_one_task_reruns_it_and_its_dependants_only(cli: DagqCli) -> No
     ]
 
 
+def test_retry_of_a_compensated_run_is_refused_up_front_with_exit_2(cli: DagqCli) -> None:
+    tasks = [
+        {"name": "charge", "cmd": "true", "compensate": {"cmd": "echo refund >> refunds.log"}},
+        {"name": "ship", "depends_on": ["charge"], "cmd": "exit 1"},
+    ]
+    assert finished(cli, "undone", tasks) == "failed"
+    assert lines(cli.workdir / "refunds.log") == ["refund"]
+
+    result = cli.run("retry", "undone")
+
+    assert result.code == 2, result.output
+    assert "retry requested" not in result.output
+    [line] = result.stderr.strip().splitlines()
+    assert "undone cannot be retried" in line and "compensated" in line and "new id" in line
+    assert cli.workflow_status("undone") == "failed"
+
+
 # --- output, logs, events -----------------------------------------------------------
 
 

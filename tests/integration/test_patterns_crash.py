@@ -255,6 +255,39 @@ def test_signal_bad_input_gets_a_clear_error(cli: DagqCli) -> None:
     assert bad.code == 2 and "--data is not valid JSON" in bad.stderr
 
 
+def test_early_signals_are_each_kept_for_the_next_wait_and_a_surplus_is_refused(
+    cli: DagqCli,
+) -> None:
+    cli.start_coordinator()
+    cli.submit_here(
+        "twice",
+        {
+            "name": "twice",
+            "tasks": [
+                {"name": "prepare", "cmd": "true"},
+                {"name": "first", "wait_for": {"signal": "go"}, "depends_on": ["prepare"]},
+                {"name": "second", "wait_for": {"signal": "go"}, "depends_on": ["first"]},
+            ],
+        },
+    )
+    assert cli.run("signal", "twice", "go", "--data", "1").code == 0
+    assert cli.run("signal", "twice", "go", "--data", "2").code == 0
+    wait_until(
+        lambda: cli.run_state("twice")[2].signals == {"go": [1, 2]},
+        timeout_s=15,
+        what="both signals to be kept",
+    )
+
+    surplus = cli.run("signal", "twice", "go", "--data", "3")
+
+    assert surplus.code == 2, surplus.output
+    assert "already holds 2 unused 'go' signal(s)" in surplus.stderr
+    assert len(surplus.stderr.strip().splitlines()) == 1
+    worker(cli)  # now 'prepare' runs and each wait takes the next signal
+    assert cli.wait_for_end("twice", timeout_s=30) == "completed"
+    assert (output(cli, "twice", "first"), output(cli, "twice", "second")) == (1, 2)
+
+
 #: An undo that applies its side effect once per idempotency key, whatever reruns.
 UNDO = (
     'grep -qx "$DAGQ_IDEMPOTENCY_KEY" undone.keys 2>/dev/null || '

@@ -281,3 +281,28 @@ def test_big_shell_output_is_stored_by_reference_and_reaches_downstream_and_cond
     assert seen(cli, "consume") == {"big": BIG}
     assert cli.statuses("big")["not-taken"] == "skipped"
     assert not (cli.workdir / "not-taken.ran").exists()
+
+
+def test_a_task_named_like_a_compensation_gets_its_own_idempotency_key(cli: DagqCli) -> None:
+    record = 'echo "$DAGQ_IDEMPOTENCY_KEY" >> keys.log'
+    wf = cli.workflow(
+        "keys.yaml",
+        {
+            "name": "keys",
+            "tasks": [
+                {"name": "charge", "cmd": "true", "compensate": {"cmd": record}},
+                {"name": "charge/undo", "cmd": record, "depends_on": ["charge"]},
+                {"name": "fail", "cmd": "exit 1", "depends_on": ["charge/undo"]},
+            ],
+        },
+    )
+
+    result = cli.run("run", wf, "--id", "keys")
+
+    assert result.code == 1, result.output
+    assert (cli.workdir / "keys.log").read_text().split() == [
+        "keys/charge/undo",
+        "keys/charge#undo",
+    ]
+    kinds = [e["kind"] for e in cli.json("events", "keys")]
+    assert "compensated" in kinds

@@ -143,6 +143,38 @@ def test_second_ctrl_c_quits_at_once_with_130_without_a_traceback(cli: DagqCli) 
     wait_until(lambda: _all_gone(pids), timeout_s=5, what=f"processes {pids} to be gone")
 
 
+@pytest.mark.timeout(60)
+def test_ctrl_c_during_a_saga_runs_the_undo_of_the_completed_task(cli: DagqCli) -> None:
+    wf = cli.workflow(
+        "saga.yaml",
+        {
+            "name": "saga",
+            "tasks": [
+                {"name": "charge", "cmd": "true", "compensate": {"cmd": "touch refunded"}},
+                {
+                    "name": "ship",
+                    "depends_on": ["charge"],
+                    "cmd": SPAWNS_A_CHILD.format(tag="ship", seconds=60),
+                },
+            ],
+        },
+    )
+    running = cli.start("run", wf, "--id", "saga")
+    wait_until(
+        lambda: read_pids(cli.workdir / "ship.child.pids"), timeout_s=15, what="ship to start"
+    )
+
+    running.send(signal.SIGINT)
+    result = running.wait(timeout_s=20)
+
+    assert result.code == 1, result.output
+    assert "workflow cancelled" in result.verdict()
+    assert (cli.workdir / "refunded").exists(), "the undo of 'charge' never ran"
+    kinds = [e["kind"] for e in cli.json("events", "saga")]
+    assert "compensated" in kinds and "compensation_failed" not in kinds
+    assert cli.view("saga").status == "cancelled"
+
+
 # --- SIGTERM (docker stop, systemd, timeout) ----------------------------------------
 
 

@@ -173,3 +173,27 @@ def test_non_retryable_exit_code_fails_a_shell_task_at_once(cli: DagqCli) -> Non
     assert result.code == 1, result.output
     assert len(lines(cli.workdir / "job.attempts")) == 1
     assert result.summary_rows()["job"][:2] == ["failed", "1"]
+
+
+def test_a_task_deadline_does_not_count_time_held_back_by_max_parallelism(cli: DagqCli) -> None:
+    wf = cli.workflow(
+        "held.yaml",
+        {
+            "name": "held",
+            "max_parallelism": 1,
+            "tasks": [
+                {"name": "long", "cmd": "sleep 2"},
+                {
+                    "name": "quick",
+                    "cmd": "sleep 0.3; echo x >> quick.attempts",
+                    "task_deadline_s": 1.5,
+                },
+            ],
+        },
+    )
+
+    result = cli.run("run", wf, "--id", "held")
+
+    assert result.code == 0, result.output
+    assert result.summary_rows()["quick"][:2] == ["completed", "1"]
+    assert len(lines(cli.workdir / "quick.attempts")) == 1

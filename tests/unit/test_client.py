@@ -33,6 +33,7 @@ from dagq.stores import open_store
 from dagq.stores.base import OutgoingMessage, Store
 from dagq.stores.memory import open_memory_store
 from dagq.worker import Worker, WorkerOptions
+from tests.helpers import definition
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -266,6 +267,59 @@ async def test_retry_reruns_the_failed_task_and_wait_sees_the_new_run(
 async def test_retry_of_a_completed_workflow_is_refused(client: Client, finished: str) -> None:
     with pytest.raises(UsageError, match="nothing to retry"):
         await client.retry(finished)
+
+
+def saga(name: str) -> Any:
+    """'charge' completes (its undo succeeds), then 'ship' fails: the run is compensated."""
+    return definition(
+        [
+            {"name": "charge", "cmd": "true", "compensate": {"cmd": "true"}},
+            {"name": "ship", "cmd": "exit 1", "depends_on": ["charge"]},
+        ],
+        name=name,
+    )
+
+
+async def test_retry_of_a_compensated_run_is_refused_up_front(
+    client: Client, cluster: None
+) -> None:
+    await client.submit(saga("undone"), workflow_id="undone")
+    assert (await client.wait("undone", timeout_s=10)).status == "failed"
+
+    with pytest.raises(UsageError, match=r"compensated.*run it again under a new id"):
+        await client.retry("undone")
+
+
+async def test_a_retry_the_coordinator_ignores_is_an_error_not_a_false_success(
+    client: Client, cluster: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await client.submit(saga("raced"), workflow_id="raced")
+    assert (await client.wait("raced", timeout_s=10)).status == "failed"
+    # As if the run had changed between the client's check and the coordinator's turn.
+    monkeypatch.setattr("dagq.client._check_retryable", lambda *args: None)
+
+    with pytest.raises(UsageError, match="did not retry raced: its completed tasks were"):
+        await client.retry("raced", ack_timeout_s=5)
+
+
+async def test_cancel_and_signal_return_their_request_id_and_a_resend_acts_once(
+    client: Client, cluster: None
+) -> None:
+    wf = Workflow("gate")
+    wf.wait_for("first", "go")
+    wf.wait_for("second", "go", depends_on=["first"])
+    await client.submit(wf, workflow_id="gate")
+    await _until(lambda: _status_of(client, "gate", "first"), "waiting")
+
+    sent = await client.signal("gate", "go", 1)
+    again = await client.signal("gate", "go", 1, request_id=sent)
+    await _until(lambda: _status_of(client, "gate", "second"), "waiting")
+    await client.cancel("gate", request_id="stop-1")
+    status = await client.wait("gate", timeout_s=10)
+
+    assert again == sent and len(sent) == 16
+    assert status.status == "cancelled"
+    assert [e.kind for e in await client.events("gate")].count("signal") == 1
 
 
 # --- unknown ids ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dagq.group import encode_group
 from dagq.messages import (
     CancelRequested,
     Event,
+    RetryRequested,
     SignalSent,
     SubmitRequested,
     TaskFinished,
@@ -380,3 +381,94 @@ def _check_compensation(sim: Sim, world: World, expected: str) -> None:
     failed = any(st_.undo_status[i] == UNDO_FAILED for i in st_.undo_order)
     assert all(st_.undo_status[i] in (UNDO_DONE, UNDO_FAILED) for i in st_.undo_order)
     assert st_.status == ("compensation_failed" if failed else expected)
+
+
+# --- requests with ids, delivered again at any time -------------------------------------
+
+
+class RequestWorld(World):
+    """Chaos in which clients' requests (cancel, signal, retry) carry ids, and the queue
+    delivers any earlier request again at any later point."""
+
+    #: Fewer requests than a state remembers: every copy must be recognised.
+    MAX_REQUESTS = state.MAX_REQUEST_IDS // 2
+
+    def __init__(self, sim: Sim, draw: st.DrawFn, tasks: list[dict[str, Any]]) -> None:
+        super().__init__(sim, draw, tasks)
+        self.requests: list[Event] = []
+
+    def request(self, event: Event) -> None:
+        self.requests.append(event)
+        self.apply(event)
+
+    def redeliver(self) -> None:
+        """A copy of an earlier request: it must change nothing and do nothing."""
+        event = self.draw(st.sampled_from(self.requests))
+        before = snapshots.encode(self.sim.state)
+        fx = machine.Effects()
+        machine.apply(self.sim.plan, self.sim.state, event, self.sim.now, fx)
+        assert (fx.dispatch, fx.history, fx.timers, fx.stop, fx.finished) == (
+            [],
+            [],
+            [],
+            False,
+            False,
+        )
+        assert snapshots.encode(self.sim.state) == before, f"{event} acted twice"
+
+    def step(self) -> None:
+        action = self.draw(
+            st.sampled_from(["run", "run", "run", "request", "again", "crash", "time"])
+        )
+        n = len(self.requests)
+        if action == "request" and n < self.MAX_REQUESTS:
+            kind = self.draw(st.sampled_from(["signal", "signal", "cancel", "retry"]))
+            if kind == "signal":
+                name = f"s{self.draw(st.integers(0, 2))}"
+                self.request(SignalSent(workflow_id="wf-1", name=name, data=n, request_id=f"r{n}"))
+            elif kind == "cancel":
+                self.request(CancelRequested(workflow_id="wf-1", request_id=f"r{n}"))
+            else:
+                self.request(RetryRequested(workflow_id="wf-1", request_id=f"r{n}"))
+        elif action == "again" and self.requests:
+            self.redeliver()
+        elif action == "crash":
+            self.crash()
+        elif action == "time":
+            self.pass_time(self.draw(st.sampled_from([1, 10, 100])))
+        elif self.queue:
+            self.run_one()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=workflows(), data=st.data())
+def test_every_request_delivered_again_in_any_order_acts_once(
+    spec: tuple[list[dict[str, Any]], dict[str, Any]], data: st.DataObject
+) -> None:
+    tasks, workflow = spec
+    sim = Sim(tasks, **workflow)
+    world = RequestWorld(sim, data.draw, tasks)
+    world.apply(SubmitRequested(workflow_id="wf-1"))
+    for _ in range(300):
+        if sim.state.status in state.WORKFLOW_TERMINAL and not world.queue:
+            if len(world.requests) >= world.MAX_REQUESTS or not data.draw(st.booleans()):
+                break
+            n = len(world.requests)  # the run ended: ask for a retry (often ignored)
+            world.request(RetryRequested(workflow_id="wf-1", request_id=f"r{n}"))
+            continue
+        world.step()
+    while world.queue or sim.state.wake_at:
+        if world.queue:
+            world.run_one()
+        else:
+            world.pass_time(1000)
+    for _ in world.requests:  # every request delivered once more, in a random order
+        world.redeliver()
+    st_ = sim.state
+    assert st_.status in state.WORKFLOW_TERMINAL
+    assert all(code in TERMINAL for code in st_.task_status)
+    assert sum(st_.counts) == st_.n_tasks == st_.n_terminal
+    assert all(n == 1 for n in world.dispatch_ids.values())
+    assert all(n == 1 for n in world.undos.values())
+    ids = [e.request_id for e in world.requests]  # type: ignore[union-attr]
+    assert st_.requests == ids

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from dagq import machine
+from dagq.dispatching import task_message
 from dagq.errors import ValidationError
-from dagq.messages import CancelRequested, RetryRequested, SignalSent, TaskFinished
+from dagq.messages import CancelRequested, RetryRequested, SignalSent, TaskFinished, decode_task
 from tests.helpers import Sim, definition
 
 
@@ -270,6 +271,62 @@ def test_a_task_deadline_stops_retries_once_passed() -> None:
     sim.finish("a", ok=False, error="boom")
     assert sim.status("a") == "failed"
     assert "task deadline of 60s exceeded" in sim.history[-2].detail
+
+
+def attempt_timeout(sim: Sim, fx: machine.Effects, name: str) -> float | None:
+    """The time limit the message of ``name``'s attempt dispatched in ``fx`` carries."""
+    [d] = [d for d in fx.dispatch if d.task == sim.index(name)]
+    return decode_task(bytes(task_message(sim.plan, sim.state, d).message.body)).timeout_s
+
+
+def held_behind_a_long_task() -> Sim:
+    """'quick' (3 s deadline, one retry) waits behind 'long' at max_parallelism 1."""
+    deadline = {"task_deadline_s": 3, "num_retries": 1, "retry": {"backoff_s": 0, "jitter": 0}}
+    return Sim([{"name": "long"}, {"name": "quick", **deadline}], max_parallelism=1)
+
+
+def test_time_held_back_by_max_parallelism_does_not_count_against_a_task_deadline() -> None:
+    sim = held_behind_a_long_task()
+    sim.start()
+    assert sim.ready_names() == ["long", "quick"] and sim.dispatched == [("long", 1, 0.0)]
+    sim.now += 4
+
+    fx = sim.finish("long")
+
+    assert sim.dispatched[-1] == ("quick", 1, 0.0)
+    assert attempt_timeout(sim, fx, "quick") == 3  # its whole deadline, not 0.001 s
+    sim.now += 1
+    fx = sim.finish("quick", ok=False, error="flaky")
+    assert sim.status("quick") == "ready", "its retry was refused"
+    assert attempt_timeout(sim, fx, "quick") == 2  # what is left of the 3 s
+
+
+def test_a_task_deadline_still_counts_from_the_first_send_across_retries() -> None:
+    sim = held_behind_a_long_task()
+    sim.start()
+    sim.now += 4
+    sim.finish("long")
+    sim.now += 3
+
+    sim.finish("quick", ok=False, error="slow")
+
+    assert sim.status("quick") == "failed"
+    assert "task deadline of 3s exceeded" in (sim.history[-2].detail or "")
+
+
+def test_a_foreach_instance_sent_late_gets_only_what_is_left_of_the_deadline() -> None:
+    sim = Sim(
+        [{"name": "work", "foreach": "params.items", "max_parallel": 1, "task_deadline_s": 10}],
+        params={"items": [1, 2]},
+    )
+    sim.start()
+    sim.now += 4
+    i = sim.index("work")
+    fx = sim.apply(TaskFinished(workflow_id="wf-1", task=i, attempt=1, at=sim.now, ok=True, item=0))
+
+    [d] = fx.dispatch
+    assert d.item == 1
+    assert decode_task(bytes(task_message(sim.plan, sim.state, d).message.body)).timeout_s == 6
 
 
 def test_no_retry_on_names_exception_types_that_fail_at_once() -> None:
