@@ -70,6 +70,11 @@ def control(workflow_id: str) -> str:
     return f"control/{check_workflow_id(workflow_id)}"
 
 
+def quarantine(workflow_id: str) -> str:
+    """Why the coordinator set a workflow aside, and the events it kept for it."""
+    return f"quarantine/{check_workflow_id(workflow_id)}"
+
+
 def message_id(workflow_id: str, task_name: str, attempt: int) -> str:
     """The deterministic id of an attempt's task message (docs/architecture.md, invariant 7)."""
     return f"{workflow_id}/{task_name}/{attempt}"

@@ -53,6 +53,9 @@ BAD = frozenset({TaskStatus.FAILED, TaskStatus.UPSTREAM_FAILED, TaskStatus.CANCE
 
 WORKFLOW_ACTIVE = frozenset({"pending", "running", "cancelling", "compensating"})
 WORKFLOW_TERMINAL = frozenset({"completed", "failed", "cancelled", "compensation_failed"})
+#: Not a state the machine gives: the coordinator set the workflow aside after its work
+#: on it failed (see :mod:`dagq.quarantine`). Shown in the index, status and doctor.
+QUARANTINED = "quarantined"
 
 #: Where a task's compensation stands (``RunState.undo_status``).
 UNDO_QUEUED, UNDO_SENT, UNDO_DONE, UNDO_FAILED = 1, 2, 3, 4
