@@ -390,7 +390,7 @@ class Coordinator:
             if entry is not None and not entry.fresh and _stale(entry.state, events):
                 # Another coordinator moved it on (a lease taken over): read it again
                 # rather than drop the event as old.
-                log.info("re-reading %s: an event names an attempt not sent here", workflow_id)
+                log.info("re-reading %s: an event shows the copy held here is stale", workflow_id)
                 self.stats.rereads += 1
                 self._cache.drop(workflow_id)
                 entry = await self._entry(workflow_id)
@@ -933,8 +933,10 @@ class Coordinator:
 
 
 def _stale(st: RunState, events: list[Event]) -> bool:
-    """Does any event name an attempt this working copy never dispatched?"""
-    return any(machine.unplaceable(st, e) for e in events)
+    """Must the working copy be read again before these events apply? When one names an
+    attempt it never dispatched, or announces a submit (of a workflow held in memory: a
+    new one with the same id, after a purge)."""
+    return any(isinstance(e, SubmitRequested) or machine.unplaceable(st, e) for e in events)
 
 
 def _value_needed(plan: Plan, task: int) -> bool:
