@@ -164,20 +164,22 @@ def test_a_coordinator_whose_lease_keeper_dies_exits_1_naming_it(cli: DagqCli) -
 
 
 def test_break_lease_while_the_old_coordinator_runs_loses_no_completion(cli: DagqCli) -> None:
-    # Each chain's first task waits until the lease was broken; the old coordinator
-    # still runs then (it learns of the takeover at its next renewal, 10s away), so
-    # both take completions; any the old one dropped would leave a chain 'running'.
+    # Both coordinators poll the completion queue for a while: the old one learns of
+    # the takeover only at its next renewal (20s away) or, now, at its first fenced
+    # write. The chains' 'b' tasks end one by one, each while both poll idly, so
+    # either may take each completion; one the other had sent ('b' after 'a') used to
+    # be dropped as stale and acknowledged, leaving its chain 'running' for ever.
     chains = [f"c{n}" for n in range(6)]
-    old = cli.start_coordinator()
+    old = cli.start_coordinator("--lease-ttl", "60")
     cli.start_worker("-q", "default", "-c", "8")
-    for name in chains:
+    for n, name in enumerate(chains):
         cli.submit_here(
             name,
             {
                 "name": name,
                 "tasks": [
                     {"name": "a", "cmd": f"touch {name}.started; {wait_for_file('go')}"},
-                    {"name": "b", "depends_on": ["a"], "cmd": "true"},
+                    {"name": "b", "depends_on": ["a"], "cmd": f"sleep {1 + 1.2 * n:.1f}"},
                     {"name": "c", "depends_on": ["b"], "cmd": "true"},
                 ],
             },
@@ -194,7 +196,7 @@ def test_break_lease_while_the_old_coordinator_runs_loses_no_completion(cli: Dag
     for name in chains:
         assert cli.wait_for_end(name, timeout_s=60) == "completed"
         assert set(cli.statuses(name).values()) == {"completed"}
-    ended = old.wait(30)  # it stops at its first fenced write or renewal, never silently
+    ended = old.wait(30)  # it stopped at its first fenced write, never silently
     assert ended.code == 1, ended.output
     assert "lease" in ended.stderr
     assert new.process.poll() is None
