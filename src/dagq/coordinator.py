@@ -186,7 +186,7 @@ class Coordinator:
                     self._poll_delay = _FIRST_POLL_S
                     continue  # a full batch: there may be more waiting
                 # The wait returns at once if an event arrived since the receive.
-                await self._idle(stop, supervisor.failed)
+                await self._idle(stop)
                 if handled:
                     self._poll_delay = _FIRST_POLL_S
                 else:
@@ -219,13 +219,12 @@ class Coordinator:
             self._backoff = _FIRST_BACKOFF_S
         return int(result or 0)
 
-    async def _idle(self, stop: asyncio.Event, failed: asyncio.Event) -> None:
+    async def _idle(self, stop: asyncio.Event) -> None:
         timeout = max(0.0, min(self._next_sweep - self.clock(), self._poll_delay))
         waiter = asyncio.ensure_future(self.store.queues.wait(keys.COMPLETIONS_QUEUE, timeout))
         stopper = asyncio.ensure_future(stop.wait())
-        failure = asyncio.ensure_future(failed.wait())
-        await asyncio.wait({waiter, stopper, failure}, return_when=asyncio.FIRST_COMPLETED)
-        for pending in (waiter, stopper, failure):
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        for pending in (waiter, stopper):
             pending.cancel()
 
     async def _commit(self, batch: Batch) -> list[str]:
@@ -542,8 +541,9 @@ class Coordinator:
             record, etag = held.record, held.etag
         else:
             record, etag = await self._read_record(workflow_id)
-        if fault is None and (record is None or record.released_at is not None):
-            # Released (or replaced) since it was read: the events must be applied, not
+        damaged = record is None and bool(etag)
+        if fault is None and not damaged and (record is None or record.released_at is not None):
+            # Released (or gone) since it was read: the events must be applied, not
             # kept; they come back after their visibility timeout.
             raise ConflictError(f"the quarantine of {workflow_id} changed meanwhile")
         now = self.clock()
@@ -551,8 +551,8 @@ class Coordinator:
             record,
             workflow_id,
             events,
-            step=fault.step if fault else "?",
-            reason=fault.reason if fault else "?",
+            step=fault.step if fault else "load",
+            reason=fault.reason if fault else "its quarantine record was damaged (replaced)",
             now=now,
         )
         key = keys.quarantine(workflow_id)
