@@ -854,6 +854,7 @@ class Coordinator:
         st, plan = entry.state, entry.plan
         fx = machine.Effects()
         if entry.replay:  # released from quarantine while no event came: apply its kept ones
+            await self._resolve_refs(entry, entry.replay)
             for event in entry.replay:
                 machine.apply(plan, st, event, now, fx)
             self._track_deadlines(entry, entry.replay)
