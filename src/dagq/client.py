@@ -17,16 +17,18 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from dagq import dead_letters, keys
+from dagq import dead_letters, keys, quarantine
 from dagq.builder import Workflow, load_python_file
 from dagq.dead_letters import DeadLetterInfo
 from dagq.definition import WorkflowDef
-from dagq.errors import UsageError
+from dagq.errors import DamagedData, UsageError
 from dagq.history import HistoryEntry, read_history
 from dagq.loading import load_file
 from dagq.plan import Plan
+from dagq.quarantine import QuarantineInfo
 from dagq.state import (
     BAD,
+    QUARANTINED,
     TERMINAL,
     UNSET,
     WORKFLOW_ACTIVE,
@@ -46,8 +48,9 @@ from dagq.submission import (
 from dagq.views import load_run
 
 T = TypeVar("T")
-WORKFLOW_STATUSES = WORKFLOW_ACTIVE | WORKFLOW_TERMINAL
+WORKFLOW_STATUSES = WORKFLOW_ACTIVE | WORKFLOW_TERMINAL | {QUARANTINED}
 _UNDO_LABELS = {1: "queued", 2: "sent", 3: "done", 4: "failed"}
+_TERMINAL_LABELS = frozenset(s.label for s in TERMINAL)
 
 
 class TaskInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +92,12 @@ class WorkflowStatus(msgspec.Struct, frozen=True, kw_only=True):
     def terminal(self) -> bool:
         """Has the run ended (completed, failed or cancelled)?"""
         return self.status in WORKFLOW_TERMINAL
+
+    @property
+    def quarantined(self) -> bool:
+        """Did the coordinator set the run aside (see ``error`` for why)? It waits for
+        a person: ``dagq quarantine release`` once the cause is fixed."""
+        return self.status == QUARANTINED
 
 
 class WorkflowSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -194,9 +203,49 @@ class Client:
         return Submission(id=result.workflow_id, created=result.created)
 
     async def status(self, workflow_id: str) -> WorkflowStatus:
-        """The current status of a run, read from its runtime state."""
-        submitted, plan, st = await load_run(self.store, workflow_id)
-        return workflow_status(submitted.definition.name, plan, st)
+        """The current status of a run, read from its runtime state.
+
+        A quarantined run shows ``quarantined`` with the reason as its error (from its
+        index row when its state cannot be read).
+        """
+        held = await quarantine.read(self.store, workflow_id)
+        record = held[0] if held is not None and held[0].released_at is None else None
+        if record is None:
+            submitted, plan, st = await load_run(self.store, workflow_id)
+            return workflow_status(submitted.definition.name, plan, st)
+        error = f"quarantined: {record.reason}"
+        try:
+            submitted, plan, st = await load_run(self.store, workflow_id)
+        except DamagedData:
+            return await self._quarantined_status(workflow_id, record.at, error)
+        found = workflow_status(submitted.definition.name, plan, st)
+        return msgspec.structs.replace(found, status=QUARANTINED, error=error)
+
+    async def _quarantined_status(self, workflow_id: str, at: float, error: str) -> WorkflowStatus:
+        row = await self.store.index.get(workflow_id)
+        counts = dict(row.data.get("counts", {})) if row is not None else {}
+        return WorkflowStatus(
+            id=workflow_id,
+            name=row.name if row is not None else "?",
+            status=QUARANTINED,
+            total=int(row.data.get("total", 0)) if row is not None else 0,
+            done=sum(n for label, n in counts.items() if label in _TERMINAL_LABELS),
+            counts=counts,
+            created_at=row.created_at if row is not None else at,
+            updated_at=row.updated_at if row is not None else at,
+            finished_at=None,
+            error=error,
+            failed=[],
+        )
+
+    async def quarantined(self) -> builtins.list[QuarantineInfo]:
+        """Every quarantined workflow: why, since when, how many events are kept."""
+        return await quarantine.listing(self.store)
+
+    async def release(self, workflow_id: str) -> QuarantineInfo:
+        """Let the coordinator try a quarantined workflow again (after fixing the cause);
+        its kept events are applied first."""
+        return quarantine.info(await quarantine.release(self.store, workflow_id))
 
     async def list(
         self,
@@ -386,12 +435,13 @@ class Client:
     async def wait(
         self, workflow_id: str, *, timeout_s: float | None = None, poll_s: float = 0.2
     ) -> WorkflowStatus:
-        """Return the status once the run is terminal; TimeoutError after ``timeout_s``."""
+        """Return the status once the run is terminal (or quarantined: it waits for a
+        person); TimeoutError after ``timeout_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         delay = 0.02
         while True:
             status = await self.status(workflow_id)
-            if status.terminal:
+            if status.terminal or status.quarantined:
                 return status
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"workflow {workflow_id} is still {status.status}")

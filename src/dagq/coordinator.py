@@ -6,6 +6,15 @@ state ONCE under compare-and-swap, sends the task messages that became ready, wr
 the index row, and only then acknowledges the events (docs/architecture.md §1, invariants 2-5).
 Periodic sweeps handle what no event announces: timeouts, deadlines, lost sends and
 workflows whose submit event was lost.
+
+Containment (docs/architecture.md §9): the work on each workflow runs inside the
+boundary of :mod:`dagq.containment`; a workflow whose work fails for good is
+quarantined alone (:mod:`dagq.quarantine`) and its events kept, so the messages that
+also carried other workflows' events are acknowledged. Transient store errors are
+retried with backoff. Every write and acknowledgement is fenced by the lease
+(:meth:`dagq.leasing.LeaseKeeper.check`, and inside the commit where the store can);
+the lease keeper runs under a :class:`~dagq.supervision.Supervisor`. Working copies
+are held in a bounded cache (:mod:`dagq.cache`).
 """
 
 from __future__ import annotations
@@ -17,13 +26,15 @@ import logging
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import msgspec
 
-from dagq import keys, machine
+from dagq import keys, machine, quarantine
+from dagq.cache import Entry, WorkflowCache
+from dagq.containment import Held, WorkflowFault, step
 from dagq.dispatching import Outgoing, bundle, task_message
-from dagq.errors import ConflictError, DagqError, LeaseLost
+from dagq.errors import ConflictError, DagqError, LeaseLost, TransientError
 from dagq.history import encode_chunk
 from dagq.leasing import LeaseKeeper
 from dagq.messages import (
@@ -34,7 +45,7 @@ from dagq.messages import (
     TaskStarted,
     decode_events,
 )
-from dagq.persistence import Staged, Stored, read_state, stage_state
+from dagq.persistence import Staged, read_state, stage_state
 from dagq.persistence import settle as settle_state
 from dagq.plan import Plan, compile_plan
 from dagq.state import (
@@ -45,8 +56,11 @@ from dagq.state import (
     RunState,
     TaskStatus,
 )
-from dagq.stores.base import Batch, IndexRow, Message, OutgoingMessage, Store
+from dagq.stores.base import Batch, IndexRow, Message, OutgoingMessage, PutOp, Store
 from dagq.submission import Submitted
+from dagq.supervision import BackgroundFailed, Supervisor
+
+__all__ = ["Coordinator", "CoordinatorOptions", "Entry", "Stats"]
 
 log = logging.getLogger("dagq.coordinator")
 
@@ -73,6 +87,8 @@ class CoordinatorOptions:
     timeout_grace_s: float = 30.0
     cancel_grace_s: float = 30.0
     abandoned_submit_s: float = 600.0
+    #: The most workflow states held in memory, active ones included (least recently
+    #: used evicted first; an evicted one is read again when an event or sweep needs it).
     cache_size: int = 2000
     concurrency: int = 16
     #: Task messages per queue message (a bundle) when many go out at once; None: the
@@ -81,28 +97,6 @@ class CoordinatorOptions:
     #: A workflow's index row (status, counts) is rewritten when its status changes,
     #: and otherwise at most this often while its counts move.
     index_interval_s: float = 1.0
-
-
-@dataclass(eq=False)
-class Entry:
-    """A cached workflow: its plan, working state and the etag it was read at."""
-
-    plan: Plan
-    state: RunState
-    stored: Stored
-    name: str
-    tenant: str
-    deadlines: list[tuple[float, int, int]] = field(default_factory=list)
-    repairs: list[tuple[float, int, machine.Dispatch]] = field(default_factory=list)
-    timers: list[tuple[float, int]] = field(default_factory=list)
-    unsent: list[tuple[machine.Dispatch, Outgoing]] = field(default_factory=list)
-    #: The stored state lists dispatches as unconfirmed that have been sent since: the
-    #: next flush (or a sweep) writes it without them.
-    confirm_owed: bool = False
-    #: The status and time of the last index write, and whether counts changed since.
-    indexed_status: str = ""
-    indexed_at: float = float("-inf")
-    index_owed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +108,8 @@ class _Flush:
     dispatched: int
     finished: bool
     indexed: bool
+    #: Where this workflow's etags start among the batch's (several share a batch).
+    offset: int = 0
 
 
 @dataclass
@@ -125,6 +121,8 @@ class Stats:
     conflicts: int = 0
     dispatched: int = 0
     finished_workflows: int = 0
+    quarantined: int = 0
+    rereads: int = 0
 
 
 class Coordinator:
@@ -147,9 +145,10 @@ class Coordinator:
         )
         self.stats = Stats()
         self.changed = asyncio.Event()
-        self._cache: OrderedDict[str, Entry] = OrderedDict()
-        self._active: set[str] = set()
+        self._cache = WorkflowCache(self.options.cache_size, due=self._due)
         self._plans: OrderedDict[str, Plan] = OrderedDict()
+        #: Workflows this coordinator quarantined or found quarantined, with the reason.
+        self._quarantined: dict[str, str] = {}
         self._next_sweep = 0.0
         self._backoff = _FIRST_BACKOFF_S
         self._stop = asyncio.Event()  # run() sets the real one
@@ -162,19 +161,27 @@ class Coordinator:
     # --- running --------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event, *, break_lease: bool = False) -> None:
-        """Hold the lease and advance workflows until ``stop`` is set."""
+        """Hold the lease and advance workflows until ``stop`` is set.
+
+        Raises LeaseLost when the lease was lost (or may have expired), and
+        BackgroundFailed when the lease keeper died: either way nothing more is written.
+        """
         await self.lease.acquire(force=break_lease)
         log.info("coordinator %s holds the lease on %s", self.lease.owner, self.store.url)
+        # A new term: whatever was cached may have been advanced by another holder since.
+        self._cache.clear()
+        self._next_rescan = 0.0
         self._repairs_from = self.clock() + self.options.event_visibility_s + 1.0
         self._stop = stop
-        keeper = asyncio.create_task(self.lease.keep(), name="dagq-lease")
+        supervisor = Supervisor("coordinator")
+        supervisor.start("lease-keeper", self.lease.keep, restart=False)
         try:
             while not stop.is_set():
-                if self.lease.lost:
-                    raise LeaseLost("the coordinator lease was lost; stopping without writing")
-                handled = await self._guarded(self.step())
+                supervisor.check()
+                self.lease.check()
+                handled = await self._guarded(self.step)
                 if self.clock() >= self._next_sweep:
-                    await self._guarded(self.sweep())
+                    await self._guarded(self.sweep)
                 if handled >= self.options.batch_size:
                     self._poll_delay = _FIRST_POLL_S
                     continue  # a full batch: there may be more waiting
@@ -185,21 +192,24 @@ class Coordinator:
                 else:
                     self._poll_delay = min(self._poll_delay * 2, self.options.poll_interval_s)
         finally:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
+            await supervisor.close()
             await self.lease.release()
 
-    async def _guarded(self, work: Awaitable[int]) -> int:
-        """Run one unit of work; a store outage is logged and retried, not fatal."""
+    async def _guarded(self, work: Callable[[], Awaitable[int]]) -> int:
+        """Run one unit of work; a store outage (or a surprise outside any one
+        workflow's work) is logged and retried with backoff, never fatal."""
         try:
-            result = await work
-        except LeaseLost:
+            result = await work()
+        except (LeaseLost, BackgroundFailed):
             raise
-        except DagqError as exc:
+        except Exception as exc:
             delay = self._backoff
             self._backoff = min(delay * 2, _MAX_BACKOFF_S)
-            log.warning("store error, retrying in %.1fs: %s", delay, exc)
-            self._cache.clear()
+            if isinstance(exc, DagqError):
+                log.warning("store error, retrying in %.1fs: %s", delay, exc)
+            else:
+                log.error("unexpected error, retrying in %.1fs", delay, exc_info=exc)
+            # Events received but not applied come back after their visibility timeout.
             self._defer_repairs()
             with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
                 await asyncio.wait_for(self._stop.wait(), delay)
@@ -216,6 +226,16 @@ class Coordinator:
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         for pending in (waiter, stopper):
             pending.cancel()
+
+    async def _commit(self, batch: Batch) -> list[str]:
+        """Commit a batch, fenced by the lease: checked here, and inside the commit
+        where the store can (a holder that lost the lease writes nothing)."""
+        if not batch.ops:
+            return []
+        self.lease.check()
+        if self.lease.lease is not None:
+            batch.fence(self.lease.lease)
+        return await batch.commit()
 
     async def step(self) -> int:
         """Drain one batch of events and advance the workflows they concern."""
@@ -242,6 +262,7 @@ class Coordinator:
         outcome = await self._advance_all(grouped)
         done = [m.receipt for m, ids in touched if all(outcome[i] for i in ids)]
         if done:
+            self.lease.check()
             await self.store.queues.delete(keys.COMPLETIONS_QUEUE, done)
         return len(messages)
 
@@ -249,33 +270,28 @@ class Coordinator:
         """Apply a batch's events to every workflow, then commit all writes and acks at once.
 
         On a transactional store this is one transaction per batch; False means it failed
-        and nothing may be assumed written (the cached copies are dropped).
+        and nothing may be assumed written (the cached copies are dropped). A workflow
+        whose own work fails is quarantined within the same batch, its events kept.
         """
         ids = list(grouped)
+        if len(ids) > 1:  # load concurrently; one event trickling in skips gather's tasks
+            await asyncio.gather(*(self._prefetch(i) for i in ids))
+        now = self.clock()
+        batch = self.store.batch()
+        flushes: list[_Flush] = []
+        puts = 0
         try:
-            if len(ids) == 1:  # the common case when events trickle in: skip gather's tasks
-                entries = [await self._entry(ids[0])]
-            else:
-                entries = list(await asyncio.gather(*(self._entry(i) for i in ids)))
-            now = self.clock()
-            batch = self.store.batch()
-            flushes = []
-            for workflow_id, entry in zip(ids, entries, strict=True):
-                if entry is None:
-                    log.info("dropping events for unknown workflow %s", workflow_id)
-                    continue
-                events = grouped[workflow_id]
-                await self._resolve_refs(entry, events)
-                fx = machine.Effects()
-                for event in events:
-                    machine.apply(entry.plan, entry.state, event, now, fx)
-                self._track_deadlines(entry, events)
-                _track_timers(entry, fx.timers)
-                flushes.append(self._stage(batch, entry, fx))
+            for workflow_id in ids:
+                own = self.store.batch()  # merged only once its work has succeeded
+                flush = await self._prepare(own, workflow_id, grouped[workflow_id], now)
+                if flush is not None:
+                    flushes.append(replace(flush, offset=puts))
+                puts += sum(isinstance(op, PutOp) for op in own.ops)
+                batch.ops.extend(own.ops)
             batch.ack(keys.COMPLETIONS_QUEUE, receipts)
-            if self.lease.lost:
-                raise LeaseLost("the coordinator lease was lost; refusing to write")
-            etags = await batch.commit()
+            etags = await self._commit(batch)
+        except LeaseLost:
+            raise
         except DagqError as exc:
             if isinstance(exc, ConflictError):
                 self.stats.conflicts += 1
@@ -285,15 +301,20 @@ class Coordinator:
                 self._evict(workflow_id)
             return False
         for flush in flushes:
-            if flush is not None:
-                await self._settle(flush, etags)
+            await self._settle_contained(flush, etags)
         return True
+
+    async def _prefetch(self, workflow_id: str) -> None:
+        """Load a workflow ahead of its turn; a failure shows again when it is used."""
+        with contextlib.suppress(Exception):
+            await self._entry(workflow_id)
 
     async def _decode(self, message: Message) -> list[Event] | None:
         try:
             return decode_events(message.body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.error("unreadable completion message %s dead-lettered: %s", message.id, exc)
+            self.lease.check()
             await self.store.queues.dead_letter(
                 keys.COMPLETIONS_QUEUE, message.receipt, f"cannot be parsed: {exc}"
             )
@@ -312,50 +333,94 @@ class Coordinator:
     # --- advancing one workflow ------------------------------------------------------
 
     async def advance(self, workflow_id: str, events: list[Event]) -> bool:
-        """Apply events to one workflow and make the result durable; False to retry later."""
+        """Apply events to one workflow and make the result durable; False to retry later.
+
+        True also when the events were kept for a quarantined workflow, or dropped
+        because the workflow no longer exists.
+        """
         for _ in range(_CAS_ATTEMPTS):
+            batch = self.store.batch()
             try:
-                entry = await self._entry(workflow_id)
-            except DagqError as exc:
-                log.warning("cannot load workflow %s: %s", workflow_id, exc)
-                return False
-            if entry is None:
-                log.info("dropping %d event(s) for unknown workflow %s", len(events), workflow_id)
-                return True
-            await self._resolve_refs(entry, events)
-            fx = machine.Effects()
-            now = self.clock()
-            for event in events:
-                machine.apply(entry.plan, entry.state, event, now, fx)
-            self._track_deadlines(entry, events)
-            _track_timers(entry, fx.timers)
-            try:
-                await self._flush(entry, fx)
-                return True
+                flush = await self._apply_and_stage(batch, workflow_id, events, self.clock())
+                with step("commit"):
+                    etags = await self._commit(batch)
             except ConflictError:
                 self.stats.conflicts += 1
                 self._evict(workflow_id)
-            except DagqError as exc:
-                log.warning("flush of %s failed, events will be retried: %s", workflow_id, exc)
+                continue
+            except LeaseLost:
+                raise
+            except TransientError as exc:
+                log.warning("advancing %s failed, events will be retried: %s", workflow_id, exc)
                 self._evict(workflow_id)
                 return False
+            except Held as held:
+                return await self._keep_alone(workflow_id, events, held=held)
+            except WorkflowFault as fault:
+                self._evict(workflow_id)
+                return await self._keep_alone(workflow_id, events, fault=fault)
+            if flush is not None:
+                await self._settle_contained(flush, etags)
+            return True
         return False
 
-    async def _flush(self, entry: Entry, fx: machine.Effects) -> None:
-        """Make one workflow's new state durable (a batch of its own)."""
-        if self.lease.lost:
-            raise LeaseLost("the coordinator lease was lost; refusing to write")
-        batch = self.store.batch()
-        flush = self._stage(batch, entry, fx)
-        if flush is not None:
-            await self._settle(flush, await batch.commit())
+    async def _prepare(
+        self, batch: Batch, workflow_id: str, events: list[Event], now: float
+    ) -> _Flush | None:
+        """Stage one workflow's part of a shared batch: its new state, or, if its work
+        fails for good (or it is quarantined already), its events kept aside."""
+        try:
+            return await self._apply_and_stage(batch, workflow_id, events, now)
+        except Held as held:
+            batch.ops.clear()
+            await self._stage_keep(batch, workflow_id, events, held=held)
+        except WorkflowFault as fault:
+            batch.ops.clear()
+            self._evict(workflow_id)  # the working copy may be half changed
+            await self._stage_keep(batch, workflow_id, events, fault=fault)
+        return None
 
-    def _stage(self, batch: Batch, entry: Entry, fx: machine.Effects) -> _Flush | None:
+    async def _apply_and_stage(
+        self, batch: Batch, workflow_id: str, events: list[Event], now: float
+    ) -> _Flush | None:
+        """Load, apply and stage, each a step inside the workflow's boundary."""
+        with step("load"):
+            entry = await self._entry(workflow_id)
+            if entry is not None and not entry.fresh and _stale(entry.state, events):
+                # Another coordinator moved it on (a lease taken over): read it again
+                # rather than drop the event as old.
+                log.info("re-reading %s: an event shows the copy held here is stale", workflow_id)
+                self.stats.rereads += 1
+                self._cache.drop(workflow_id)
+                entry = await self._entry(workflow_id)
+        if entry is None:
+            self._forget(workflow_id, len(events))
+            return None
+        entry.fresh = False
+        if entry.replay:  # released from quarantine: its kept events come first
+            events = [*entry.replay, *events]
+            entry.replay = []
+        with step("resolve"):
+            await self._resolve_refs(entry, events)
+        st = entry.state
+        starting = st.status == "pending"
+        fx = machine.Effects()
+        with step("apply"):
+            for event in events:
+                machine.apply(entry.plan, st, event, now, fx)
+            self._track_deadlines(entry, events)
+            _track_timers(entry, fx.timers)
+        with step("stage"):
+            return self._stage(batch, entry, fx, starting=starting and st.status != "pending")
+
+    def _stage(
+        self, batch: Batch, entry: Entry, fx: machine.Effects, *, starting: bool = False
+    ) -> _Flush | None:
         """Stage a workflow's writes, in the order that keeps a partial write safe:
         history, then the state (the commit point), then task messages, then the index.
         """
         st = entry.state
-        if not st.dirty and not fx.history and not fx.dispatch and not fx.documents:
+        if not (st.dirty or fx.history or fx.dispatch or fx.documents or entry.releasing):
             return None
         workflow_id = st.workflow_id
         if fx.history:
@@ -376,7 +441,11 @@ class Coordinator:
             batch.send(queue, bundle(messages, self._bundle_size))
         if fx.stop or fx.finished:
             batch.put(keys.control(workflow_id), control_document(st))
-        indexed = self._index_due(entry)
+        elif starting:  # a purged namesake may have left its stop-everything marker
+            batch.delete(keys.control(workflow_id))
+        if entry.releasing:  # its kept events are in this state: the record goes
+            batch.delete(keys.quarantine(workflow_id))
+        indexed = self._index_due(entry) or entry.releasing
         if indexed:
             batch.upsert(index_row(entry))
         return _Flush(entry, staged, len(outgoing), fx.finished, indexed)
@@ -392,6 +461,17 @@ class Coordinator:
         entry.indexed_at = self.clock()
         entry.index_owed = False
 
+    async def _settle_contained(self, flush: _Flush, etags: list[str]) -> None:
+        """Settle a committed flush; a failure here quarantines its workflow (whose
+        events are durable already: nothing is kept)."""
+        try:
+            with step("settle"):
+                await self._settle(flush, etags[flush.offset :] if flush.offset else etags)
+        except WorkflowFault as fault:
+            workflow_id = flush.entry.state.workflow_id
+            self._evict(workflow_id)
+            await self._keep_alone(workflow_id, [], fault=fault)
+
     async def _settle(self, flush: _Flush, etags: list[str]) -> None:
         """After the commit: remember the new version; count; announce a finished run."""
         entry, st = flush.entry, flush.entry.state
@@ -402,20 +482,32 @@ class Coordinator:
             self._indexed(entry)
         else:
             entry.index_owed = True
+        if entry.releasing:
+            entry.releasing = False
+            self._quarantined.pop(st.workflow_id, None)
+            log.info("workflow %s is out of quarantine", st.workflow_id)
         self.stats.flushes += 1
         self.stats.dispatched += flush.dispatched
         if st.status in WORKFLOW_ACTIVE:  # e.g. a finished run that a retry reopened
-            self._active.add(st.workflow_id)
+            self._cache.mark(st.workflow_id, active=True)
         if flush.finished:
-            self._active.discard(st.workflow_id)
+            self._cache.mark(st.workflow_id, active=False)
             self.stats.finished_workflows += 1
             log.info("workflow %s %s", st.workflow_id, st.status)
         self.changed.set()
+
+    async def _flush(self, entry: Entry, fx: machine.Effects) -> None:
+        """Make one workflow's new state durable (a batch of its own)."""
+        batch = self.store.batch()
+        flush = self._stage(batch, entry, fx)
+        if flush is not None:
+            await self._settle(flush, await self._commit(batch))
 
     async def _send(self, entry: Entry, pending: list[tuple[machine.Dispatch, Outgoing]]) -> None:
         """Send task messages; a failure keeps them for the next sweep (state is durable)."""
         if not pending:
             return
+        self.lease.check()
         outgoing = [o for _, o in pending]
         try:
             for key, data in (doc for o in outgoing for doc in o.documents):
@@ -427,25 +519,123 @@ class Coordinator:
                 await self.store.queues.send(queue, bundle(batch, self._bundle_size))
             self.stats.dispatched += len(outgoing)
             entry.confirm_owed = True
-        except DagqError as exc:
+        except TransientError as exc:
             log.warning("sending %d task(s) failed, will retry: %s", len(outgoing), exc)
             entry.unsent.extend(pending)
+
+    # --- quarantine -------------------------------------------------------------------
+
+    async def _stage_keep(
+        self,
+        batch: Batch,
+        workflow_id: str,
+        events: list[Event],
+        *,
+        held: Held | None = None,
+        fault: WorkflowFault | None = None,
+    ) -> None:
+        """Stage the quarantine record of a workflow with ``events`` kept in it (and,
+        when newly quarantined, its index row); the workflow leaves the cache."""
+        self._cache.forget(workflow_id)
+        if held is not None:
+            record, etag = held.record, held.etag
+        else:
+            record, etag = await self._read_record(workflow_id)
+        damaged = record is None and bool(etag)
+        if fault is None and not damaged and (record is None or record.released_at is not None):
+            # Released (or gone) since it was read: the events must be applied, not
+            # kept; they come back after their visibility timeout.
+            raise ConflictError(f"the quarantine of {workflow_id} changed meanwhile")
+        now = self.clock()
+        new = quarantine.keep(
+            record,
+            workflow_id,
+            events,
+            step=fault.step if fault else "load",
+            reason=fault.reason if fault else "its quarantine record was damaged (replaced)",
+            now=now,
+        )
+        key = keys.quarantine(workflow_id)
+        if etag:
+            batch.put(key, quarantine.encode(new), if_match=etag)
+        else:
+            batch.put(key, quarantine.encode(new), if_none_match=True)
+        fresh = record is None or record.released_at is not None
+        if fresh:
+            row = await self.store.index.get(workflow_id)
+            batch.upsert(quarantine.quarantined_row(row, workflow_id, new.reason, now))
+            log.error(
+                "workflow %s quarantined (other workflows go on): %s; once the cause is "
+                "fixed: dagq quarantine release %s",
+                workflow_id,
+                new.reason,
+                workflow_id,
+            )
+            self.stats.quarantined += 1
+        self._quarantined[workflow_id] = new.reason
+
+    async def _read_record(self, workflow_id: str) -> tuple[quarantine.Record | None, str]:
+        """The quarantine record and its etag ('' if none); a damaged one is replaced."""
+        doc = await self.store.documents.get(keys.quarantine(workflow_id))
+        if doc is None:
+            return None, ""
+        try:
+            return quarantine.decode(doc.data, workflow_id), doc.etag
+        except DagqError as exc:
+            log.error("%s; writing a new one", exc)
+            return None, doc.etag
+
+    async def _keep_alone(
+        self,
+        workflow_id: str,
+        events: list[Event],
+        *,
+        held: Held | None = None,
+        fault: WorkflowFault | None = None,
+    ) -> bool:
+        """Quarantine a workflow (or keep more events for it) in a write of its own.
+
+        False if that write failed: the events stay unacknowledged and come back.
+        """
+        for _ in range(_CAS_ATTEMPTS):
+            batch = self.store.batch()
+            try:
+                await self._stage_keep(batch, workflow_id, events, held=held, fault=fault)
+                await self._commit(batch)
+                return True
+            except LeaseLost:
+                raise
+            except ConflictError:
+                held = None  # read the record again
+            except Exception as exc:
+                log.error("cannot keep the events of quarantined %s: %s", workflow_id, exc)
+                return False
+        return False
+
+    def quarantine_reason(self, workflow_id: str) -> str | None:
+        """Why this coordinator set the workflow aside, if it did."""
+        return self._quarantined.get(workflow_id)
 
     # --- the cache ------------------------------------------------------------------
 
     @property
     def active_count(self) -> int:
         """How many unfinished workflows this coordinator is advancing."""
-        return len(self._active)
+        return self._cache.active_count
+
+    @property
+    def cached_count(self) -> int:
+        """How many workflow states are held in memory (at most ``cache_size``)."""
+        return len(self._cache)
 
     def state_of(self, workflow_id: str) -> RunState | None:
         """The cached working state of a workflow (read-only for callers)."""
-        entry = self._cache.get(workflow_id)
+        entry = self._cache.peek(workflow_id)
         return entry.state if entry else None
 
     def plan_of(self, workflow_id: str) -> Plan | None:
         """The cached plan of a workflow."""
-        entry = self._cache.get(workflow_id)
+        entry = self._cache.peek(workflow_id)
         return entry.plan if entry else None
 
     def remember_plan(self, fingerprint: str, plan: Plan) -> None:
@@ -455,8 +645,18 @@ class Coordinator:
             self._plans.popitem(last=False)
 
     def _evict(self, workflow_id: str) -> None:
-        self._cache.pop(workflow_id, None)
+        """Drop a working copy after a failure: it may differ from the store."""
+        self._cache.drop(workflow_id)
         self._defer_repairs()
+
+    def _forget(self, workflow_id: str, n_events: int) -> None:
+        """The workflow no longer exists (purged): stop tracking it."""
+        if self._cache.is_active(workflow_id) or workflow_id in self._cache:
+            log.info("forgetting workflow %s: it no longer exists (purged?)", workflow_id)
+        elif n_events:
+            log.debug("dropping %d event(s) for unknown workflow %s", n_events, workflow_id)
+        self._cache.forget(workflow_id)
+        self._quarantined.pop(workflow_id, None)
 
     def _defer_repairs(self) -> None:
         """Events this coordinator received but did not apply (a failed write) stay
@@ -464,30 +664,48 @@ class Coordinator:
         later = self.clock() + self.options.event_visibility_s + 1.0
         self._repairs_from = max(self._repairs_from, later)
 
+    def _due(self, entry: Entry) -> float:
+        """When an evicted active workflow must be swept next (reloaded for it)."""
+        st, plan, options = entry.state, entry.plan, self.options
+        times = [float("inf")]
+        for heap in (entry.deadlines, entry.timers, entry.repairs):
+            if heap:
+                times.append(heap[0][0])
+        if entry.unsent:
+            times.append(float("-inf"))
+        if entry.index_owed:
+            times.append(entry.indexed_at + options.index_interval_s)
+        if plan.deadline_s and st.status == "running":
+            times.append(st.created_at + plan.deadline_s)
+        if st.status == "cancelling":
+            times.append(st.cancelled_at + options.cancel_grace_s)
+        return min(times)
+
     async def _entry(self, workflow_id: str) -> Entry | None:
         entry = self._cache.get(workflow_id)
         if entry is not None:
-            self._cache.move_to_end(workflow_id)
             return entry
         entry = await self._load(workflow_id)
         if entry is None:
             return None
-        self._cache[workflow_id] = entry
-        if entry.state.status in WORKFLOW_ACTIVE:
-            self._active.add(workflow_id)
-        self._trim()
+        entry.fresh = True
+        self._cache.add(workflow_id, entry, active=entry.state.status in WORKFLOW_ACTIVE)
         return entry
 
-    def _trim(self) -> None:
-        """Forget finished workflows first; active ones reload on their next event."""
-        excess = len(self._cache) - self.options.cache_size
-        if excess <= 0:
-            return
-        for workflow_id in [w for w in self._cache if w not in self._active][:excess]:
-            del self._cache[workflow_id]
-
     async def _load(self, workflow_id: str) -> Entry | None:
-        definition = await self.store.documents.get(keys.definition(workflow_id))
+        definition, held = await asyncio.gather(
+            self.store.documents.get(keys.definition(workflow_id)),
+            self.store.documents.get(keys.quarantine(workflow_id)),
+        )
+        replay: list[Event] = []
+        if held is not None:
+            try:
+                record = quarantine.decode(held.data, workflow_id)
+            except DagqError:
+                raise Held(None, held.etag) from None
+            if record.released_at is None:
+                raise Held(record, held.etag)
+            replay = quarantine.kept_events(record)
         if definition is None:
             return None
         submitted = msgspec.json.decode(definition.data, type=Submitted)
@@ -500,6 +718,8 @@ class Coordinator:
             return None
         st, stored = found
         entry = Entry(plan, st, stored, submitted.definition.name, submitted.tenant)
+        entry.replay = replay
+        entry.releasing = held is not None
         if st.status in WORKFLOW_ACTIVE:
             self._schedule_repairs(entry)
             self._track_deadlines(entry, ())
@@ -588,23 +808,57 @@ class Coordinator:
     # --- sweeps ---------------------------------------------------------------------
 
     async def sweep(self) -> int:
-        """Timeouts, deadlines, cancel grace, repairs, and a periodic rescan of the index."""
+        """Timeouts, deadlines, cancel grace, repairs, and a periodic rescan of the index.
+
+        Cached active workflows are swept every time; evicted ones only when their next
+        sweep is due (they are loaded one at a time, never all at once).
+        """
         now = self.clock()
         self._next_sweep = now + self.options.sweep_interval_s
         if now >= self._next_rescan:
             self._next_rescan = now + self.options.rescan_interval_s
             await self.rescan()
-        for workflow_id in list(self._active):
-            entry = self._cache.get(workflow_id)
-            if entry is None:
-                await self.advance(workflow_id, [])
-                continue
-            await self._sweep_one(entry, now)
+        for entry in self._cache.active_entries():
+            await self._sweep_contained(entry.state.workflow_id, now)
+        for workflow_id in self._cache.due(now):
+            await self._sweep_contained(workflow_id, now)
         return 0
+
+    async def _sweep_contained(self, workflow_id: str, now: float) -> None:
+        """Sweep one workflow inside its boundary."""
+        try:
+            with step("load"):
+                entry = await self._entry(workflow_id)
+            if entry is None:
+                self._forget(workflow_id, 0)
+                return
+            entry.fresh = False
+            with step("sweep"):
+                await self._sweep_one(entry, now)
+        except LeaseLost:
+            raise
+        except ConflictError:
+            self.stats.conflicts += 1
+            self._evict(workflow_id)
+        except TransientError as exc:
+            log.warning("sweeping %s failed, will retry: %s", workflow_id, exc)
+            self._evict(workflow_id)
+        except Held as held:
+            self._cache.forget(workflow_id)
+            self._quarantined[workflow_id] = held.record.reason if held.record else "?"
+        except WorkflowFault as fault:
+            self._evict(workflow_id)
+            await self._keep_alone(workflow_id, [], fault=fault)
 
     async def _sweep_one(self, entry: Entry, now: float) -> None:
         st, plan = entry.state, entry.plan
         fx = machine.Effects()
+        if entry.replay:  # released from quarantine while no event came: apply its kept ones
+            await self._resolve_refs(entry, entry.replay)
+            for event in entry.replay:
+                machine.apply(plan, st, event, now, fx)
+            self._track_deadlines(entry, entry.replay)
+            entry.replay = []
         if plan.deadline_s and st.status == "running" and now > st.created_at + plan.deadline_s:
             reason = f"deadline of {plan.deadline_s:g}s exceeded"
             machine.cancel(plan, st, now, fx, reason, final="failed")
@@ -624,12 +878,10 @@ class Coordinator:
             machine.abandon_running(plan, st, now, fx)
         if entry.confirm_owed:  # its sends went out: the stored state may say so now
             st.dirty = True
-        try:
-            await self._flush(entry, fx)
-        except ConflictError:
-            self._evict(st.workflow_id)
-            return
+        _track_timers(entry, fx.timers)
+        await self._flush(entry, fx)
         if entry.index_owed and self._index_due(entry):  # counts that moved since
+            self.lease.check()
             await self.store.index.upsert(index_row(entry))
             self._indexed(entry)
         await self._repair(entry, now)
@@ -655,23 +907,37 @@ class Coordinator:
                 status=sorted(WORKFLOW_ACTIVE), limit=500, cursor=cursor
             )
             for row in page.rows:
-                if row.id in self._cache:
+                if row.id in self._cache or self._cache.is_active(row.id):
                     continue
-                if not await self.advance(row.id, [SubmitRequested(workflow_id=row.id)]):
-                    continue
-                entry = self._cache.get(row.id)
-                if entry is None:
-                    if now - row.created_at > self.options.abandoned_submit_s:
-                        log.warning("forgetting %s: its submit never completed", row.id)
-                        await self.store.index.delete(row.id)
-                elif entry.state.status != row.status or row.data.get("counts") != (
-                    entry.state.count_map()
-                ):  # a crash between flush and index write, or counts not written yet
-                    await self.store.index.upsert(index_row(entry))
-                    self._indexed(entry)
+                await self._rescan_one(row, now)
             cursor = page.cursor
             if cursor is None:
                 return
+
+    async def _rescan_one(self, row: IndexRow, now: float) -> None:
+        if not await self.advance(row.id, [SubmitRequested(workflow_id=row.id)]):
+            return
+        entry = self._cache.peek(row.id)
+        if entry is None:
+            if row.id in self._quarantined:
+                return
+            if now - row.created_at > self.options.abandoned_submit_s:
+                log.warning("forgetting %s: its submit never completed", row.id)
+                self.lease.check()
+                await self.store.index.delete(row.id)
+        elif entry.state.status != row.status or row.data.get("counts") != (
+            entry.state.count_map()
+        ):  # a crash between flush and index write, or counts not written yet
+            self.lease.check()
+            await self.store.index.upsert(index_row(entry))
+            self._indexed(entry)
+
+
+def _stale(st: RunState, events: list[Event]) -> bool:
+    """Must the working copy be read again before these events apply? When one names an
+    attempt it never dispatched, or announces a submit (of a workflow held in memory: a
+    new one with the same id, after a purge)."""
+    return any(isinstance(e, SubmitRequested) or machine.unplaceable(st, e) for e in events)
 
 
 def _value_needed(plan: Plan, task: int) -> bool:

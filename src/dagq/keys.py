@@ -87,6 +87,11 @@ def idempotency_key(workflow_id: str, task_name: str, *, item: int = -1, undo: b
     return f"{workflow_id}/{attempt_name(task_name, item=item, undo=undo)}"
 
 
+def quarantine(workflow_id: str) -> str:
+    """Why the coordinator set a workflow aside, and the events it kept for it."""
+    return f"quarantine/{check_workflow_id(workflow_id)}"
+
+
 def message_id(workflow_id: str, task_name: str, attempt: int) -> str:
     """The deterministic id of an attempt's task message (docs/architecture.md, invariant 7).
 

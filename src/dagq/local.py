@@ -3,7 +3,10 @@
 This is what ``dagq run`` does. The same components run as separate processes in a
 cluster; here they share one store object, so they wake each other without polling.
 If another live coordinator already holds the store's lease, only workers run here
-and the other coordinator advances the workflow.
+and the other coordinator advances the workflow; this process keeps trying for the
+lease and takes over as soon as that coordinator stops or dies (a killed process on
+this host, even one not yet reaped, counts as dead), so two ``dagq run`` on one store
+both finish.
 """
 
 from __future__ import annotations
@@ -11,18 +14,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dagq import quarantine
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.definition import WorkflowDef
-from dagq.errors import LeaseHeld
-from dagq.persistence import read_state
+from dagq.errors import DamagedData, LeaseHeld, LeaseLost
 from dagq.plan import Plan
-from dagq.state import WORKFLOW_TERMINAL, RunState
+from dagq.state import QUARANTINED, WORKFLOW_TERMINAL, RunState
 from dagq.stores.base import Store
 from dagq.submission import SubmitResult, submit
+from dagq.views import read_checked
 from dagq.worker import Worker, WorkerOptions
 
 log = logging.getLogger("dagq.run")
@@ -32,6 +37,10 @@ LOCAL_COORDINATOR = CoordinatorOptions(
     event_visibility_s=10.0, lease_ttl_s=15.0, sweep_interval_s=0.5, repair_grace_s=2.0
 )
 LOCAL_VISIBILITY_S = 15.0
+#: While another coordinator holds the lease, try for it this often.
+TAKEOVER_INTERVAL_S = 1.0
+#: While another coordinator advances the workflow, look for its quarantine this often.
+QUARANTINE_CHECK_S = 1.0
 
 Observer = Callable[[Plan, RunState], Awaitable[None] | None]
 
@@ -64,6 +73,9 @@ class LocalRunner:
         self.stop = asyncio.Event()
         self.submitted: SubmitResult | None = None
         self.coordinating = False
+        #: Why the workflow was quarantined, once drive() returned ``quarantined``.
+        self.quarantine_reason: str | None = None
+        self._quarantine_checked = 0.0
 
     async def submit(
         self, definition: WorkflowDef, *, params: Mapping[str, Any], workflow_id: str | None
@@ -81,7 +93,7 @@ class LocalRunner:
         cached = self.coordinator.state_of(self.submitted.workflow_id)
         if cached is not None:
             return cached
-        found = await read_state(self.store, self.submitted.workflow_id, self.submitted.plan)
+        found = await read_checked(self.store, self.submitted.workflow_id, self.submitted.plan)
         assert found is not None, "the state document exists once submit returned"
         return found[0]
 
@@ -105,7 +117,19 @@ class LocalRunner:
         tasks.append(coordinator)
         try:
             while True:
-                current = await self.current_state()
+                reason = await self._quarantined()
+                if reason is not None:
+                    self.quarantine_reason = reason
+                    return QUARANTINED
+                try:
+                    current = await self.current_state()
+                except DamagedData:
+                    if self.stop.is_set():
+                        raise
+                    # Whichever coordinator touches it next quarantines it; wait for that.
+                    self._quarantine_checked = 0.0
+                    await asyncio.sleep(interval_s)
+                    continue
                 if observer is not None:
                     result = observer(plan, current)
                     if result is not None:
@@ -124,12 +148,43 @@ class LocalRunner:
             self.stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _quarantined(self) -> str | None:
+        """Why the workflow is quarantined, if it is (asked of the store at most once a
+        second while another coordinator advances it)."""
+        assert self.submitted is not None
+        workflow_id = self.submitted.workflow_id
+        reason = self.coordinator.quarantine_reason(workflow_id)
+        if reason is not None or self.coordinating:
+            return reason
+        now = time.monotonic()
+        if now - self._quarantine_checked < QUARANTINE_CHECK_S:
+            return None
+        self._quarantine_checked = now
+        found = await quarantine.read(self.store, workflow_id)
+        if found is None or found[0].released_at is not None:
+            return None
+        return found[0].reason
+
     async def _coordinate(self) -> None:
-        try:
-            self.coordinating = True
-            await self.coordinator.run(self.stop)
-        except LeaseHeld as held:
-            self.coordinating = False
-            log.warning(
-                "another coordinator serves this store (%s); running workers only", held.holder
-            )
+        """Coordinate while holding the lease; while another holds it, run workers only
+        and try again every second (a lost lease goes back to trying)."""
+        told = False
+        while not self.stop.is_set():
+            try:
+                self.coordinating = True
+                await self.coordinator.run(self.stop)
+                return
+            except LeaseHeld as held:
+                if not told:
+                    log.warning(
+                        "another coordinator serves this store (%s); running workers only "
+                        "and taking over when it stops",
+                        held.holder,
+                    )
+                    told = True
+            except LeaseLost as lost:
+                log.warning("%s; running workers only until the lease is free", lost)
+            finally:
+                self.coordinating = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), TAKEOVER_INTERVAL_S)

@@ -78,6 +78,7 @@ __all__ = [
     "cancel",
     "completed_outputs",
     "expire_attempt",
+    "unplaceable",
     "verdict",
     "wake",
 ]
@@ -86,6 +87,28 @@ __all__ = [
 def apply(plan: Plan, state: RunState, event: Event, now: float, fx: Effects) -> None:
     """Apply one event to the state."""
     _HANDLERS[type(event)](plan, state, event, now, fx)
+
+
+def unplaceable(state: RunState, event: Event) -> bool:
+    """Does ``event`` speak of an attempt this state never dispatched?
+
+    Then the state is stale: another coordinator moved the workflow on (a lease taken
+    over while this one still ran). Applying the event would drop it as "old"; the
+    caller must read the state again from the store instead.
+    """
+    if not isinstance(event, TaskStarted | TaskFinished):
+        return False
+    i = event.task
+    if not 0 <= i < state.n_tasks:
+        return False
+    if event.undo:
+        return event.attempt > state.undo_attempt.get(i, 0)
+    if event.item >= 0:
+        group = state.groups.get(i)
+        if group is None or event.item >= group.n:
+            return True
+        return event.attempt > group.attempt[event.item]
+    return event.attempt > state.attempt[i]
 
 
 def activate(plan: Plan, state: RunState, now: float, fx: Effects) -> None:

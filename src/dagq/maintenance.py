@@ -16,7 +16,7 @@ import msgspec
 from dagq import keys
 from dagq.errors import DagqError, UsageError
 from dagq.leasing import holder_is_dead_here
-from dagq.state import WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
+from dagq.state import QUARANTINED, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
 from dagq.stores.base import DeadLetter, Store
 from dagq.submission import Submitted
 from dagq.validation import check_workflow_id
@@ -31,10 +31,17 @@ QUEUE_WAIT_S = 300.0
 DEAD_LETTERS_SHOWN = 1000
 
 
+#: The control document a forced purge leaves: every attempt of every epoch must stop.
+STOP_EVERYTHING = msgspec.json.encode({"stop_through": 2**62, "tasks": {}})
+
+
 async def purge(store: Store, workflow_id: str, *, force: bool = False) -> int:
-    """Delete everything of one workflow; refuses an active one unless ``force``.
+    """Delete everything of one workflow; refuses an unfinished one unless ``force``.
 
     Returns how many documents were deleted. Safe to repeat after an interruption.
+    Purging an unfinished workflow leaves one small control document that tells
+    workers to stop whatever of it still runs; the coordinator forgets the workflow
+    when it next meets it, and a new workflow with the same id starts clean.
     """
     check_workflow_id(workflow_id)
     row = await store.index.get(workflow_id)
@@ -43,13 +50,19 @@ async def purge(store: Store, workflow_id: str, *, force: bool = False) -> int:
     if row is None and state_doc is None and await docs.get(keys.definition(workflow_id)) is None:
         raise UsageError(f"no workflow '{workflow_id}' in {store.url}")
     status = row.status if row is not None else None
-    if status in WORKFLOW_ACTIVE and not force:
+    unfinished = status in WORKFLOW_ACTIVE or status == QUARANTINED
+    if unfinished and not force:
         raise UsageError(
             f"workflow '{workflow_id}' is still {status}; cancel it first, or pass --force"
         )
+    if unfinished:  # before anything goes: its running tasks must learn to stop
+        await docs.put(keys.control(workflow_id), STOP_EVERYTHING)
     await store.index.delete(workflow_id)
     deleted = 0
-    for key in (keys.state(workflow_id), keys.definition(workflow_id), keys.control(workflow_id)):
+    doomed = [keys.state(workflow_id), keys.definition(workflow_id), keys.quarantine(workflow_id)]
+    if not unfinished:
+        doomed.append(keys.control(workflow_id))
+    for key in doomed:
         deleted += await docs.delete(key)
     for prefix in _prefixes(workflow_id):
         deleted += await _delete_prefix(store, prefix)
@@ -75,6 +88,7 @@ async def purge_older_than(store: Store, days: float, *, now: float | None = Non
 def _prefixes(workflow_id: str) -> Sequence[str]:
     return (
         keys.history_prefix(workflow_id),
+        keys.state_parts_prefix(workflow_id),
         f"outputs/{workflow_id}/",
         f"inputs/{workflow_id}/",
         f"logs/{workflow_id}/",
@@ -123,7 +137,24 @@ async def diagnose(store: Store, *, now: float | None = None) -> list[Finding]:
     findings += await _queues(store, active, now)
     findings += _workflows(active, now)
     findings += await _compensation_failures(store)
+    findings += await _quarantined(store)
     return findings
+
+
+async def _quarantined(store: Store) -> list[Finding]:
+    """Runs the coordinator set aside: nothing advances them until a person acts."""
+    page = await store.index.query(status=[QUARANTINED], limit=100)
+    return [
+        Finding(
+            "fail",
+            f"workflow {row.id}",
+            str(row.data.get("error") or "quarantined"),
+            f"see it: dagq status {row.id}; once the cause is fixed: dagq quarantine release "
+            f"{row.id} (its kept events are applied then); or drop it: "
+            f"dagq purge --force {row.id}",
+        )
+        for row in page.rows
+    ]
 
 
 async def _compensation_failures(store: Store) -> list[Finding]:
@@ -177,7 +208,11 @@ async def _active_rows(store: Store) -> list[tuple[str, str, float, float, list[
             doc = await store.documents.get(keys.definition(row.id))
             queues: list[str] = []
             if doc is not None:
-                submitted = msgspec.json.decode(doc.data, type=Submitted)
+                try:
+                    submitted = msgspec.json.decode(doc.data, type=Submitted)
+                except msgspec.MsgspecError:  # damaged: the coordinator quarantines it
+                    rows.append((row.id, row.status, row.created_at, row.updated_at, queues))
+                    continue
                 definition = submitted.definition
                 defaults = definition.defaults.queue if definition.defaults else None
                 queues = sorted(

@@ -53,6 +53,9 @@ BAD = frozenset({TaskStatus.FAILED, TaskStatus.UPSTREAM_FAILED, TaskStatus.CANCE
 
 WORKFLOW_ACTIVE = frozenset({"pending", "running", "cancelling", "compensating"})
 WORKFLOW_TERMINAL = frozenset({"completed", "failed", "cancelled", "compensation_failed"})
+#: Not a state the machine gives: the coordinator set the workflow aside after its work
+#: on it failed (see :mod:`dagq.quarantine`). Shown in the index, status and doctor.
+QUARANTINED = "quarantined"
 
 #: How many request ids a state remembers (the most recent ones): a copy of a request
 #: delivered again within this many later requests to the same workflow is recognised.

@@ -6,14 +6,16 @@ here writes.
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 
 import msgspec
 
-from dagq.errors import WorkflowNotFound
+from dagq.errors import DamagedData, WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
-from dagq.persistence import read_state
+from dagq.payloads import cut
+from dagq.persistence import Stored, read_state
 from dagq.plan import Plan, compile_plan
 from dagq.state import TERMINAL, UNSET, RunState, TaskStatus
 from dagq.stores.base import Store
@@ -89,14 +91,39 @@ def run_view(
     )
 
 
+#: What reading a damaged definition or state document raises before it is wrapped.
+_DECODING = (ValueError, KeyError, IndexError, TypeError, zlib.error, msgspec.MsgspecError)
+
+
 async def load_run(store: Store, workflow_id: str) -> tuple[Submitted, Plan, RunState]:
-    """Read a workflow's definition and current state from the store."""
-    submitted = await require_submitted(store, workflow_id)
-    plan = compile_plan(submitted.definition, submitted.params)
-    found = await read_state(store, workflow_id, plan)
+    """Read a workflow's definition and current state from the store.
+
+    A document that cannot be decoded is DamagedData naming the workflow (one line
+    for the user, never a traceback).
+    """
+    try:
+        submitted = await require_submitted(store, workflow_id)
+        plan = compile_plan(submitted.definition, submitted.params)
+    except _DECODING as exc:
+        raise DamagedData(
+            f"the definition of workflow '{workflow_id}' cannot be read: {cut(str(exc), 300)}"
+        ) from exc
+    found = await read_checked(store, workflow_id, plan)
     if found is None:
         raise WorkflowNotFound(f"workflow '{workflow_id}' has no runtime state yet")
     return submitted, plan, found[0]
+
+
+async def read_checked(
+    store: Store, workflow_id: str, plan: Plan
+) -> tuple[RunState, Stored] | None:
+    """:func:`~dagq.persistence.read_state`, with a damaged document as DamagedData."""
+    try:
+        return await read_state(store, workflow_id, plan)
+    except _DECODING as exc:
+        raise DamagedData(
+            f"the state of workflow '{workflow_id}' cannot be read: {cut(str(exc), 300)}"
+        ) from exc
 
 
 async def load_view(store: Store, workflow_id: str) -> RunView:

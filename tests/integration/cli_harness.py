@@ -62,6 +62,7 @@ STORE_COMMANDS = frozenset(
         "dlq",
         "signal",
         "purge",
+        "quarantine",
     }
 )
 

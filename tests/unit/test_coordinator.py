@@ -11,7 +11,7 @@ import pytest
 
 from dagq import keys, state
 from dagq.coordinator import Coordinator, CoordinatorOptions
-from dagq.errors import LeaseHeld, StoreUnavailable
+from dagq.errors import LeaseHeld, LeaseLost, StoreUnavailable
 from dagq.messages import (
     RetryRequested,
     SubmitRequested,
@@ -350,8 +350,10 @@ async def test_a_coordinator_that_lost_its_lease_stops_writing(
     await submit(store, fan_out(1), workflow_id="w", clock=clock)
     coord.lease.lost = True
     before = store.documents.puts["states"]
-    assert await coord.advance("w", [SubmitRequested(workflow_id="w")]) is False
-    await coord.step()
+    with pytest.raises(LeaseLost):
+        await coord.advance("w", [SubmitRequested(workflow_id="w")])
+    with pytest.raises(LeaseLost):
+        await coord.step()
     assert store.documents.puts["states"] == before
     depth = await store.queues.depth(keys.COMPLETIONS_QUEUE)
     assert depth.visible + depth.invisible == 1  # the submit event is not acknowledged

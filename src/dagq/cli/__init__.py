@@ -134,11 +134,25 @@ def _exit(run: Callable[[], int]) -> NoReturn:
     type=click.FloatRange(0.1),
     help="Seconds between throughput/backlog log lines.",
 )
-def coordinator(*, store_url: str, break_lease: bool, log_interval: float) -> None:
+@click.option(
+    "--lease-ttl",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(1.0),
+    help="Seconds the coordinator lease lasts unless renewed (renewed every third of it); "
+    "a coordinator that cannot renew stops before it expires.",
+)
+def coordinator(
+    *, store_url: str, break_lease: bool, log_interval: float, lease_ttl: float
+) -> None:
     """Advance every workflow of the store until stopped (SIGTERM/SIGINT: graceful)."""
     from dagq.cli.serve import run_coordinator
 
-    _exit(lambda: run_coordinator(store_url, break_lease=break_lease, log_interval_s=log_interval))
+    _exit(
+        lambda: run_coordinator(
+            store_url, break_lease=break_lease, log_interval_s=log_interval, lease_ttl_s=lease_ttl
+        )
+    )
 
 
 @main.command()
@@ -400,6 +414,31 @@ def purge(
     from dagq.cli.admin import run_purge
 
     _exit(lambda: run_purge(store_url, workflow_id, older_than_days=older_than, force=force))
+
+
+@main.group(name="quarantine")
+def quarantine_group() -> None:
+    """Workflows the coordinator set aside after their work failed: list, release."""
+
+
+@quarantine_group.command("list")
+@store_option
+@json_option
+def quarantine_list(*, store_url: str, as_json: bool) -> None:
+    """Quarantined workflows: since when, at which step, why, how many events are kept."""
+    from dagq.cli.quarantine import run_list
+
+    _exit(lambda: run_list(store_url, as_json=as_json))
+
+
+@quarantine_group.command("release")
+@click.argument("workflow_id")
+@store_option
+def quarantine_release(*, workflow_id: str, store_url: str) -> None:
+    """Let the coordinator try WORKFLOW_ID again, once the cause is fixed."""
+    from dagq.cli.quarantine import run_release
+
+    _exit(lambda: run_release(store_url, workflow_id))
 
 
 @main.group()

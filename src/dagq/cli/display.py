@@ -30,6 +30,7 @@ STYLES = {
     "upstream_failed": "red",
     "cancelled": "bright_black",
     "cancelling": "yellow",
+    "quarantined": "bold white on red",
 }
 ORDER = [s.label for s in TaskStatus]
 MAX_ROWS = 40

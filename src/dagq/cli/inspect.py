@@ -87,6 +87,14 @@ def status_view(status: WorkflowStatus, now: float) -> Group:
                 style="bold white on red",
             )
         )
+    if status.quarantined:
+        parts.append(
+            Text(
+                f"⚠ quarantined: the coordinator set this run aside (other runs go on); "
+                f"fix the cause, then: dagq quarantine release {status.id}",
+                style="bold white on red",
+            )
+        )
     if status.error:
         parts.append(Text(f"error: {status.error}", style="red"))
     if status.failed:
@@ -116,7 +124,7 @@ def run_status(store_url: str, workflow_id: str, *, watch: bool, as_json: bool) 
             _show(status, as_json)
         else:
             with Live(status_view(status, time.time()), console=out, refresh_per_second=4) as live:
-                while not status.terminal:
+                while not (status.terminal or status.quarantined):
                     await asyncio.sleep(0.5)
                     status = await client.status(workflow_id)
                     live.update(status_view(status, time.time()))
@@ -154,7 +162,7 @@ def run_list(
     for row in rows:
         done = sum(n for s, n in row.counts.items() if s not in ("pending", "ready", "running"))
         style = STYLES.get(row.status, "")
-        if row.status == "compensation_failed":
+        if row.status in ("compensation_failed", "quarantined"):
             style = "bold white on red"
         table.add_row(
             row.id,

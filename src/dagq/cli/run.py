@@ -10,7 +10,9 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
+from dagq import quarantine
 from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from dagq.cli.display import LiveProgress, print_summary
 from dagq.definition import WorkflowDef
@@ -18,7 +20,7 @@ from dagq.errors import DagqError
 from dagq.loading import load_file
 from dagq.local import LocalRunner
 from dagq.plan import parse_param
-from dagq.state import WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
+from dagq.state import QUARANTINED, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
 from dagq.stores import open_store
 from dagq.stores.base import Store
 from dagq.submission import request_cancel
@@ -91,6 +93,9 @@ async def _run(
         runner = LocalRunner(store, workers=workers, import_paths=import_paths)
         submitted = await runner.submit(definition, params=overrides, workflow_id=workflow_id)
         wid = submitted.workflow_id
+        held = await quarantine.read(store, wid)
+        if held is not None and held[0].released_at is None:
+            return _quarantined(console, wid, held[0].reason)
         first = await runner.current_state()
         if first.status in ("completed", "failed", "cancelled"):
             console.print(f"workflow {wid} already finished; its result:")
@@ -110,6 +115,8 @@ async def _run(
                     status = await runner.drive(progress.update)
         finally:
             interrupts.remove()
+        if status == QUARANTINED:
+            return _quarantined(console, wid, runner.quarantine_reason or "?")
         if interrupts.count:
             console.print("[yellow]cancelled by Ctrl-C[/]")
         code = await _summarize(console, store, wid, time.monotonic() - started)
@@ -122,6 +129,16 @@ async def _run(
         return code if status != "completed" else EXIT_OK
     finally:
         await store.close()
+
+
+def _quarantined(console: Console, workflow_id: str, reason: str) -> int:
+    console.print(f"[bold red]workflow {workflow_id} is quarantined:[/] {escape(reason)}")
+    console.print(
+        f"once the cause is fixed: dagq quarantine release {workflow_id} (its kept events "
+        f"are applied then); to drop it: dagq purge --force {workflow_id}",
+        highlight=False,
+    )
+    return EXIT_FAILED
 
 
 async def _note_others(console: Console, store: Store, workflow_id: str) -> None:

@@ -12,10 +12,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 from dagq import keys
-from dagq.coordinator import Coordinator
-from dagq.errors import DagqError, LeaseHeld
+from dagq.coordinator import Coordinator, CoordinatorOptions
+from dagq.errors import DagqError, LeaseHeld, LeaseLost
 from dagq.stores import open_store
 from dagq.stores.base import Store
+from dagq.supervision import BackgroundFailed, Supervisor
 from dagq.worker import TASK_THREAD_PREFIX, Worker, WorkerOptions
 
 log = logging.getLogger("dagq")
@@ -54,14 +55,24 @@ def _stopper(stop: asyncio.Event, sig: signal.Signals) -> Callable[[], None]:
     return handle
 
 
-def run_coordinator(store_url: str, *, break_lease: bool, log_interval_s: float) -> int:
-    """The body of ``dagq coordinator``; returns the exit code."""
+def run_coordinator(
+    store_url: str, *, break_lease: bool, log_interval_s: float, lease_ttl_s: float = 30.0
+) -> int:
+    """The body of ``dagq coordinator``; returns the exit code.
+
+    1 when another coordinator holds the lease, when the lease is lost (taken over, or
+    not renewed in time), or when the lease keeper died: the process never goes on
+    writing without it.
+    """
     setup_logging()
 
     async def body(stop: asyncio.Event) -> int:
         store = open_store(store_url)
-        coordinator = Coordinator(store)
-        reporter = asyncio.create_task(_report(coordinator, store, log_interval_s))
+        coordinator = Coordinator(store, CoordinatorOptions(lease_ttl_s=lease_ttl_s))
+        supervisor = Supervisor("coordinator")
+        supervisor.start(
+            "reporter", lambda: _report(coordinator, store, log_interval_s), restart=True
+        )
         try:
             await coordinator.run(stop, break_lease=break_lease)
         except LeaseHeld as held:
@@ -71,8 +82,11 @@ def run_coordinator(store_url: str, *, break_lease: bool, log_interval_s: float)
                 held,
             )
             return 1
+        except (LeaseLost, BackgroundFailed) as exc:
+            log.error("coordinator stopped: %s", exc)
+            return 1
         finally:
-            reporter.cancel()
+            await supervisor.close()
             await store.close()
         log.info("coordinator stopped; lease released")
         return 0

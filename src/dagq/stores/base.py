@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 import msgspec
 
+from dagq.errors import LeaseLost
+
 #: Largest message body any backend accepts. Azure Queue Storage caps a message at
 #: 64 KiB *after* base64 encoding, so 48 KiB of raw bytes is the portable limit;
 #: every backend enforces it so that code which works on one works on all.
@@ -320,7 +322,19 @@ class UpsertOp:
     row: IndexRow
 
 
-BatchOp = PutOp | DeleteOp | SendOp | AckOp | UpsertOp
+@dataclass(frozen=True, slots=True)
+class FenceOp:
+    """Commit the batch only while lease ``name`` is held with ``token``; else LeaseLost.
+
+    A store with transactions checks it inside the commit (sqlite), so a holder that
+    lost its lease can never write; elsewhere it is checked before the writes.
+    """
+
+    name: str
+    token: str
+
+
+BatchOp = PutOp | DeleteOp | SendOp | AckOp | UpsertOp | FenceOp
 #: Commits a list of operations; returns the etags of the puts, in order.
 Committer = Callable[[Sequence[BatchOp]], Awaitable[list[str]]]
 
@@ -368,6 +382,10 @@ class Batch:
         """Stage an index row."""
         self.ops.append(UpsertOp(row))
 
+    def fence(self, lease: Lease) -> None:
+        """Commit only while ``lease`` is still held (see :class:`FenceOp`)."""
+        self.ops.insert(0, FenceOp(lease.name, lease.token))
+
     async def commit(self) -> list[str]:
         """Apply the staged writes; the etags of the puts, in order."""
         ops, self.ops = self.ops, []
@@ -382,7 +400,11 @@ async def commit_in_order(store: Store, ops: Sequence[BatchOp]) -> list[str]:
     """Apply batch operations one by one through the primitives."""
     etags: list[str] = []
     for op in ops:
-        if isinstance(op, PutOp):
+        if isinstance(op, FenceOp):
+            held = await store.leases.get(op.name)
+            if held is None or held.token != op.token:
+                raise LeaseLost(f"lease {op.name!r} is no longer held; nothing was written")
+        elif isinstance(op, PutOp):
             etag = await store.documents.put(
                 op.key, op.data, if_match=op.if_match, if_none_match=op.if_none_match
             )

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dagq.errors import LeaseHeld, StoreUnavailable, ValidationError
+from dagq.errors import LeaseHeld, LeaseLost, StoreUnavailable, ValidationError
 from dagq.stores.base import (
     DEFAULT_MAX_DELIVERIES,
     AckOp,
@@ -32,6 +32,7 @@ from dagq.stores.base import (
     DeadLetter,
     DeleteOp,
     Document,
+    FenceOp,
     IndexPage,
     IndexRow,
     Lease,
@@ -345,6 +346,10 @@ def _apply(c: sqlite3.Connection, op: BatchOp, now: float, etags: list[str]) -> 
         c.executemany(_INSERT_MESSAGE, _message_rows(op, now))
     elif isinstance(op, AckOp):
         c.executemany(_DELETE_MESSAGE, [(op.queue, r) for r in op.receipts])
+    elif isinstance(op, FenceOp):
+        held = c.execute("SELECT token FROM leases WHERE name = ?", (op.name,)).fetchone()
+        if held is None or held[0] != op.token:
+            raise LeaseLost(f"lease {op.name!r} is no longer held; nothing was written")
     else:
         c.execute(_UPSERT_ROW, _row_args(op.row))
 

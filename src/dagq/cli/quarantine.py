@@ -1,0 +1,41 @@
+"""``dagq quarantine``: the workflows the coordinator set aside, and releasing them."""
+
+from __future__ import annotations
+
+from rich.table import Column, Table
+
+from dagq.cli.display import first_line
+from dagq.cli.inspect import EXIT_OK, console, print_json, when, with_client
+
+
+def run_list(store_url: str, *, as_json: bool) -> int:
+    """``dagq quarantine list``: why each one was set aside, since when, what it keeps."""
+    found = with_client(store_url, lambda c: c.quarantined())
+    if as_json:
+        print_json(found)
+        return EXIT_OK
+    if not found:
+        console().print("no quarantined workflows")
+        return EXIT_OK
+    table = Table(Column("id", no_wrap=True), "since", "step", "kept events", "reason")
+    for item in found:
+        table.add_row(
+            item.id,
+            when(item.since),
+            item.step + (" (released)" if item.released else ""),
+            str(item.kept_events),
+            first_line(item.reason, 200),
+        )
+    console().print(table)
+    return EXIT_OK
+
+
+def run_release(store_url: str, workflow_id: str) -> int:
+    """``dagq quarantine release ID``: the coordinator tries the workflow again."""
+    released = with_client(store_url, lambda c: c.release(workflow_id))
+    console().print(
+        f"released {workflow_id}: the coordinator loads it again and applies its "
+        f"{released.kept_events} kept event(s) first; if it fails again it is quarantined "
+        "again (see dagq status)"
+    )
+    return EXIT_OK
