@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 from dagq import keys, snapshots
 from dagq.errors import ConflictError, DagqError, DamagedData, StoreUnavailable
@@ -34,6 +36,11 @@ MAX_DELTAS = 32
 MOST_DELTAS = 2 * MAX_DELTAS
 #: How often a reader re-reads the header when a part it names vanished meanwhile.
 READ_ATTEMPTS = 5
+#: States over this many bytes (or over INLINE_TASKS tasks) are decoded in a thread.
+OFF_LOOP_BYTES = 256 * 1024
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -126,8 +133,12 @@ async def read_state(store: Store, workflow_id: str, plan: Plan) -> tuple[RunSta
     )
 
 
-#: States over this many bytes (or over INLINE_TASKS tasks) are decoded in a thread.
-OFF_LOOP_BYTES = 256 * 1024
+async def off_loop(size: int, work: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``work(*args, **kwargs)`` — in a thread when its input (``size`` bytes) is large,
+    so decoding a big document never stalls the event loop."""
+    if size <= OFF_LOOP_BYTES:
+        return work(*args, **kwargs)
+    return await asyncio.to_thread(work, *args, **kwargs)
 
 
 async def _assembled(
