@@ -72,9 +72,10 @@ async def inproc(definition: WorkflowDef, count: int, workers: int, url: str) ->
     )
     stop = asyncio.Event()
     running = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(worker.run(stop))]
+    started = time.perf_counter()
+    runs = await _submit_all(store, definition, count)
+    # The run's loop lag: submitting (validating, compiling in the client) is not the run.
     async with LoopLag() as lag:
-        started = time.perf_counter()
-        runs = await _submit_all(store, definition, count)
         pending = {wid for wid, _ in runs}
         while pending:
             coordinator.changed.clear()
