@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 import threading
 import time
@@ -195,3 +196,15 @@ async def test_closing_the_store_ends_its_threads(tmp_path: Path) -> None:
     assert {t.name for t in set(threading.enumerate()) - before} >= {"dagq-sqlite-writer-0"}
     await store.close()
     assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("dagq-sqlite")]
+
+
+async def test_a_store_dropped_without_closing_ends_its_threads(tmp_path: Path) -> None:
+    before = set(threading.enumerate())
+    store = open_sqlite_store(tmp_path / "dagq.db")
+    await _every_primitive(store)
+    del store
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while [t for t in set(threading.enumerate()) - before if t.name.startswith("dagq-sqlite")]:
+        assert time.monotonic() < deadline, "the threads of a dropped store kept running"
+        await asyncio.sleep(0.01)

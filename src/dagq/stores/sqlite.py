@@ -18,6 +18,7 @@ import re
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import closing, contextmanager
@@ -236,7 +237,8 @@ class _Lane:
     ``call_soon_threadsafe``, cheaper than an executor's two futures. Threads start at
     the first hand-over and connect at their first job, so a store that is never read
     opens no reader connections; a connection that cannot be opened fails that job
-    and is tried again at the next.
+    and is tried again at the next. The threads hold the queue, not the lane: a store
+    dropped without being closed still ends them.
     """
 
     def __init__(self, connect: Callable[[], sqlite3.Connection], name: str, threads: int) -> None:
@@ -245,6 +247,7 @@ class _Lane:
         self._size = threads
         self._jobs: SimpleQueue[_Job | None] = SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self.stop = weakref.finalize(self, _stop, self._jobs, self._threads)
 
     def submit(self, work: Callable[[sqlite3.Connection], _T]) -> asyncio.Future[_T]:
         """Hand ``work`` over; the loop's future of its result."""
@@ -262,36 +265,52 @@ class _Lane:
     def _hand_over(self, job: _Job) -> None:
         if not self._threads:
             for n in range(self._size):
-                thread = threading.Thread(target=self._serve, name=f"{self._name}-{n}", daemon=True)
+                thread = threading.Thread(
+                    target=_serve,
+                    args=(self._jobs, self._connect),
+                    name=f"{self._name}-{n}",
+                    daemon=True,
+                )
                 self._threads.append(thread)
                 thread.start()
         self._jobs.put(job)
-
-    def stop(self) -> None:
-        """No more work: each thread finishes what it was handed, closes, and ends."""
-        for _ in self._threads:
-            self._jobs.put(None)
 
     def join(self) -> None:
         for thread in self._threads:
             thread.join()
 
-    def _serve(self) -> None:
-        conn: sqlite3.Connection | None = None
-        try:
-            while (job := self._jobs.get()) is not None:
-                work, future, loop = job
-                try:
-                    if conn is None:
-                        conn = self._connect()
-                    result = work(conn)
-                except BaseException as exc:
-                    _settle(future, loop, None, exc)
-                else:
-                    _settle(future, loop, result, None)
-        finally:
-            if conn is not None:
-                conn.close()
+
+def _stop(jobs: SimpleQueue[_Job | None], threads: list[threading.Thread]) -> None:
+    """No more work: each thread finishes what it was handed, closes, and ends."""
+    for _ in threads:
+        jobs.put(None)
+
+
+def _serve(jobs: SimpleQueue[_Job | None], connect: Callable[[], sqlite3.Connection]) -> None:
+    conn: sqlite3.Connection | None = None
+    try:
+        while (job := jobs.get()) is not None:
+            conn = _run(job, conn, connect)
+            del job  # hold nothing (a result, a loop) while waiting for the next
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+def _run(
+    job: _Job, conn: sqlite3.Connection | None, connect: Callable[[], sqlite3.Connection]
+) -> sqlite3.Connection | None:
+    """Run one job and send its result back; the connection, opened if need be."""
+    work, future, loop = job
+    try:
+        if conn is None:
+            conn = connect()
+        result = work(conn)
+    except BaseException as exc:
+        _settle(future, loop, None, exc)
+    else:
+        _settle(future, loop, result, None)
+    return conn
 
 
 def _settle(
