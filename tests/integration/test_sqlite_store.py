@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import sqlite3
 import threading
 import time
@@ -208,3 +209,24 @@ async def test_a_store_dropped_without_closing_ends_its_threads(tmp_path: Path) 
     while [t for t in set(threading.enumerate()) - before if t.name.startswith("dagq-sqlite")]:
         assert time.monotonic() < deadline, "the threads of a dropped store kept running"
         await asyncio.sleep(0.01)
+
+
+def test_a_forked_child_uses_the_store_with_threads_of_its_own(tmp_path: Path) -> None:
+    store = open_sqlite_store(tmp_path / "dagq.db")
+    asyncio.run(_every_primitive(store))  # the parent's threads are running
+
+    async def read_in_child() -> bool:
+        found = await asyncio.wait_for(store.documents.get("other"), 10)
+        await asyncio.wait_for(store.documents.put("child", b"z"), 10)
+        return found is not None and found.data == b"y"
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        try:
+            os._exit(0 if asyncio.run(read_in_child()) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert asyncio.run(store.documents.get("child")) is not None
+    asyncio.run(store.close())

@@ -245,6 +245,7 @@ class _Lane:
         self._connect = connect
         self._name = name
         self._size = threads
+        self._pid = 0
         self._jobs: SimpleQueue[_Job | None] = SimpleQueue()
         self._threads: list[threading.Thread] = []
         self.stop = weakref.finalize(self, _stop, self._jobs, self._threads)
@@ -263,17 +264,22 @@ class _Lane:
         return future.result()
 
     def _hand_over(self, job: _Job) -> None:
-        if not self._threads:
-            for n in range(self._size):
-                thread = threading.Thread(
-                    target=_serve,
-                    args=(self._jobs, self._connect),
-                    name=f"{self._name}-{n}",
-                    daemon=True,
-                )
-                self._threads.append(thread)
-                thread.start()
+        if self._pid != os.getpid():  # the first job, or in a forked child (no threads there)
+            self._start()
         self._jobs.put(job)
+
+    def _start(self) -> None:
+        if self._pid:  # forked: neither the parent's threads nor its connections are ours
+            self._jobs, self._threads = SimpleQueue(), []
+            self.stop = weakref.finalize(self, _stop, self._jobs, self._threads)
+        self._pid = os.getpid()
+        for n in range(self._size):
+            thread = threading.Thread(
+                target=_serve, args=(self._jobs, self._connect), name=f"{self._name}-{n}"
+            )
+            thread.daemon = True
+            self._threads.append(thread)
+            thread.start()
 
     def join(self) -> None:
         for thread in self._threads:
