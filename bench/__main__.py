@@ -58,6 +58,8 @@ def median_of(results: list[dict[str, Any]]) -> dict[str, Any]:
         "step_p95_ms",
         "ops_per_task",
         "state_bytes",
+        "loop_lag_max_ms",
+        "loop_lag_p99_ms",
     ):
         values = [r[key] for r in results if key in r]
         if values:
@@ -121,10 +123,16 @@ def _table(summaries: list[dict[str, Any]], runs: int) -> None:
         "state KB",
         "ops/task",
         "tx/task",
+        "lag max/p99 ms",
     ):
         table.add_column(column, justify="right" if column not in ("workload", "mode") else "left")
     for s in summaries:
         step = f"{s['step_p50_ms']:.2f}/{s['step_p95_ms']:.2f}" if "step_p50_ms" in s else "-"
+        lag = (
+            f"{s['loop_lag_max_ms']:.1f}/{s['loop_lag_p99_ms']:.1f}"
+            if "loop_lag_max_ms" in s
+            else "-"
+        )
         rss = "/".join(f"{v:.0f}" for v in s["peak_rss_mb"].values())
         table.add_row(
             s["workload"],
@@ -139,6 +147,7 @@ def _table(summaries: list[dict[str, Any]], runs: int) -> None:
             f"{s['state_bytes'] / 1024:.1f}",
             str(s.get("ops_per_task", "-")),
             str(s.get("transactions_per_task", "-")),
+            lag,
         )
     console = Console(width=max(Console().width, 130))
     console.print(table)

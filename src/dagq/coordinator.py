@@ -45,7 +45,7 @@ from dagq.messages import (
     TaskStarted,
     decode_events,
 )
-from dagq.persistence import Staged, read_state, stage_state
+from dagq.persistence import Staged, off_loop, read_state, stage_state
 from dagq.persistence import settle as settle_state
 from dagq.plan import Plan, compile_plan
 from dagq.state import (
@@ -708,10 +708,11 @@ class Coordinator:
             replay = quarantine.kept_events(record)
         if definition is None:
             return None
-        submitted = msgspec.json.decode(definition.data, type=Submitted)
+        size = len(definition.data)  # a large one is decoded and compiled off the loop
+        submitted = await off_loop(size, msgspec.json.decode, definition.data, type=Submitted)
         plan = self._plans.get(submitted.fingerprint)
         if plan is None:
-            plan = compile_plan(submitted.definition, submitted.params)
+            plan = await off_loop(size, compile_plan, submitted.definition, submitted.params)
             self.remember_plan(submitted.fingerprint, plan)
         found = await read_state(self.store, workflow_id, plan)
         if found is None:

@@ -4,6 +4,13 @@ The header at ``states/{id}`` is the commit point, written under compare-and-swa
 Small workflows keep their task columns inline; large ones write a delta per flush
 beside a base snapshot and fold the deltas into a new base from time to time, so the
 cost of a flush follows what changed, not the size of the workflow.
+
+Readers never see a half-deleted state: a fold deletes only the parts that neither the
+new header nor the one before it names, so a reader that read the previous header
+still finds every part it names; a reader slower than two folds finds a part missing,
+re-reads the header and follows the new one. A new base is encoded in a thread while
+flushes go on writing deltas (the first flush after it is ready stages it), and a
+large state is decoded in a thread: big documents never stall the event loop.
 """
 
 from __future__ import annotations
@@ -11,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 from dagq import keys, snapshots
-from dagq.errors import DagqError, StoreError
+from dagq.errors import ConflictError, DagqError, DamagedData, StoreUnavailable
 from dagq.plan import Plan
 from dagq.state import RunState
 from dagq.stores.base import Batch, Store
@@ -23,6 +32,25 @@ from dagq.stores.base import Batch, Store
 INLINE_TASKS = 2048
 #: Fold deltas into a new base after this many, or once they outweigh the base.
 MAX_DELTAS = 32
+#: While a new base is being encoded deltas go on; at this many the flush folds itself.
+MOST_DELTAS = 2 * MAX_DELTAS
+#: How often a reader re-reads the header when a part it names vanished meanwhile.
+READ_ATTEMPTS = 5
+#: States over this many bytes (or over INLINE_TASKS tasks) are decoded in a thread.
+OFF_LOOP_BYTES = 256 * 1024
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+@dataclass(slots=True)
+class Folding:
+    """A new base being encoded in a thread, from the state as of ``upto`` deltas."""
+
+    key: str
+    upto: int
+    upto_bytes: int
+    data: asyncio.Future[bytes]
 
 
 @dataclass(slots=True)
@@ -34,35 +62,101 @@ class Stored:
     deltas: list[str] = field(default_factory=list)
     base_bytes: int = 0
     delta_bytes: int = 0
+    #: A new base on its way (staged by the first flush after it is ready), or None.
+    folding: Folding | None = None
+
+    def parts(self) -> set[str]:
+        """The parts this version's header names."""
+        return {self.base, *self.deltas} if self.base else set(self.deltas)
+
+
+def _large(state: RunState) -> bool:
+    return state.n_tasks + sum(g.n for g in state.groups.values()) > INLINE_TASKS
 
 
 async def create_state(store: Store, state: RunState) -> str:
-    """Store a new workflow's initial state (create-only); ConflictError if it exists."""
-    data = snapshots.encode(state)
-    return await store.documents.put(keys.state(state.workflow_id), data, if_none_match=True)
+    """Store a new workflow's initial state (create-only); ConflictError if it exists.
+
+    A large workflow starts with a base (encoded in a thread), so no flush ever has
+    to encode its whole state on the event loop.
+    """
+    workflow_id = state.workflow_id
+    if not _large(state):
+        data = snapshots.encode(state)
+        return await store.documents.put(keys.state(workflow_id), data, if_none_match=True)
+    tasks = await asyncio.to_thread(snapshots.encode_tasks, state)  # nobody else has it yet
+    base = keys.state_part(workflow_id, f"base-{_token()}")
+    await store.documents.put(base, tasks)
+    head = snapshots.header(state, base=base, base_bytes=len(tasks))
+    try:
+        return await store.documents.put(
+            keys.state(workflow_id), snapshots.encode_header(head), if_none_match=True
+        )
+    except ConflictError:
+        with contextlib.suppress(DagqError):
+            await store.documents.delete(base)
+        raise
 
 
 async def read_state(store: Store, workflow_id: str, plan: Plan) -> tuple[RunState, Stored] | None:
-    """The working state and where it lives, or None if the workflow has no state."""
-    doc = await store.documents.get(keys.state(workflow_id))
-    if doc is None:
-        return None
-    head = snapshots.decode_header(doc.data)
-    state = snapshots.empty_state(head)
-    if head.inline is not None:
-        snapshots.load_tasks(state, head.inline)
-    else:
+    """The working state and where it lives, or None if the workflow has no state.
+
+    A part missing under a header that has since moved on was folded away while this
+    read ran: the new header is followed. One missing under the current header is
+    damage (:class:`~dagq.errors.DamagedData`).
+    """
+    seen: str | None = None
+    missing = ""
+    for _ in range(READ_ATTEMPTS):
+        doc = await store.documents.get(keys.state(workflow_id))
+        if doc is None:
+            return None
+        if doc.etag == seen:
+            raise DamagedData(f"the state of {workflow_id} is damaged: {missing} is missing")
+        seen = doc.etag
+        head = snapshots.decode_header(doc.data)
+        if head.inline is not None:
+            state = await _assembled(head, head.inline, [], plan, len(doc.data))
+            return state, Stored(doc.etag)
         names = [head.base or "", *head.deltas]
         parts = await asyncio.gather(*(store.documents.get(name) for name in names))
-        for name, part in zip(names, parts, strict=True):
-            if part is None:
-                raise StoreError(f"the state of {workflow_id} is damaged: {name} is missing")
-        snapshots.load_tasks(state, parts[0].data)  # type: ignore[union-attr]
-        for part in parts[1:]:
-            snapshots.apply_delta(state, part.data)  # type: ignore[union-attr]
+        missing = next((n for n, p in zip(names, parts, strict=True) if p is None), "")
+        if not missing:
+            datas = [p.data for p in parts if p is not None]
+            state = await _assembled(head, datas[0], datas[1:], plan, sum(map(len, datas)))
+            stored = Stored(
+                doc.etag, head.base, list(head.deltas), head.base_bytes, head.delta_bytes
+            )
+            return state, stored
+    raise StoreUnavailable(
+        f"the state of {workflow_id} changed {READ_ATTEMPTS} times while being read; try again"
+    )
+
+
+async def off_loop(size: int, work: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``work(*args, **kwargs)`` — in a thread when its input (``size`` bytes) is large,
+    so decoding a big document never stalls the event loop."""
+    if size <= OFF_LOOP_BYTES:
+        return work(*args, **kwargs)
+    return await asyncio.to_thread(work, *args, **kwargs)
+
+
+async def _assembled(
+    head: snapshots.Header, base: bytes, deltas: list[bytes], plan: Plan, size: int
+) -> RunState:
+    """The state a header, its base and deltas make; a large one is decoded in a thread."""
+    if head.n_tasks <= INLINE_TASKS and size <= OFF_LOOP_BYTES:
+        return _assemble(head, base, deltas, plan)
+    return await asyncio.to_thread(_assemble, head, base, deltas, plan)
+
+
+def _assemble(head: snapshots.Header, base: bytes, deltas: list[bytes], plan: Plan) -> RunState:
+    state = snapshots.empty_state(head)
+    snapshots.load_tasks(state, base)
+    for delta in deltas:
+        snapshots.apply_delta(state, delta)
     state.rebuild(plan)
-    stored = Stored(doc.etag, head.base, list(head.deltas), head.base_bytes, head.delta_bytes)
-    return state, stored
+    return state
 
 
 @dataclass(slots=True)
@@ -71,49 +165,72 @@ class Staged:
 
     stored: Stored
     slot: int
-    previous_base: str | None
+    previous: Stored
 
 
 def stage_state(batch: Batch, state: RunState, stored: Stored) -> Staged:
     """Stage the writes of ``state`` over the version ``stored`` names (header last)."""
     workflow_id = state.workflow_id
-    if state.n_tasks + sum(g.n for g in state.groups.values()) <= INLINE_TASKS:
+    if not _large(state):
         head = snapshots.header(state, inline=snapshots.encode_tasks(state))
         written = Stored("")
-    elif _compact(stored):
+    elif stored.base is None or len(stored.deltas) >= MOST_DELTAS:
+        # No base yet (a state stored inline grew), or folding lags far behind: fold here.
         data = snapshots.encode_tasks(state)
         base = keys.state_part(workflow_id, f"base-{_token()}")
         batch.put(base, data)
         head = snapshots.header(state, base=base, base_bytes=len(data))
         written = Stored("", base, [], len(data), 0)
     else:
-        deltas = list(stored.deltas)
-        size = stored.delta_bytes
+        written = _with_folded(batch, stored)
         if state.changed or state.changed_groups or state.changed_items:
             data = snapshots.encode_delta(
                 state, state.changed, state.changed_groups, state.changed_items
             )
-            deltas.append(keys.state_part(workflow_id, f"delta-{len(deltas) + 1:04d}-{_token()}"))
-            batch.put(deltas[-1], data)
-            size += len(data)
+            n = len(written.deltas) + 1
+            written.deltas.append(keys.state_part(workflow_id, f"delta-{n:04d}-{_token()}"))
+            batch.put(written.deltas[-1], data)
+            written.delta_bytes += len(data)
         head = snapshots.header(
-            state, base=stored.base, deltas=deltas, base_bytes=stored.base_bytes, delta_bytes=size
+            state,
+            base=written.base,
+            deltas=written.deltas,
+            base_bytes=written.base_bytes,
+            delta_bytes=written.delta_bytes,
         )
-        written = Stored("", stored.base, deltas, stored.base_bytes, size)
     slot = batch.put(keys.state(workflow_id), snapshots.encode_header(head), if_match=stored.etag)
-    return Staged(written, slot, stored.base)
+    return Staged(written, slot, stored)
+
+
+def _with_folded(batch: Batch, stored: Stored) -> Stored:
+    """Where the next version lives: over a new base if one is ready (staged here)."""
+    folding = stored.folding
+    if folding is None or not folding.data.done():
+        return Stored(
+            "", stored.base, list(stored.deltas), stored.base_bytes, stored.delta_bytes, folding
+        )
+    if folding.data.cancelled() or folding.data.exception() is not None:
+        return Stored("", stored.base, list(stored.deltas), stored.base_bytes, stored.delta_bytes)
+    data = folding.data.result()
+    batch.put(folding.key, data)
+    deltas = stored.deltas[folding.upto :]
+    return Stored("", folding.key, deltas, len(data), stored.delta_bytes - folding.upto_bytes)
 
 
 async def settle(store: Store, state: RunState, staged: Staged, etags: list[str]) -> Stored:
-    """After the batch committed: the new version, and old parts cleaned up."""
-    staged.stored.etag = etags[staged.slot]
+    """After the batch committed: the new version; old parts cleaned up, a fold begun."""
+    written = staged.stored
+    written.etag = etags[staged.slot]
     state.changed.clear()
     state.changed_groups.clear()
     state.changed_items.clear()
-    if staged.stored.base != staged.previous_base:
-        keep = {staged.stored.base} if staged.stored.base else set()
-        await _forget(store, state.workflow_id, keep=keep)
-    return staged.stored
+    previous = staged.previous
+    if written.base != previous.base:
+        # Readers may still follow the previous header: keep what it names too.
+        await _forget(store, state.workflow_id, keep=written.parts() | previous.parts())
+    if written.base is not None and written.folding is None and _compact(written):
+        written.folding = _fold(state, written)
+    return written
 
 
 async def write_state(store: Store, state: RunState, stored: Stored) -> Stored:
@@ -124,11 +241,22 @@ async def write_state(store: Store, state: RunState, stored: Stored) -> Stored:
 
 
 def _compact(stored: Stored) -> bool:
-    return (
-        stored.base is None
-        or len(stored.deltas) >= MAX_DELTAS
-        or stored.delta_bytes > stored.base_bytes
-    )
+    return len(stored.deltas) >= MAX_DELTAS or stored.delta_bytes > stored.base_bytes
+
+
+def _fold(state: RunState, written: Stored) -> Folding:
+    """Begin encoding a new base, in a thread, from ``state`` as just committed."""
+    columns = snapshots.copy_tasks(state)  # the state moves on; the copy does not
+    data = asyncio.get_running_loop().run_in_executor(None, snapshots.encode_copy, columns)
+    data.add_done_callback(_retrieve)
+    key = keys.state_part(state.workflow_id, f"base-{_token()}")
+    return Folding(key, len(written.deltas), written.delta_bytes, data)
+
+
+def _retrieve(future: asyncio.Future[bytes]) -> None:
+    """A fold that failed is simply begun again later; its error is not news."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _token() -> str:
@@ -136,8 +264,12 @@ def _token() -> str:
 
 
 async def _forget(store: Store, workflow_id: str, *, keep: set[str]) -> None:
-    """Delete parts no header refers to (superseded, or left by a lost race); best effort."""
+    """Delete parts no kept header refers to (older folds, left by a lost race), in one
+    batch; best effort."""
     with contextlib.suppress(DagqError):
-        for name in await store.documents.list(keys.state_parts_prefix(workflow_id)):
+        names = await store.documents.list(keys.state_parts_prefix(workflow_id))
+        batch = store.batch()
+        for name in names:
             if name not in keep:
-                await store.documents.delete(name)
+                batch.delete(name)
+        await batch.commit()

@@ -254,15 +254,24 @@ def empty_state(head: Header) -> RunState:
 
 def encode_tasks(state: RunState) -> bytes:
     """Every task column, compressed."""
-    columns = _Tasks(
+    return encode_copy(copy_tasks(state))
+
+
+def copy_tasks(state: RunState) -> _Tasks:
+    """The task columns, copied: another thread may encode them while ``state`` moves on."""
+    return _Tasks(
         task_status=bytes(state.task_status),
-        attempt=state.attempt,
+        attempt=list(state.attempt),
         dispatched_at=_pack(state.dispatched_at),
         started_at=_pack(state.started_at),
         task_finished_at=_pack(state.task_finished_at),
-        sparse=_Sparse(*(getattr(state, name) for name in _SPARSE)),
+        sparse=_Sparse(*(dict(getattr(state, name)) for name in _SPARSE)),
         groups={i: encode_group(g) for i, g in state.groups.items()},
     )
+
+
+def encode_copy(columns: _Tasks) -> bytes:
+    """The bytes of :func:`copy_tasks` columns (compression lets go of the GIL)."""
     return _compress(_encoder.encode(columns))
 
 

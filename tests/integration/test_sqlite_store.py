@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dagq.errors import StoreUnavailable, ValidationError
-from dagq.stores.base import OutgoingMessage
+from dagq.stores.base import OutgoingMessage, Store
 from dagq.stores.sqlite import open_sqlite_store, path_from_url
 
 
@@ -104,3 +108,125 @@ def test_sqlite_urls_with_three_slashes_are_relative_and_with_four_absolute() ->
 def test_a_malformed_sqlite_url_is_rejected(url: str) -> None:
     with pytest.raises(ValidationError, match="sqlite:///"):
         path_from_url(url)
+
+
+# --- off the event loop -----------------------------------------------------------------
+
+
+async def _every_primitive(store: Store) -> None:
+    await store.documents.put("doc", b"x" * 100_000)
+    await store.documents.get("doc")
+    await store.documents.list("d")
+    await store.queues.send("q", [OutgoingMessage(body=b"m")])
+    [message] = await store.queues.receive("q", max_messages=1, visibility_timeout_s=30)
+    receipt = await store.queues.extend("q", message.receipt, 30)
+    await store.queues.depth("q")
+    batch = store.batch()
+    batch.put("other", b"y")
+    batch.ack("q", [receipt])
+    await batch.commit()
+    await store.index.query(limit=10)
+    lease = await store.leases.acquire("lease", "me", 30)
+    await store.leases.renew(lease, 30)
+    await store.leases.get("lease")
+
+
+async def test_no_statement_runs_on_the_event_loop_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: set[int] = set()
+    connect = sqlite3.connect
+
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(lambda _: threads.add(threading.get_ident()))
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", traced)
+    store = open_sqlite_store(tmp_path / "dagq.db")
+    await _every_primitive(store)
+    await store.close()
+    assert threads and threading.get_ident() not in threads
+
+
+async def test_a_run_of_store_calls_lets_other_tasks_run_between_them(tmp_path: Path) -> None:
+    store = open_sqlite_store(tmp_path / "dagq.db")
+    await store.documents.put("doc", b"x")
+    turns = 0
+
+    async def other_task() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(other_task())
+    await asyncio.sleep(0)
+    turns = 0
+    for _ in range(200):  # a sweep over many workflows, say
+        await store.documents.get("doc")
+        await store.index.get("wf")
+    ticking.cancel()
+    await store.close()
+    assert turns >= 200  # the loop went round between the calls
+
+
+async def test_a_write_waiting_for_another_process_lock_waits_off_the_loop(
+    tmp_path: Path,
+) -> None:
+    store = open_sqlite_store(tmp_path / "dagq.db")
+    holder = sqlite3.connect(tmp_path / "dagq.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    sending = asyncio.create_task(store.queues.send("q", [OutgoingMessage(body=b"m")]))
+    started = time.monotonic()
+    for _ in range(20):  # the loop keeps turning while the send waits for the lock
+        await asyncio.sleep(0.01)
+    assert not sending.done()
+    assert time.monotonic() - started < 5
+    holder.execute("COMMIT")
+    holder.close()
+    await asyncio.wait_for(sending, 10)
+    assert len(await store.queues.receive("q", max_messages=5, visibility_timeout_s=30)) == 1
+    await store.close()
+
+
+async def test_closing_the_store_ends_its_threads(tmp_path: Path) -> None:
+    before = set(threading.enumerate())
+    store = open_sqlite_store(tmp_path / "dagq.db")
+    await _every_primitive(store)
+    assert {t.name for t in set(threading.enumerate()) - before} >= {"dagq-sqlite-writer-0"}
+    await store.close()
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("dagq-sqlite")]
+
+
+async def test_a_store_dropped_without_closing_ends_its_threads(tmp_path: Path) -> None:
+    before = set(threading.enumerate())
+    store = open_sqlite_store(tmp_path / "dagq.db")
+    await _every_primitive(store)
+    del store
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while [t for t in set(threading.enumerate()) - before if t.name.startswith("dagq-sqlite")]:
+        assert time.monotonic() < deadline, "the threads of a dropped store kept running"
+        await asyncio.sleep(0.01)
+
+
+def test_a_forked_child_uses_the_store_with_threads_of_its_own(tmp_path: Path) -> None:
+    store = open_sqlite_store(tmp_path / "dagq.db")
+    asyncio.run(_every_primitive(store))  # the parent's threads are running
+
+    async def read_in_child() -> bool:
+        found = await asyncio.wait_for(store.documents.get("other"), 10)
+        await asyncio.wait_for(store.documents.put("child", b"z"), 10)
+        return found is not None and found.data == b"y"
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        try:
+            os._exit(0 if asyncio.run(read_in_child()) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert asyncio.run(store.documents.get("child")) is not None
+    asyncio.run(store.close())

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
 import msgspec
 import pytest
 
 from dagq import keys, persistence, snapshots
-from dagq.errors import ConflictError
+from dagq.errors import ConflictError, DamagedData
 from dagq.messages import SubmitRequested, TaskFinished
 from dagq.persistence import INLINE_TASKS, MAX_DELTAS, create_state, read_state, write_state
-from dagq.state import RunState
+from dagq.state import RunState, TaskStatus
 from dagq.stores.base import Store
+from dagq.stores.intercepting import intercepted
 from dagq.stores.memory import open_memory_store
+from dagq.stores.sqlite import open_sqlite_store
 from tests.helpers import Sim
 
 
@@ -54,15 +62,23 @@ async def test_small_workflow_state_is_one_document(store: Store) -> None:
     assert loaded.outputs == {0: {"n": 1}}
 
 
+async def flush(store: Store, sim: Sim, stored: persistence.Stored) -> persistence.Stored:
+    """A flush that comes after any fold begun has finished encoding (a slow coordinator)."""
+    if stored.folding is not None:
+        await stored.folding.data
+    return await write_state(store, sim.state, stored)
+
+
 async def test_large_workflow_writes_deltas_of_only_what_changed(store: Store) -> None:
     sim = wide(INLINE_TASKS + 500)
-    stored = persistence.Stored(await create_state(store, sim.state))
-    stored = await write_state(store, sim.state, stored)  # the first flush writes a base
+    await create_state(store, sim.state)  # a large state starts with a base
+    _, stored = await read_state(store, "wf-1", sim.plan)  # type: ignore[misc]
     assert stored.base is not None and stored.deltas == []
     finish(sim, "root")  # dispatches every task: a delta as large as the base...
     stored = await write_state(store, sim.state, stored)
-    stored = await write_state(store, sim.state, stored)  # ...so the next flush folds it in
-    assert stored.deltas == []
+    assert stored.folding is not None  # ...so a new base is being encoded, off the loop
+    stored = await flush(store, sim, stored)  # ...and the next flush stages it
+    assert stored.deltas == [] and stored.folding is None
     for i in range(3):
         finish(sim, f"t{i}", {"i": i})
         stored = await write_state(store, sim.state, stored)
@@ -78,27 +94,63 @@ async def test_large_workflow_writes_deltas_of_only_what_changed(store: Store) -
     assert list(loaded.dispatched_at) == list(sim.state.dispatched_at)
 
 
-async def test_deltas_are_folded_into_a_new_base_and_old_parts_deleted(store: Store) -> None:
+async def test_flushes_go_on_writing_deltas_while_a_new_base_is_encoded(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    encode = snapshots.encode_copy
+
+    def slow_encode(columns: Any) -> bytes:
+        release.wait(30)
+        return encode(columns)
+
     sim = wide(INLINE_TASKS + 10)
-    stored = await write_state(
-        store, sim.state, persistence.Stored(await create_state(store, sim.state))
-    )
-    first_base = stored.base
-    finish(sim, "root")
-    for i in range(MAX_DELTAS + 1):
+    await create_state(store, sim.state)
+    _, stored = await read_state(store, "wf-1", sim.plan)  # type: ignore[misc]
+    monkeypatch.setattr(snapshots, "encode_copy", slow_encode)
+    finish(sim, "root")  # a delta as large as the base: a fold begins
+    stored = await write_state(store, sim.state, stored)
+    folding = stored.folding
+    assert folding is not None and folding.upto == 1
+    for i in range(5):  # the encoding is slow: flushes are not held up by it
         finish(sim, f"t{i}")
         stored = await write_state(store, sim.state, stored)
-    assert stored.base != first_base
-    assert sorted(await parts(store)) == sorted([stored.base, *stored.deltas])
+    assert len(stored.deltas) == 6 and stored.folding is folding
+    release.set()
+    await folding.data
+    finish(sim, "t5")
+    stored = await write_state(store, sim.state, stored)
+    # The new base holds the first delta; the five written meanwhile and this one follow.
+    assert stored.base == folding.key and len(stored.deltas) == 6
+    loaded, _ = await read_state(store, "wf-1", sim.plan)  # type: ignore[misc]
+    assert bytes(loaded.task_status) == bytes(sim.state.task_status)
+    assert loaded.counts == sim.state.counts
+
+
+async def test_a_fold_keeps_the_previous_generation_and_deletes_older_ones(store: Store) -> None:
+    sim = wide(INLINE_TASKS + 10)
+    await create_state(store, sim.state)
+    _, stored = await read_state(store, "wf-1", sim.plan)  # type: ignore[misc]
+    finish(sim, "root")
+    generations = [stored.parts()]
+    for i in range(3 * MAX_DELTAS):
+        finish(sim, f"t{i}")
+        before = stored
+        stored = await flush(store, sim, stored)
+        if stored.base != before.base:
+            generations.append(stored.parts())
+            # Readers may follow the header before: everything it named is still there.
+            assert set(await parts(store)) == stored.parts() | before.parts()
+    assert len(generations) >= 3
+    assert not generations[0] & set(await parts(store))
     loaded, _ = await read_state(store, "wf-1", sim.plan)  # type: ignore[misc]
     assert loaded.counts == sim.state.counts
 
 
 async def test_a_stale_writer_conflicts_and_its_delta_is_cleaned_up_later(store: Store) -> None:
     sim = wide(INLINE_TASKS + 10)
-    stored = await write_state(
-        store, sim.state, persistence.Stored(await create_state(store, sim.state))
-    )
+    await create_state(store, sim.state)
+    _, stored = await read_state(store, "wf-1", sim.plan)  # type: ignore[misc]
     finish(sim, "root")
     await write_state(store, sim.state, stored)
     finish(sim, "t0")
@@ -109,7 +161,7 @@ async def test_a_stale_writer_conflicts_and_its_delta_is_cleaned_up_later(store:
     assert len(orphans) == 1
     for i in range(1, MAX_DELTAS + 2):
         finish(sim, f"t{i}")
-        current = await write_state(store, sim.state, current)
+        current = await flush(store, sim, current)
     assert not orphans & set(await parts(store))
 
 
@@ -124,3 +176,92 @@ def test_unconfirmed_dispatches_survive_the_header_and_older_headers_say_unknown
         snapshots.encode_header(snapshots.header(RunState("v", 3, 1.0)))
     )
     assert snapshots.empty_state(fresh).unconfirmed == set()
+
+
+# --- readers and folds ----------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield open_memory_store()
+        return
+    store = open_sqlite_store(tmp_path / "store.db")
+    yield store
+    await store.close()
+
+
+class PausedReader:
+    """A view of a store whose reader stops after the header, before the parts, until
+    released; it counts the header reads."""
+
+    def __init__(self, store: Store) -> None:
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+        self.header_reads = 0
+        self.store = intercepted(store, self._hook)
+
+    async def _hook(self, operation: str, args: tuple[Any, ...], call: Any) -> Any:
+        if operation == "documents.get" and args[0] == keys.state("wf-1"):
+            self.header_reads += 1
+        elif operation == "documents.get" and not self.reached.is_set():
+            self.reached.set()
+            await self.release.wait()
+        return await call()
+
+
+async def fold(store: Store, sim: Sim, stored: persistence.Stored) -> persistence.Stored:
+    """Flush until the state has a new base (the coordinator compacting once)."""
+    base = stored.base
+    for i in range(INLINE_TASKS):
+        if stored.base != base:
+            return stored
+        if sim.state.task_status[sim.index(f"t{i}")] != TaskStatus.COMPLETED:
+            finish(sim, f"t{i}")
+        stored = await flush(store, sim, stored)
+    raise AssertionError("no fold")
+
+
+async def started_large(store: Store) -> tuple[Sim, persistence.Stored]:
+    sim = wide(INLINE_TASKS + 10)
+    await create_state(store, sim.state)
+    _, stored = await read_state(store, "wf-1", sim.plan)  # type: ignore[misc]
+    finish(sim, "root")
+    return sim, await write_state(store, sim.state, stored)
+
+
+async def test_a_reader_of_the_header_before_a_fold_still_finds_its_parts(
+    any_store: Store,
+) -> None:
+    sim, stored = await started_large(any_store)
+    reader = PausedReader(any_store)
+    reading = asyncio.create_task(read_state(reader.store, "wf-1", sim.plan))
+    await asyncio.wait_for(reader.reached.wait(), 10)  # the header read, the parts not yet
+    stored = await fold(any_store, sim, stored)
+    reader.release.set()
+    found = await asyncio.wait_for(reading, 10)
+    assert found is not None and reader.header_reads == 1  # no retry was needed
+
+
+async def test_a_reader_slower_than_two_folds_follows_the_new_header(any_store: Store) -> None:
+    sim, stored = await started_large(any_store)
+    reader = PausedReader(any_store)
+    reading = asyncio.create_task(read_state(reader.store, "wf-1", sim.plan))
+    await asyncio.wait_for(reader.reached.wait(), 10)
+    stored = await fold(any_store, sim, stored)
+    stored = await fold(any_store, sim, stored)
+    reader.release.set()
+    found = await asyncio.wait_for(reading, 10)
+    assert found is not None and reader.header_reads == 2
+    state, where = found
+    assert where.etag == stored.etag
+    assert bytes(state.task_status) == bytes(sim.state.task_status)
+    assert state.counts == sim.state.counts
+
+
+async def test_a_part_missing_under_the_current_header_is_damage(any_store: Store) -> None:
+    sim, stored = await started_large(any_store)
+    assert stored.base is not None
+    await any_store.documents.delete(stored.base)
+    with pytest.raises(DamagedData, match=r"state of wf-1 is damaged: .*base-.* is missing"):
+        await read_state(any_store, "wf-1", sim.plan)

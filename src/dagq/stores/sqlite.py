@@ -1,9 +1,10 @@
 """The sqlite backend: one file in WAL mode, shared safely by several processes.
 
-All SQL of a store runs on one thread that owns its connection; the async methods
-hand work to it with ``run_in_executor``. Operations of more than one statement run
-in ``BEGIN IMMEDIATE`` transactions, so processes never interleave them; a single
-statement is atomic on its own. Driver errors become
+No SQL runs on the event loop: writes go to one writer thread that owns its
+connection, reads to a small pool of reader threads (WAL lets them read beside the
+writer), and a statement that waits for another process's lock waits there. Operations
+of more than one statement run in ``BEGIN IMMEDIATE`` transactions, so processes
+never interleave them; a single statement is atomic on its own. Driver errors become
 :class:`~dagq.errors.StoreUnavailable` naming the file. The tables are in
 :mod:`dagq.stores.sqlite_schema`.
 """
@@ -11,16 +12,19 @@ statement is atomic on its own. Driver errors become
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Any, TypeVar
 
 from dagq.errors import LeaseHeld, LeaseLost, StoreUnavailable, ValidationError
@@ -72,6 +76,8 @@ _T = TypeVar("_T")
 
 #: How long a statement waits for another process's write lock before giving up.
 BUSY_TIMEOUT_S = 10.0
+#: Reader threads (and connections) per store: reads run beside the writer under WAL.
+READERS = 2
 
 # Sends from any store on the same file in this process wake that file's waiters.
 _WAKEUPS: dict[Path, Wakeups] = {}
@@ -169,43 +175,40 @@ def _immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 
 class _Database:
-    """Two connections: a quick one used inline, a patient one on its own thread.
+    """Every statement of a store runs off the event loop, in threads that own connections.
 
-    Most operations take tens of microseconds, less than handing them to a thread
-    costs, so they run inline on the caller's thread on a connection that never waits
-    for a lock. When another connection (another process, or our own patient one)
-    holds the write lock, that connection fails at once with nothing done, and the
-    operation is handed to the patient connection, whose thread waits for the lock so
-    the event loop never does.
+    Writes (and every operation of more than one statement) go to the one writer
+    thread, in the order they were handed over; reads go to a small pool of reader
+    threads, each with its own connection, which WAL lets run beside the writer. A
+    statement waiting for another process's write lock waits in its thread, so the
+    event loop never waits for the database: it hands work over and goes on.
     """
 
-    def __init__(self, path: Path, clock: Clock) -> None:
+    def __init__(self, path: Path, clock: Clock, *, readers: int = READERS) -> None:
         self.path = path
         self.clock = clock
         self._closed = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dagq-sqlite")
+        self._writer = _Lane(lambda: _connect(path), "dagq-sqlite-writer", threads=1)
         try:
-            self._conn = self._executor.submit(_connect, path).result()
-            self._quick = _connect_quick(path)
+            self._writer.call(_nothing)  # open errors surface at open, not at first use
         except BaseException:
-            self._executor.shutdown(wait=False)
+            self._writer.stop()
             raise
-        self._quick_thread = threading.get_ident()
+        self._readers = _Lane(lambda: _connect_reader(path), "dagq-sqlite-reader", readers)
 
-    async def run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+    async def write(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``work`` on the writer connection, in its thread."""
+        return await self._run(self._writer, work)
+
+    async def read(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``work`` (statements that only read) on a reader connection, in its thread."""
+        return await self._run(self._readers, work)
+
+    async def _run(self, lane: _Lane, work: Callable[[sqlite3.Connection], _T]) -> _T:
         if self._closed:
             raise StoreUnavailable(f"sqlite store {self.path} is closed")
-        if threading.get_ident() == self._quick_thread:
-            try:
-                return work(self._quick)
-            except sqlite3.OperationalError as exc:
-                if not _busy(exc):
-                    raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from exc
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from exc
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, work, self._conn)
+            return await lane.submit(work)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"sqlite store {self.path}: {exc}") from exc
 
@@ -213,26 +216,152 @@ class _Database:
         if self._closed:
             return
         self._closed = True
-        self._quick.close()
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._conn.close)
-        self._executor.shutdown(wait=True)
+        lanes = (self._readers, self._writer)
+        for lane in lanes:
+            lane.stop()
+        # Joining waits for work already handed over: in a thread, not on the loop.
+        await asyncio.get_running_loop().run_in_executor(None, _join, lanes)
 
 
-def _connect_quick(path: Path) -> sqlite3.Connection:
-    """The inline connection: it never waits for a lock (busy timeout 0)."""
+#: What a lane is handed: the work, and the future (of a loop, or of a blocking caller).
+_Job = tuple[
+    Callable[[sqlite3.Connection], Any],
+    "asyncio.Future[Any] | Future[Any]",
+    asyncio.AbstractEventLoop | None,
+]
+
+
+class _Lane:
+    """Threads, each owning one connection, that run work in the order it was handed over.
+
+    A hand-over is a queue put; the result comes back with one
+    ``call_soon_threadsafe``, cheaper than an executor's two futures. Threads start at
+    the first hand-over and connect at their first job, so a store that is never read
+    opens no reader connections; a connection that cannot be opened fails that job
+    and is tried again at the next. The threads hold the queue, not the lane: a store
+    dropped without being closed still ends them.
+    """
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection], name: str, threads: int) -> None:
+        self._connect = connect
+        self._name = name
+        self._size = threads
+        self._pid = 0
+        self._jobs: SimpleQueue[_Job | None] = SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self.stop = weakref.finalize(self, _stop, self._jobs, self._threads)
+
+    def submit(self, work: Callable[[sqlite3.Connection], _T]) -> asyncio.Future[_T]:
+        """Hand ``work`` over; the loop's future of its result."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+        self._hand_over((work, future, loop))
+        return future
+
+    def call(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``work`` and wait for it, blocking the caller (opening a store)."""
+        future: Future[_T] = Future()
+        self._hand_over((work, future, None))
+        return future.result()
+
+    def _hand_over(self, job: _Job) -> None:
+        if self._pid != os.getpid():  # the first job, or in a forked child (no threads there)
+            self._start()
+        self._jobs.put(job)
+
+    def _start(self) -> None:
+        if self._pid:  # forked: neither the parent's threads nor its connections are ours
+            self._jobs, self._threads = SimpleQueue(), []
+            self.stop = weakref.finalize(self, _stop, self._jobs, self._threads)
+        self._pid = os.getpid()
+        for n in range(self._size):
+            thread = threading.Thread(
+                target=_serve, args=(self._jobs, self._connect), name=f"{self._name}-{n}"
+            )
+            thread.daemon = True
+            self._threads.append(thread)
+            thread.start()
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join()
+
+
+def _stop(jobs: SimpleQueue[_Job | None], threads: list[threading.Thread]) -> None:
+    """No more work: each thread finishes what it was handed, closes, and ends."""
+    for _ in threads:
+        jobs.put(None)
+
+
+def _serve(jobs: SimpleQueue[_Job | None], connect: Callable[[], sqlite3.Connection]) -> None:
+    conn: sqlite3.Connection | None = None
     try:
-        conn = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA busy_timeout = 0")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.create_function("dead_letter_reason", 1, too_many_deliveries, deterministic=True)
-    except sqlite3.Error as exc:
-        raise StoreUnavailable(f"cannot open sqlite store {path}: {exc}") from exc
+        while (job := jobs.get()) is not None:
+            conn = _run(job, conn, connect)
+            del job  # hold nothing (a result, a loop) while waiting for the next
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+def _run(
+    job: _Job, conn: sqlite3.Connection | None, connect: Callable[[], sqlite3.Connection]
+) -> sqlite3.Connection | None:
+    """Run one job and send its result back; the connection, opened if need be."""
+    work, future, loop = job
+    try:
+        if conn is None:
+            conn = connect()
+        result = work(conn)
+    except BaseException as exc:
+        _settle(future, loop, None, exc)
+    else:
+        _settle(future, loop, result, None)
     return conn
 
 
-def _busy(exc: sqlite3.OperationalError) -> bool:
-    text = str(exc)
-    return "locked" in text or "busy" in text
+def _settle(
+    future: asyncio.Future[Any] | Future[Any],
+    loop: asyncio.AbstractEventLoop | None,
+    result: Any,
+    exc: BaseException | None,
+) -> None:
+    if loop is None:
+        _resolve(future, result, exc)
+        return
+    with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+        loop.call_soon_threadsafe(_resolve, future, result, exc)
+
+
+def _resolve(
+    future: asyncio.Future[Any] | Future[Any], result: Any, exc: BaseException | None
+) -> None:
+    if future.cancelled():
+        return
+    if exc is None:
+        future.set_result(result)
+    else:
+        future.set_exception(exc)
+
+
+def _nothing(_: sqlite3.Connection) -> None:
+    pass
+
+
+def _join(lanes: Sequence[_Lane]) -> None:
+    for lane in lanes:
+        lane.join()
+
+
+def _connect_reader(path: Path) -> sqlite3.Connection:
+    """A connection that only reads (the writer's open made the file and its tables)."""
+    try:
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        conn.execute("PRAGMA query_only = ON")
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"cannot open sqlite store {path}: {exc}") from exc
+    return conn
 
 
 class SqliteDocuments:
@@ -243,7 +372,7 @@ class SqliteDocuments:
 
     async def get(self, key: str) -> Document | None:
         sql = "SELECT data, etag FROM documents WHERE key = ?"
-        row = await self._db.run(lambda c: c.execute(sql, (key,)).fetchone())
+        row = await self._db.read(lambda c: c.execute(sql, (key,)).fetchone())
         return None if row is None else Document(row[0], row[1])
 
     async def put(
@@ -251,7 +380,7 @@ class SqliteDocuments:
     ) -> str:
         check_put(if_match, if_none_match)
         op = PutOp(key, data, if_match, if_none_match)
-        return await self._db.run(lambda c: _put(c, op))
+        return await self._db.write(lambda c: _put(c, op))
 
     async def delete(self, key: str, *, if_match: str | None = None) -> bool:
         def work(c: sqlite3.Connection) -> bool:
@@ -266,7 +395,7 @@ class SqliteDocuments:
                     raise conflict(key, if_match)
                 return False
 
-        return await self._db.run(work)
+        return await self._db.write(work)
 
     async def list(
         self, prefix: str, *, start_after: str | None = None, limit: int | None = None
@@ -286,7 +415,7 @@ class SqliteDocuments:
                     keys.append(key)
             return keys
 
-        return await self._db.run(work)
+        return await self._db.read(work)
 
 
 def _put(c: sqlite3.Connection, op: PutOp) -> str:
@@ -372,7 +501,7 @@ class _Committer:
                     _apply(c, op, now, etags)
             return etags
 
-        etags = await self._db.run(work)
+        etags = await self._db.write(work)
         for queue in {op.queue for op in ops if isinstance(op, SendOp)}:
             self._wakeups.notify(queue)
         return etags
@@ -423,7 +552,7 @@ class SqliteQueues:
             with _immediate(c):
                 c.executemany(_INSERT_MESSAGE, rows)
 
-        await self._db.run(work)
+        await self._db.write(work)
         if rows:
             self._wakeups.notify(queue)
 
@@ -447,7 +576,7 @@ class SqliteQueues:
                     )
                 return c.execute(_TAKE_VISIBLE, take).fetchall()
 
-        rows = sorted(await self._db.run(work))
+        rows = sorted(await self._db.write(work))
         return [Message(queue, row[1], row[2], row[3], row[4], row[5]) for row in rows]
 
     async def delete(self, queue: str, receipts: Sequence[str]) -> int:
@@ -457,14 +586,14 @@ class SqliteQueues:
                     c.execute(_DELETE_MESSAGE, (queue, receipt)).rowcount for receipt in receipts
                 )
 
-        return await self._db.run(work)
+        return await self._db.write(work)
 
     async def extend(self, queue: str, receipt: str, visibility_timeout_s: float) -> str:
         check_visibility(visibility_timeout_s)
         new_receipt = new_token()
         args = (self._db.clock() + visibility_timeout_s, new_receipt, queue, receipt)
         sql = "UPDATE messages SET visible_at = ?, receipt = ? WHERE queue = ? AND receipt = ?"
-        if await self._db.run(lambda c: c.execute(sql, args).rowcount) == 0:
+        if await self._db.write(lambda c: c.execute(sql, args).rowcount) == 0:
             raise stale_receipt(queue, receipt)
         return new_receipt
 
@@ -485,7 +614,7 @@ class SqliteQueues:
                         (queue, *row, reason, now),
                     )
 
-        await self._db.run(work)
+        await self._db.write(work)
 
     async def dead_letters(self, queue: str | None, *, limit: int = 100) -> list[DeadLetter]:
         check_limit(limit)
@@ -494,7 +623,7 @@ class SqliteQueues:
             "WHERE ? IS NULL OR queue = ? ORDER BY seq LIMIT ?"
         )
         args = (queue, queue, limit)
-        rows = await self._db.run(lambda c: c.execute(sql, args).fetchall())
+        rows = await self._db.read(lambda c: c.execute(sql, args).fetchall())
         return [
             DeadLetter(q, i, bytes(b), n, r, t, key=_dead_key(seq, t))
             for q, i, b, n, r, t, seq in rows
@@ -508,7 +637,7 @@ class SqliteQueues:
             "WHERE seq = ?"
         )
         seq = int(key.split("-", maxsplit=1)[0])
-        row = await self._db.run(lambda c: c.execute(sql, (seq,)).fetchone())
+        row = await self._db.read(lambda c: c.execute(sql, (seq,)).fetchone())
         if row is None or _dead_key(row[6], row[5]) != key:
             return None
         q, i, b, n, r, t, _ = row
@@ -531,7 +660,7 @@ class SqliteQueues:
                         gone += c.execute("DELETE FROM dead_letters WHERE seq = ?", (seq,)).rowcount
             return gone
 
-        return await self._db.run(work) if wanted else 0
+        return await self._db.write(work) if wanted else 0
 
     async def depth(self, queue: str) -> QueueDepth:
         now = self._db.clock()
@@ -539,7 +668,7 @@ class SqliteQueues:
             "SELECT count(*), coalesce(sum(visible_at <= ?), 0), min(enqueued_at) "
             "FROM messages WHERE queue = ?"
         )
-        total, visible, oldest = await self._db.run(
+        total, visible, oldest = await self._db.read(
             lambda c: c.execute(sql, (now, queue)).fetchone()
         )
         age = 0.0 if oldest is None else max(0.0, now - oldest)
@@ -557,11 +686,11 @@ class SqliteIndex:
 
     async def upsert(self, row: IndexRow) -> None:
         args = _row_args(row)
-        await self._db.run(lambda c: c.execute(_UPSERT_ROW, args))
+        await self._db.write(lambda c: c.execute(_UPSERT_ROW, args))
 
     async def get(self, workflow_id: str) -> IndexRow | None:
         sql = "SELECT row FROM index_rows WHERE id = ?"
-        found = await self._db.run(lambda c: c.execute(sql, (workflow_id,)).fetchone())
+        found = await self._db.read(lambda c: c.execute(sql, (workflow_id,)).fetchone())
         return None if found is None else decode_row(found[0])
 
     async def query(
@@ -577,7 +706,7 @@ class SqliteIndex:
         check_statuses(status)
         where, args = _index_filters(status, name, tenant, cursor)
         sql = f"SELECT row FROM index_rows {where} ORDER BY created_at DESC, id DESC LIMIT ?"
-        found = await self._db.run(lambda c: c.execute(sql, (*args, limit + 1)).fetchall())
+        found = await self._db.read(lambda c: c.execute(sql, (*args, limit + 1)).fetchall())
         rows = [decode_row(data) for (data,) in found]
         if len(rows) > limit:
             return IndexPage(rows[:limit], encode_cursor(rows[limit - 1]))
@@ -585,7 +714,7 @@ class SqliteIndex:
 
     async def delete(self, workflow_id: str) -> bool:
         sql = "DELETE FROM index_rows WHERE id = ?"
-        return await self._db.run(lambda c: c.execute(sql, (workflow_id,)).rowcount > 0)
+        return await self._db.write(lambda c: c.execute(sql, (workflow_id,)).rowcount > 0)
 
 
 def _index_filters(
@@ -631,7 +760,7 @@ class SqliteLeases:
                     (name, owner, lease.token, now, lease.expires_at),
                 )
 
-        await self._db.run(work)
+        await self._db.write(work)
         return lease
 
     async def renew(self, lease: Lease, ttl_s: float) -> Lease:
@@ -639,18 +768,19 @@ class SqliteLeases:
         expires_at = self._db.clock() + ttl_s
         sql = "UPDATE leases SET expires_at = ? WHERE name = ? AND token = ?"
         args = (expires_at, lease.name, lease.token)
-        if await self._db.run(lambda c: c.execute(sql, args).rowcount) == 0:
+        if await self._db.write(lambda c: c.execute(sql, args).rowcount) == 0:
             raise lease_lost(lease)
         return replace(lease, expires_at=expires_at)
 
     async def release(self, lease: Lease) -> None:
         sql = "DELETE FROM leases WHERE name = ? AND token = ?"
-        await self._db.run(lambda c: c.execute(sql, (lease.name, lease.token)))
+        await self._db.write(lambda c: c.execute(sql, (lease.name, lease.token)))
 
     async def get(self, name: str) -> Lease | None:
         sql = (
             "SELECT name, owner, token, acquired_at, expires_at FROM leases "
             "WHERE name = ? AND expires_at > ?"
         )
-        row = await self._db.run(lambda c: c.execute(sql, (name, self._db.clock())).fetchone())
+        now = self._db.clock()
+        row = await self._db.read(lambda c: c.execute(sql, (name, now)).fetchone())
         return None if row is None else Lease(*row)
