@@ -21,14 +21,15 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from dagq import keys, machine
+from dagq import keys, machine, payloads
 from dagq.dispatching import Outgoing, bundle, task_message
-from dagq.errors import ConflictError, DagqError, LeaseLost
+from dagq.errors import ConflictError, DagqError, DamagedData, LeaseLost
 from dagq.history import encode_chunk
 from dagq.leasing import LeaseKeeper
 from dagq.messages import (
     Event,
     RetryRequested,
+    SignalSent,
     SubmitRequested,
     TaskFinished,
     TaskStarted,
@@ -566,12 +567,22 @@ class Coordinator:
                 heapq.heappush(entry.deadlines, (due, i, st.attempt[i]))
 
     async def _resolve_refs(self, entry: Entry, events: list[Event]) -> None:
-        """Load outputs stored by reference that a condition is about to read."""
-        for e in events:
+        """Load outputs stored by reference that a condition is about to read, and
+        signal data sent by reference (replaced, in ``events``, by the data itself)."""
+        for k, e in enumerate(events):
             if isinstance(e, TaskFinished) and e.output_ref and _value_needed(entry.plan, e.task):
                 await self._resolve(entry.state, e.output_ref)
             elif isinstance(e, RetryRequested):
                 await self._resolve_all(entry)
+            elif isinstance(e, SignalSent) and e.data_ref is not None:
+                events[k] = await self._signal_data(e, e.data_ref)
+
+    async def _signal_data(self, event: SignalSent, ref: str) -> SignalSent:
+        doc = await self.store.documents.get(ref)
+        if doc is None:  # stored before the signal was sent: only damage removes it
+            raise DamagedData(f"the data of signal '{event.name}' ({ref}) is missing")
+        data = payloads.decode_json(doc.data, f"the data of signal '{event.name}'")
+        return msgspec.structs.replace(event, data=data, data_ref=None)
 
     async def _resolve_all(self, entry: Entry) -> None:
         for i, ref in list(entry.state.output_refs.items()):

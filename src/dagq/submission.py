@@ -20,9 +20,15 @@ from typing import Any
 
 import msgspec
 
-from dagq import keys, state
+from dagq import keys, payloads, state
 from dagq.definition import WorkflowDef
-from dagq.errors import ConflictError, UsageError, WorkflowExists, WorkflowNotFound
+from dagq.errors import (
+    ConflictError,
+    PayloadTooLarge,
+    UsageError,
+    WorkflowExists,
+    WorkflowNotFound,
+)
 from dagq.messages import (
     CancelRequested,
     RetryRequested,
@@ -30,10 +36,11 @@ from dagq.messages import (
     SubmitRequested,
     encode_events,
 )
+from dagq.payloads import echo
 from dagq.persistence import create_state
 from dagq.plan import Plan, compile_plan, resolve_params
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
-from dagq.validation import check_workflow_id
+from dagq.validation import check_values, check_workflow_id
 
 
 class Submitted(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,6 +88,7 @@ async def submit(
 ) -> SubmitResult:
     """Store a workflow and wake the coordinator; repeat-safe for the same id."""
     resolved = resolve_params(definition, params or {})
+    check_bounds(definition, resolved)
     plan = compile_plan(definition, resolved)
     workflow_id = check_workflow_id(workflow_id or new_workflow_id(definition.name))
     now = clock()
@@ -92,6 +100,12 @@ async def submit(
         fingerprint=fingerprint(definition, resolved),
         tenant=tenant,
     )
+    document = msgspec.json.encode(submitted)
+    if len(document) > payloads.MAX_DEFINITION_BYTES:
+        raise PayloadTooLarge(
+            f"the definition of '{echo(definition.name)}' with its params is {len(document)} "
+            f"bytes as JSON, over the limit of {payloads.MAX_DEFINITION_BYTES} bytes"
+        )
     existing = await load_submitted(store, workflow_id)
     if existing is not None:
         if existing.fingerprint != submitted.fingerprint:
@@ -106,9 +120,7 @@ async def submit(
         await store.index.upsert(_pending_row(submitted, plan))
     if created:
         try:
-            await store.documents.put(
-                keys.definition(workflow_id), msgspec.json.encode(submitted), if_none_match=True
-            )
+            await store.documents.put(keys.definition(workflow_id), document, if_none_match=True)
         except ConflictError:  # a concurrent submit of the same id won the race
             return await submit(
                 store, definition, params=params, workflow_id=workflow_id, tenant=tenant
@@ -121,6 +133,20 @@ async def submit(
         [OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))],
     )
     return SubmitResult(workflow_id, created, plan, submitted.fingerprint)
+
+
+def check_bounds(definition: WorkflowDef, params: Mapping[str, Any]) -> None:
+    """Refuse a definition or params over their hard bounds (:mod:`dagq.payloads`),
+    naming the value and the bound: before anything renders or stores them."""
+    check_values(definition)
+    total = 0
+    for name, value in params.items():
+        total += len(payloads.encode_json(value, f"param '{echo(name)}'"))
+    if total > payloads.MAX_PARAMS_BYTES:
+        raise PayloadTooLarge(
+            f"the params of '{echo(definition.name)}' total {total} bytes as JSON, over the "
+            f"limit of {payloads.MAX_PARAMS_BYTES} bytes; pass large data in a file instead"
+        )
 
 
 async def load_submitted(store: Store, workflow_id: str) -> Submitted | None:
@@ -164,8 +190,10 @@ async def request_signal(store: Store, workflow_id: str, name: str, data: Any = 
     """Send a signal to a workflow; kept until a task waits for it.
 
     Refused when no task of the workflow waits for that signal, or when every task that
-    does has already finished.
+    does has already finished, or when the data is over its bounds (see
+    :mod:`dagq.payloads`).
     """
+    encoded = check_signal_data(name, data)
     submitted = await require_submitted(store, workflow_id)
     signals = {t.wait_for.signal for t in submitted.definition.tasks if t.wait_for}
     if name not in signals:
@@ -174,8 +202,26 @@ async def request_signal(store: Store, workflow_id: str, name: str, data: Any = 
             f"no task of workflow '{workflow_id}' waits for signal '{name}' "
             f"(it waits for: {listed})"
         )
-    event = SignalSent(workflow_id=workflow_id, name=name, data=data)
+    event = await _signal_event(store, workflow_id, name, data, encoded)
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
+
+
+def check_signal_data(name: str, data: Any) -> bytes:
+    """Signal data as JSON, within the hard bounds (PayloadTooLarge naming it if not)."""
+    return payloads.encode_json(
+        data, f"the data of signal '{echo(name)}'", max_bytes=payloads.MAX_SIGNAL_BYTES
+    )
+
+
+async def _signal_event(
+    store: Store, workflow_id: str, name: str, data: Any, encoded: bytes
+) -> SignalSent:
+    """The signal event; data above the inline limit is stored first and referenced."""
+    if len(encoded) <= payloads.SIGNAL_INLINE_BYTES:
+        return SignalSent(workflow_id=workflow_id, name=name, data=data)
+    key = keys.signal_data(workflow_id, name, hashlib.sha256(encoded).hexdigest()[:16])
+    await store.documents.put(key, encoded)
+    return SignalSent(workflow_id=workflow_id, name=name, data_ref=key)
 
 
 async def request_retry(store: Store, workflow_id: str, tasks: list[str] | None = None) -> None:

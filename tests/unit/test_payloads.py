@@ -1,0 +1,322 @@
+"""The payload layer: every value dagq carries stays within its bounds.
+
+Long errors are cut and kept whole; deep or huge values are refused where they enter
+(with one line naming them) or fail only their own attempt; a task message that
+would be too large travels by reference; a hostile YAML cannot expand without bound.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dagq import keys, payloads, reporting
+from dagq.dispatching import task_message
+from dagq.errors import DamagedData, PayloadTooLarge, ValidationError
+from dagq.loading import load_text
+from dagq.machine import Dispatch
+from dagq.messages import (
+    SignalSent,
+    TaskMessage,
+    TaskSpec,
+    decode_events,
+    decode_tasks,
+    encode_events,
+    encode_task,
+)
+from dagq.plan import compile_plan, parse_param, resolve_params
+from dagq.runners import Outcome
+from dagq.state import RunState, TaskStatus
+from dagq.stores.base import MAX_MESSAGE_BYTES
+from dagq.stores.memory import open_memory_store
+from tests.helpers import definition
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def nested(depth: int, leaf: Any = 1) -> Any:
+    value = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# --- the pure layer ---------------------------------------------------------------------
+
+
+@given(st.text(max_size=5000), st.integers(60, 3000), st.text(max_size=60))
+def test_cut_keeps_head_and_tail_within_the_limit(text: str, limit: int, note: str) -> None:
+    out = payloads.cut(text, limit, note=note)
+    assert len(out) <= limit
+    if len(text) <= limit:
+        assert out == text
+    else:
+        assert "characters cut" in out and note in out
+        assert text.startswith(out[:10]) and text.endswith(out[-10:])
+
+
+def test_echo_repeats_a_long_name_only_in_part() -> None:
+    echoed = payloads.echo("n" * 5000)
+    assert len(echoed) < 120 and "5000 characters" in echoed
+    assert payloads.echo("short") == "short"
+
+
+def test_encode_json_refuses_too_deep_too_big_and_not_json_naming_the_value() -> None:
+    assert payloads.encode_json(nested(100), "x") == b"[" * 100 + b"1" + b"]" * 100
+    with pytest.raises(PayloadTooLarge, match=r"^the thing is nested more than 100 levels deep$"):
+        payloads.encode_json(nested(101), "the thing")
+    with pytest.raises(PayloadTooLarge, match="nested more than 100 levels deep"):
+        payloads.encode_json(nested(100_000), "the thing")
+    with pytest.raises(PayloadTooLarge, match="20002 bytes as JSON, over the limit of 100 bytes"):
+        payloads.encode_json("x" * 20000, "the thing", max_bytes=100)
+    with pytest.raises(ValidationError, match="not JSON-serialisable"):
+        payloads.encode_json(object(), "the thing")
+
+
+def test_decode_json_turns_a_too_deep_document_into_damaged_data() -> None:
+    with pytest.raises(DamagedData, match="nested too deep"):
+        payloads.decode_json(b"[" * 100_000 + b"]" * 100_000, "doc")
+    with pytest.raises(DamagedData, match="cannot be decoded"):
+        payloads.decode_json(b"{nope", "doc")
+
+
+def test_a_message_nested_too_deep_is_a_decode_error_never_a_recursion_error() -> None:
+    small = encode_events([SignalSent(workflow_id="w", name="go", data=nested(3))])
+    deep = small.replace(b"\x91\x91\x91\x01", b"\x91" * 100_000 + b"\x01")
+    with pytest.raises(msgspec.DecodeError, match="nested too deep"):
+        decode_events(deep)
+    task = encode_task(attempt(item=nested(3)))
+    with pytest.raises(msgspec.DecodeError, match="nested too deep"):
+        decode_tasks(task.replace(b"\x91\x91\x91\x01", b"\x91" * 100_000 + b"\x01"))
+
+
+# --- reports ------------------------------------------------------------------------------
+
+
+def attempt(**extra: Any) -> TaskMessage:
+    fields: dict[str, Any] = {
+        "workflow_id": "wf-1",
+        "task": 3,
+        "name": "boom",
+        "attempt": 2,
+        "spec": TaskSpec(kind="python", call="m:f"),
+    }
+    return TaskMessage(**{**fields, **extra})
+
+
+async def report(outcome: Outcome, task: TaskMessage | None = None) -> tuple[Any, Any]:
+    store = open_memory_store()
+    event = await reporting.finished(
+        store.documents, task or attempt(), outcome, started=0.0, clock=lambda: 1.0, worker="w"
+    )
+    return store, event
+
+
+async def test_a_long_error_is_cut_in_the_event_and_kept_whole_in_a_document() -> None:
+    text = "ValueError: " + "x" * 60_000 + " the end"
+    store, event = await report(Outcome(ok=False, error=text))
+
+    assert len(encode_events([event])) < 8 * 1024
+    assert len(event.error) <= payloads.ERROR_INLINE_CHARS
+    assert event.error.startswith("ValueError: xxx") and event.error.endswith("the end")
+    assert "whole text: dagq logs wf-1 boom --attempt 2" in event.error
+    doc = await store.documents.get(keys.error("wf-1", 3, 2))
+    assert doc is not None and doc.data.decode() == text
+
+
+async def test_a_short_error_is_sent_as_it_is_and_nothing_is_stored() -> None:
+    store, event = await report(Outcome(ok=False, error="short"))
+    assert event.error == "short"
+    assert await store.documents.list("logs/") == []
+
+
+async def test_an_instance_or_undo_keeps_its_whole_error_under_a_key_of_its_own() -> None:
+    store, event = await report(Outcome(ok=False, error="e" * 9000), attempt(item_index=4))
+    key = keys.error("wf-1", 3, 2, item=4)
+    assert key in event.error and key != keys.error("wf-1", 3, 2)
+    assert await store.documents.get(key) is not None
+    assert keys.error("wf-1", 3, 2, undo=True) not in (key, keys.error("wf-1", 3, 2))
+
+
+@pytest.mark.parametrize("depth", [101, 5000, 100_000])
+async def test_an_output_nested_too_deep_fails_the_attempt_for_good(depth: int) -> None:
+    _, event = await report(Outcome(ok=True, output=nested(depth)))
+    assert (event.ok, event.retryable, event.output) == (False, False, None)
+    assert event.error == "the output is nested more than 100 levels deep"
+
+
+async def test_an_output_that_refers_to_itself_fails_the_attempt() -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    _, event = await report(Outcome(ok=True, output=loop))
+    assert not event.ok and "nested more than 100 levels deep" in event.error
+
+
+async def test_a_large_output_travels_by_reference() -> None:
+    store, event = await report(Outcome(ok=True, output="o" * (payloads.OUTPUT_INLINE_BYTES + 1)))
+    assert event.ok and event.output is None and event.output_ref is not None
+    assert await store.documents.get(event.output_ref) is not None
+
+
+# --- task messages ------------------------------------------------------------------------
+
+
+def dispatched(tasks: list[dict[str, Any]], params: dict[str, Any], **extra: Any) -> Any:
+    d = definition(tasks, params={name: "" for name in params})
+    plan = compile_plan(d, resolve_params(d, params))
+    state = RunState("wf-1", len(plan.tasks), created_at=0.0)
+    return plan, state
+
+
+def test_a_60_kb_param_in_a_command_sends_the_spec_by_reference() -> None:
+    plan, state = dispatched([{"name": "a", "cmd": "echo {{ params.big }}"}], {"big": "b" * 60_000})
+    out = task_message(plan, state, Dispatch(0, 1, 0.0))
+
+    assert len(out.message.body) <= payloads.TASK_MESSAGE_INLINE_BYTES
+    (task,) = decode_tasks(out.message.body)
+    assert task.spec_ref == keys.spec("wf-1", 0) and task.spec.cmd is None
+    stored = dict(out.documents)[task.spec_ref]
+    assert "b" * 60_000 in msgspec.msgpack.decode(stored, type=TaskSpec).cmd
+
+
+def test_a_large_undo_command_has_a_spec_document_of_its_own() -> None:
+    tasks = [{"name": "a", "cmd": "true", "compensate": {"cmd": "echo {{ params.big }}"}}]
+    plan, state = dispatched(tasks, {"big": "u" * 60_000})
+    out = task_message(plan, state, Dispatch(0, 1, 0.0, undo=True))
+    (task,) = decode_tasks(out.message.body)
+    assert task.undo and task.spec_ref == keys.spec("wf-1", 0, undo=True)
+
+
+def test_a_message_too_large_even_without_its_spec_travels_whole_by_reference() -> None:
+    parents = [{"name": f"p{'x' * 150}{i}"} for i in range(400)]
+    child = {"name": "child", "depends_on": [p["name"] for p in parents]}
+    plan, state = dispatched([*parents, child], {})
+    for i in range(400):  # every parent's output is stored by reference
+        state.task_status[i] = TaskStatus.COMPLETED
+        state.output_refs[i] = keys.output("wf-1", i, 1)
+    out = task_message(plan, state, Dispatch(400, 1, 0.0))
+
+    assert len(out.message.body) <= payloads.TASK_MESSAGE_INLINE_BYTES
+    (stub,) = decode_tasks(out.message.body)
+    assert stub.body_ref is not None and stub.input_refs == {}
+    whole = decode_tasks(dict(out.documents)[stub.body_ref])[0]
+    assert len(whole.input_refs) == 400 and whole.attempt == 1
+
+
+def test_a_small_message_is_sent_as_it_is() -> None:
+    plan, state = dispatched([{"name": "a", "cmd": "echo {{ params.p }}"}], {"p": "small"})
+    out = task_message(plan, state, Dispatch(0, 1, 0.0))
+    (task,) = decode_tasks(out.message.body)
+    assert task.spec_ref is None and task.body_ref is None and out.documents == ()
+    assert len(out.message.body) < MAX_MESSAGE_BYTES
+
+
+# --- input bounds -------------------------------------------------------------------------
+
+
+def billion_laughs(where: str = "args") -> str:
+    lines = ['lol: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level in range(1, 10):
+        prev, name = chr(ord("a") + level - 1), chr(ord("a") + level)
+        lines.append(f"{name}{level}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "params:\n  a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+            + "".join(
+                f"  {chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n"
+                for i in range(9)
+            )
+            + "name: bomb\ntasks: [{name: t, cmd: echo, args: *j}]\n",
+            "its YAML aliases expand it beyond the limit",
+        ),
+        ("name: loop\ntasks: &t [{name: t, cmd: echo, args: *t}]\n", "refers to a node that"),
+        (
+            "params:\n  p0: &p0 [1]\n"
+            + "".join(f"  p{i}: &p{i} [*p{i - 1}]\n" for i in range(1, 150))
+            + "name: chain\ntasks: [{name: t, cmd: echo}]\n",
+            "nested more than 100 levels deep once its YAML aliases are expanded",
+        ),
+    ],
+    ids=["billion-laughs", "recursive-alias", "alias-chain"],
+)
+def test_a_yaml_whose_aliases_expand_without_bound_is_refused_naming_the_file(
+    text: str, expected: str
+) -> None:
+    with pytest.raises(ValidationError, match=f"^bomb.yaml: .*{expected}"):
+        load_text(text, source="bomb.yaml")
+
+
+def test_yaml_anchors_within_bounds_still_load() -> None:
+    text = (
+        "name: ok\nparams:\n  base: &base {retries: 2, queue: cpu}\n"
+        "tasks:\n  - {name: a, cmd: 'x && y', retry: &r {backoff_s: 1}}\n"
+        "  - {name: b, cmd: echo, retry: *r}\n"
+    )
+    d = load_text(text, source="ok.yaml")
+    assert d.tasks[1].retry == d.tasks[0].retry and d.params["base"]["queue"] == "cpu"
+
+
+@pytest.mark.parametrize("depth", [960, 990, 5000])
+@pytest.mark.parametrize("suffix", ["json", "yaml"])
+def test_a_definition_with_a_deeply_nested_param_is_refused_in_one_line(
+    depth: int, suffix: str
+) -> None:
+    deep = "[" * depth + "]" * depth
+    text = f'{{"name": "x", "params": {{"p": {deep}}}, "tasks": [{{"name": "a", "cmd": "e"}}]}}'
+    with pytest.raises(ValidationError) as caught:
+        load_text(text, source=f"deep.{suffix}")
+    message = str(caught.value)
+    assert message.startswith(f"deep.{suffix}: ") and "nest" in message
+    assert "\n" not in message
+
+
+def test_deep_args_are_refused_naming_the_task() -> None:
+    raw = json.dumps({"name": "x", "tasks": [{"name": "a", "call": "m:f", "args": nested(150)}]})
+    with pytest.raises(ValidationError, match="task 'a': args is nested more than 100"):
+        load_text(raw, source="w.json")
+
+
+@pytest.mark.parametrize("depth", [150, 970, 5000])
+def test_a_deep_param_on_the_command_line_is_refused(depth: int) -> None:
+    with pytest.raises(PayloadTooLarge, match=r"^-p p: the value is nested"):
+        parse_param("p=" + "[" * depth + "]" * depth)
+
+
+@pytest.mark.parametrize("value", [1.5, 2.25, float("inf")])
+def test_allow_failures_that_is_neither_a_count_nor_a_fraction_is_refused(value: float) -> None:
+    task = {"name": "fan", "cmd": "true", "foreach": "[1, 2, 3]", "allow_failures": value}
+    with pytest.raises(ValidationError, match=r"task 'fan': allow_failures: .* neither a count"):
+        definition([task])
+
+
+@pytest.mark.parametrize("value", [0, 0.5, 0.99, 1, 2.0, 3])
+def test_allow_failures_as_a_count_or_a_fraction_is_accepted(value: float) -> None:
+    task = {"name": "fan", "cmd": "true", "foreach": "[1, 2, 3]", "allow_failures": value}
+    definition([task])
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"name": "x", "tasks": [{"name": "a", "cmd": "e", "queue": "q" * 5000}]},
+        {"name": "x", "tasks": [{"name": "a", "cmd": "e", "depends_on": ["d" * 5000]}]},
+        {"name": "x", "params": {"p" * 5000: 1}, "tasks": [{"name": "a", "cmd": "e"}]},
+        {"name": "x", "tasks": [{"name": "a", "cmd": "e", "b" * 5000: 1}]},
+        {"name": "x", "tasks": [{"name": "n" * 5000, "cmd": "e", "bogus": 1}]},
+    ],
+    ids=["queue", "dependency", "param", "field", "task-name"],
+)
+def test_a_5000_character_name_is_never_echoed_in_full(raw: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError) as caught:
+        load_text(json.dumps(raw), source="w.json")
+    assert len(str(caught.value)) < 600, str(caught.value)
