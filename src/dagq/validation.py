@@ -15,8 +15,8 @@ import msgspec
 
 from dagq import expression
 from dagq.definition import TaskDef, WorkflowDef
-from dagq.errors import ValidationError
-from dagq.payloads import NAME_ECHO_CHARS, check_depth, echo
+from dagq.errors import PayloadTooLarge, ValidationError
+from dagq.payloads import MAX_PARAMS_BYTES, NAME_ECHO_CHARS, check_depth, echo, encode_json
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/:@+=]*\Z")
 QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
@@ -55,10 +55,17 @@ def validate(definition: WorkflowDef) -> None:
 
 
 def check_values(definition: WorkflowDef) -> None:
-    """Refuse free-form values (param defaults, args) nested deeper than the bound:
-    they travel in messages and must never exhaust a parser's stack."""
+    """Refuse free-form values (param defaults, args) over their bounds
+    (:mod:`dagq.payloads`): nested deeper than MAX_DEPTH (they travel in messages and
+    must never exhaust a parser's stack), or param defaults over MAX_PARAMS_BYTES."""
+    total = 0
     for name, value in definition.params.items():
-        check_depth(value, f"params.{echo(name)}")
+        total += len(encode_json(value, f"params.{echo(name)}"))
+    if total > MAX_PARAMS_BYTES:
+        raise PayloadTooLarge(
+            f"params: the defaults total {total} bytes as JSON, over the limit of "
+            f"{MAX_PARAMS_BYTES} bytes; pass large data in a file instead"
+        )
     for task in definition.tasks:
         where = f"task '{echo(task.name)}'"
         check_depth(task.args, f"{where}: args")

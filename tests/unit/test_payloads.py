@@ -16,6 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dagq import keys, payloads, reporting
+from dagq.client import Client
+from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.dispatching import task_message
 from dagq.errors import DamagedData, PayloadTooLarge, ValidationError
 from dagq.loading import load_text
@@ -32,8 +34,9 @@ from dagq.messages import (
 from dagq.plan import compile_plan, parse_param, resolve_params
 from dagq.runners import Outcome
 from dagq.state import RunState, TaskStatus
-from dagq.stores.base import MAX_MESSAGE_BYTES
+from dagq.stores.base import MAX_MESSAGE_BYTES, OutgoingMessage
 from dagq.stores.memory import open_memory_store
+from dagq.submission import submit
 from tests.helpers import definition
 
 pytestmark = pytest.mark.timeout(60)
@@ -320,3 +323,81 @@ def test_a_5000_character_name_is_never_echoed_in_full(raw: dict[str, Any]) -> N
     with pytest.raises(ValidationError) as caught:
         load_text(json.dumps(raw), source="w.json")
     assert len(str(caught.value)) < 600, str(caught.value)
+
+
+# --- the client and the coordinator -------------------------------------------------------
+
+
+WAITS = [
+    {"name": "approve", "wait_for": {"signal": "go"}},
+    {"name": "after", "depends_on": ["approve"]},
+]
+
+
+@pytest.mark.parametrize("depth", [101, 970, 5000])
+async def test_the_client_refuses_deep_signal_data_before_sending_anything(depth: int) -> None:
+    store = open_memory_store()
+    client = Client(store)
+    await client.submit(definition(WAITS), workflow_id="wf")
+
+    with pytest.raises(PayloadTooLarge, match="the data of signal 'go' is nested more than 100"):
+        await client.signal("wf", "go", nested(depth))
+    sent = await store.queues.receive(
+        keys.COMPLETIONS_QUEUE, max_messages=10, visibility_timeout_s=60
+    )
+    assert len(sent) == 1  # the submit event, and nothing since
+
+
+async def test_the_client_refuses_signal_data_over_its_hard_bound() -> None:
+    store = open_memory_store()
+    client = Client(store)
+    await client.submit(definition(WAITS), workflow_id="wf")
+    with pytest.raises(PayloadTooLarge, match=f"over the limit of {payloads.MAX_SIGNAL_BYTES}"):
+        await client.signal("wf", "go", "s" * payloads.MAX_SIGNAL_BYTES)
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"p": nested(970)}, "param 'p' is nested more than 100 levels deep"),
+        ({"p": "p" * payloads.MAX_PARAMS_BYTES}, "over the limit of 1048576 bytes"),
+        ({"p": object()}, "param 'p' is not JSON-serialisable"),
+    ],
+    ids=["deep", "large", "not-json"],
+)
+async def test_the_client_refuses_params_over_their_bounds(
+    params: dict[str, Any], expected: str
+) -> None:
+    d = definition([{"name": "a", "cmd": "echo {{ params.p }}"}], params={"p": ""})
+    store = open_memory_store()
+    with pytest.raises(ValidationError, match=expected):
+        await Client(store).submit(d, params=params)
+    assert await store.documents.list("definitions/") == []
+
+
+async def test_the_client_refuses_a_definition_built_in_python_with_deep_args() -> None:
+    d = definition([{"name": "a", "call": "m:f", "args": {"x": 1}}])
+    deep = msgspec.structs.replace(
+        d, tasks=[msgspec.structs.replace(d.tasks[0], args=nested(5000))]
+    )
+    with pytest.raises(PayloadTooLarge, match="task 'a': args is nested more than 100"):
+        await Client(open_memory_store()).submit(deep)
+
+
+async def test_a_deep_event_that_arrives_anyway_is_dead_lettered_and_nothing_else_stops() -> None:
+    store = open_memory_store()
+    await submit(store, definition(WAITS), workflow_id="wf")
+    coord = Coordinator(store, CoordinatorOptions())
+    await coord.step()
+    shallow = encode_events([SignalSent(workflow_id="wf", name="go", data=nested(3))])
+    deep = shallow.replace(b"\x91\x91\x91\x01", b"\x91" * 5000 + b"\x01")
+    await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(deep)])
+
+    await coord.step()
+
+    [dead] = await store.queues.dead_letters(keys.COMPLETIONS_QUEUE)
+    assert "nested too deep" in dead.reason
+    await Client(store).signal("wf", "go", {"ok": True})
+    await coord.step()
+    st = coord.state_of("wf")
+    assert st is not None and st.task_status[0] == TaskStatus.COMPLETED
