@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
+
+import msgspec
 
 from dagq import keys, payloads
 from dagq.errors import DagqError
@@ -49,7 +52,7 @@ async def finished(
         except DagqError as exc:
             ok, retryable, output, error = False, False, None, str(exc)
         else:
-            if len(encoded) > payloads.OUTPUT_INLINE_BYTES:
+            if _too_large_inline(output, encoded):
                 output_ref = keys.output(task.workflow_id, task.task, task.attempt)
                 puts.append((output_ref, encoded))
                 output = None
@@ -78,6 +81,16 @@ async def finished(
         duration_s=now - started,
         worker=worker,
     )
+
+
+def _too_large_inline(output: Any, encoded: bytes) -> bool:
+    """Too large for the event, which is msgpack: a list of short floats weighs up to
+    three times as much there as in JSON, so a JSON size near the limit is not enough."""
+    if len(encoded) > payloads.OUTPUT_INLINE_BYTES:
+        return True
+    if len(encoded) * 3 <= payloads.OUTPUT_INLINE_BYTES:
+        return False
+    return len(msgspec.msgpack.encode(output)) > payloads.OUTPUT_INLINE_BYTES
 
 
 def _where_whole(task: TaskMessage) -> str:

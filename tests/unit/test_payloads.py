@@ -166,6 +166,15 @@ async def test_a_large_output_travels_by_reference() -> None:
     assert await store.documents.get(event.output_ref) is not None
 
 
+async def test_an_output_of_short_floats_small_in_json_but_not_in_msgpack_goes_by_reference() -> (
+    None
+):
+    floats = [0.5] * 7000  # 28 KB as JSON, 63 KB as msgpack
+    _, event = await report(Outcome(ok=True, output=floats))
+    assert event.output_ref is not None
+    assert len(encode_events([event])) <= MAX_MESSAGE_BYTES
+
+
 # --- task messages ------------------------------------------------------------------------
 
 
