@@ -18,6 +18,7 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -573,16 +574,24 @@ class Coordinator:
             if isinstance(e, TaskFinished) and e.output_ref and _value_needed(entry.plan, e.task):
                 await self._resolve(entry.state, e.output_ref)
             elif isinstance(e, RetryRequested):
+                if e.tasks_ref is not None:
+                    names = await self._request_data(e.tasks_ref, "the tasks to retry")
+                    try:
+                        names = msgspec.convert(names, list[str])
+                    except msgspec.ValidationError as exc:
+                        raise DamagedData(f"{e.tasks_ref} is not a list of names: {exc}") from None
+                    events[k] = msgspec.structs.replace(e, tasks=names, tasks_ref=None)
                 await self._resolve_all(entry)
             elif isinstance(e, SignalSent) and e.data_ref is not None:
-                events[k] = await self._signal_data(e, e.data_ref)
+                data = await self._request_data(e.data_ref, f"the data of signal '{e.name}'")
+                events[k] = msgspec.structs.replace(e, data=data, data_ref=None)
 
-    async def _signal_data(self, event: SignalSent, ref: str) -> SignalSent:
+    async def _request_data(self, ref: str, what: str) -> Any:
+        """The data of a request sent by reference (:mod:`dagq.payloads`)."""
         doc = await self.store.documents.get(ref)
-        if doc is None:  # stored before the signal was sent: only damage removes it
-            raise DamagedData(f"the data of signal '{event.name}' ({ref}) is missing")
-        data = payloads.decode_json(doc.data, f"the data of signal '{event.name}'")
-        return msgspec.structs.replace(event, data=data, data_ref=None)
+        if doc is None:  # stored before the request was sent: only damage removes it
+            raise DamagedData(f"{what} ({ref}) is missing")
+        return payloads.decode_json(doc.data, what)
 
     async def _resolve_all(self, entry: Entry) -> None:
         for i, ref in list(entry.state.output_refs.items()):

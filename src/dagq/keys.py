@@ -79,6 +79,11 @@ def signal_data(workflow_id: str, name: str, digest: str) -> str:
     return f"inputs/{check_workflow_id(workflow_id)}/signal-{name}-{digest}"
 
 
+def retry_tasks(workflow_id: str, digest: str) -> str:
+    """The task names of a retry request too long for its event."""
+    return f"inputs/{check_workflow_id(workflow_id)}/retry-{digest}"
+
+
 def _variant(item: int, undo: bool) -> str:
     return (f"-i{item}" if item >= 0 else "") + ("-undo" if undo else "")
 

@@ -140,6 +140,8 @@ class RetryRequested(msgspec.Struct, frozen=True, tag="retry", kw_only=True):
 
     workflow_id: str
     tasks: list[str] = msgspec.field(default_factory=list)
+    #: Names too many for the event: the document holding them (a JSON list).
+    tasks_ref: str | None = None
 
 
 Event = TaskStarted | TaskFinished | SubmitRequested | CancelRequested | RetryRequested | SignalSent

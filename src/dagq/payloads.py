@@ -19,7 +19,8 @@ a loop's previous output    PREVIOUS_INLINE_BYTES           —
 foreach items               ``group.INLINE_ITEMS_LIMIT``    MAX_DEPTH (as an output)
 task message (spec, cmd)    TASK_MESSAGE_INLINE_BYTES       —
 params                      (in the task spec)              MAX_PARAMS_BYTES, MAX_DEPTH
-signal data                 SIGNAL_INLINE_BYTES             MAX_SIGNAL_BYTES, MAX_DEPTH
+signal data                 REQUEST_INLINE_BYTES            MAX_SIGNAL_BYTES, MAX_DEPTH
+retry request's task names  REQUEST_INLINE_BYTES            —
 definition                  (a document)                    MAX_DEFINITION_BYTES, MAX_DEPTH
 error text                  ERROR_INLINE_CHARS (cut)        — (whole text kept as a document)
 ==========================  ==============================  ================================
@@ -53,9 +54,9 @@ PREVIOUS_INLINE_BYTES = 8 * 1024
 #: spec, then, if that is not enough, the whole message. Leaves room under the
 #: queue limit (48 KiB) for framing.
 TASK_MESSAGE_INLINE_BYTES = 40 * 1024
-#: Signal data above this (encoded as JSON) is stored as a document by the client;
-#: the signal event carries its key.
-SIGNAL_INLINE_BYTES = 16 * 1024
+#: Signal data, or the task names of a retry request, above this (encoded as JSON)
+#: are stored as a document by the client; the request carries its key.
+REQUEST_INLINE_BYTES = 16 * 1024
 #: The most signal data a signal may carry (encoded as JSON).
 MAX_SIGNAL_BYTES = 1024 * 1024
 #: The most the params of one workflow may total (encoded as JSON).

@@ -182,7 +182,7 @@ async def request_cancel(
 ) -> None:
     """Ask the coordinator to cancel a workflow (durably queued; applied once)."""
     await require_submitted(store, workflow_id)
-    event = CancelRequested(workflow_id=workflow_id, reason=reason)
+    event = CancelRequested(workflow_id=workflow_id, reason=payloads.cut(reason))
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
 
 
@@ -217,7 +217,7 @@ async def _signal_event(
     store: Store, workflow_id: str, name: str, data: Any, encoded: bytes
 ) -> SignalSent:
     """The signal event; data above the inline limit is stored first and referenced."""
-    if len(encoded) <= payloads.SIGNAL_INLINE_BYTES:
+    if len(encoded) <= payloads.REQUEST_INLINE_BYTES:
         return SignalSent(workflow_id=workflow_id, name=name, data=data)
     key = keys.signal_data(workflow_id, name, hashlib.sha256(encoded).hexdigest()[:16])
     await store.documents.put(key, encoded)
@@ -230,8 +230,14 @@ async def request_retry(store: Store, workflow_id: str, tasks: list[str] | None 
     names = {t.name for t in submitted.definition.tasks}
     unknown = [t for t in tasks or [] if t not in names]
     if unknown:
-        raise UsageError(
-            f"workflow '{workflow_id}' has no task named {', '.join(map(repr, unknown))}"
-        )
-    event = RetryRequested(workflow_id=workflow_id, tasks=list(tasks or []))
+        shown = ", ".join(repr(echo(t)) for t in unknown[:10])
+        raise UsageError(f"workflow '{workflow_id}' has no task named {shown}")
+    wanted = list(dict.fromkeys(tasks or []))
+    encoded = msgspec.json.encode(wanted)
+    if len(encoded) <= payloads.REQUEST_INLINE_BYTES:
+        event = RetryRequested(workflow_id=workflow_id, tasks=wanted)
+    else:  # thousands of names: they travel as a document
+        key = keys.retry_tasks(workflow_id, hashlib.sha256(encoded).hexdigest()[:16])
+        await store.documents.put(key, encoded)
+        event = RetryRequested(workflow_id=workflow_id, tasks_ref=key)
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])

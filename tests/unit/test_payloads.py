@@ -24,6 +24,7 @@ from dagq.loading import load_text
 from dagq.machine import Dispatch
 from dagq.messages import (
     SignalSent,
+    TaskFinished,
     TaskMessage,
     TaskSpec,
     decode_events,
@@ -410,3 +411,34 @@ async def test_a_deep_event_that_arrives_anyway_is_dead_lettered_and_nothing_els
     await coord.step()
     st = coord.state_of("wf")
     assert st is not None and st.task_status[0] == TaskStatus.COMPLETED
+
+
+async def test_a_retry_of_hundreds_of_long_named_tasks_travels_by_reference() -> None:
+    store = open_memory_store()
+    names = [f"{'t' * 180}{i}" for i in range(300)]  # 55 KB of names
+    await submit(store, definition([{"name": n} for n in names]), workflow_id="wf")
+    coord = Coordinator(store, CoordinatorOptions())
+    await coord.step()
+    sent = await store.queues.receive("default", max_messages=1000, visibility_timeout_s=60)
+    tasks = [t for m in sent for t in decode_tasks(m.body)]
+    failed = [
+        TaskFinished(workflow_id="wf", task=t.task, attempt=1, at=0.0, ok=False, retryable=False)
+        for t in tasks
+    ]
+    await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events(failed))])
+    await coord.step()
+    assert (st := coord.state_of("wf")) is not None and st.status == "failed"
+
+    await Client(store).retry("wf", names, ack_timeout_s=0)
+    await coord.step()
+
+    assert st.status == "running" and set(st.attempt) == {2}
+
+
+async def test_a_cancel_reason_of_any_length_is_sent_cut() -> None:
+    store = open_memory_store()
+    await submit(store, definition([{"name": "a"}]), workflow_id="wf")
+    await Client(store).cancel("wf", "r" * 100_000)
+    coord = Coordinator(store, CoordinatorOptions())
+    await coord.step()
+    assert (st := coord.state_of("wf")) is not None and st.status in ("cancelled", "cancelling")
