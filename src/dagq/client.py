@@ -24,7 +24,7 @@ from dagq.definition import WorkflowDef
 from dagq.errors import UsageError
 from dagq.history import HistoryEntry, read_history
 from dagq.loading import load_file
-from dagq.payloads import echo
+from dagq.payloads import decode_json, echo
 from dagq.plan import Plan
 from dagq.state import (
     BAD,
@@ -236,14 +236,14 @@ class Client:
         i = _task_index(plan, workflow_id, task)
         if st.task_status[i] != TaskStatus.COMPLETED:
             label = TaskStatus(st.task_status[i]).label
-            raise UsageError(f"task '{task}' of {workflow_id} is {label}; it has no output")
+            raise UsageError(f"task '{echo(task)}' of {workflow_id} is {label}; it has no output")
         ref = st.output_refs.get(i)
         if ref is None:
             return st.outputs.get(i)
         doc = await self.store.documents.get(ref)
         if doc is None:
-            raise UsageError(f"the output of '{task}' ({ref}) is missing from the store")
-        return msgspec.json.decode(doc.data)
+            raise UsageError(f"the output of '{echo(task)}' ({ref}) is missing from the store")
+        return decode_json(doc.data, f"the output of '{echo(task)}' ({ref})")
 
     async def logs(self, workflow_id: str, task: str, *, attempt: int | None = None) -> str:
         """The kept stdout/stderr tail of an attempt (the latest by default)."""

@@ -603,7 +603,7 @@ class Coordinator:
             return
         doc = await self.store.documents.get(ref)
         if doc is not None:
-            st.resolved[ref] = msgspec.json.decode(doc.data)
+            st.resolved[ref] = payloads.decode_json(doc.data, ref)
 
     # --- sweeps ---------------------------------------------------------------------
 

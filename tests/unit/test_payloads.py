@@ -19,7 +19,7 @@ from dagq import keys, payloads, reporting
 from dagq.client import Client
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.dispatching import task_message
-from dagq.errors import DamagedData, PayloadTooLarge, ValidationError
+from dagq.errors import DamagedData, PayloadTooLarge, UsageError, ValidationError
 from dagq.loading import load_text
 from dagq.machine import Dispatch
 from dagq.messages import (
@@ -38,6 +38,7 @@ from dagq.state import RunState, TaskStatus
 from dagq.stores.base import MAX_MESSAGE_BYTES, OutgoingMessage
 from dagq.stores.memory import open_memory_store
 from dagq.submission import submit
+from dagq.validation import check_queue_name, check_workflow_id
 from tests.helpers import definition
 
 pytestmark = pytest.mark.timeout(60)
@@ -326,8 +327,10 @@ def test_allow_failures_as_a_count_or_a_fraction_is_accepted(value: float) -> No
         {"name": "x", "params": {"p" * 5000: 1}, "tasks": [{"name": "a", "cmd": "e"}]},
         {"name": "x", "tasks": [{"name": "a", "cmd": "e", "b" * 5000: 1}]},
         {"name": "x", "tasks": [{"name": "n" * 5000, "cmd": "e", "bogus": 1}]},
+        {"name": "x", "tasks": [{"name": "n" * 5000, "cmd": "e"}]},
+        {"name": "w" * 5000, "tasks": [{"name": "a", "cmd": "e"}]},
     ],
-    ids=["queue", "dependency", "param", "field", "task-name"],
+    ids=["queue", "dependency", "param", "field", "task-name-and-field", "task-name", "name"],
 )
 def test_a_5000_character_name_is_never_echoed_in_full(raw: dict[str, Any]) -> None:
     with pytest.raises(ValidationError) as caught:
@@ -442,3 +445,30 @@ async def test_a_cancel_reason_of_any_length_is_sent_cut() -> None:
     coord = Coordinator(store, CoordinatorOptions())
     await coord.step()
     assert (st := coord.state_of("wf")) is not None and st.status in ("cancelled", "cancelling")
+
+
+LONG = "n" * 5000
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: check_workflow_id(LONG),
+        lambda: check_queue_name(LONG),
+        lambda: parse_param(LONG),
+        lambda: resolve_params(definition([{"name": "a"}]), {LONG: 1}),
+    ],
+    ids=["workflow-id", "queue", "param-text", "unknown-param"],
+)
+def test_a_5000_character_name_given_elsewhere_is_echoed_in_part(call: Any) -> None:
+    with pytest.raises(ValidationError) as caught:
+        call()
+    assert len(str(caught.value)) < 400, str(caught.value)
+
+
+async def test_a_5000_character_task_name_asked_of_the_client_is_echoed_in_part() -> None:
+    store = open_memory_store()
+    await submit(store, definition([{"name": "a"}]), workflow_id="wf")
+    with pytest.raises(UsageError) as caught:
+        await Client(store).logs("wf", LONG)
+    assert len(str(caught.value)) < 300
