@@ -245,11 +245,21 @@ class Client:
             raise UsageError(f"the output of '{echo(task)}' ({ref}) is missing from the store")
         return decode_json(doc.data, f"the output of '{echo(task)}' ({ref})")
 
-    async def logs(self, workflow_id: str, task: str, *, attempt: int | None = None) -> str:
-        """The kept stdout/stderr tail of an attempt (the latest by default)."""
+    async def logs(
+        self,
+        workflow_id: str,
+        task: str,
+        *,
+        attempt: int | None = None,
+        item: int = -1,
+        undo: bool = False,
+    ) -> str:
+        """The kept stdout/stderr tail of an attempt (the latest by default); ``item``
+        names one instance of a foreach task, ``undo`` the task's compensation."""
         _, plan, st = await load_run(self.store, workflow_id)
-        i, number = _attempt(plan, st, workflow_id, task, attempt)
-        doc = await self.store.documents.get(keys.log(workflow_id, i, number))
+        i, number = _attempt(plan, st, workflow_id, task, attempt, item=item, undo=undo)
+        key = keys.log(workflow_id, i, number, item=item, undo=undo)
+        doc = await self.store.documents.get(key)
         return "" if doc is None else doc.data.decode("utf-8", "replace")
 
     async def error(
@@ -437,7 +447,7 @@ def _attempt(
     instance or of its undo if asked); a task attempt that never was is an error."""
     i = _task_index(plan, workflow_id, task)
     if item >= 0 or undo:  # an instance or an undo: its own attempts
-        return i, attempt or max(_variant_attempt(st, i, item, undo), 1)
+        return i, attempt or _variant_attempt(st, i, task, item=item, undo=undo)
     if st.attempt[i] == 0:
         label = TaskStatus(st.task_status[i]).label
         raise UsageError(f"task '{echo(task)}' of {workflow_id} has never run (it is {label})")
@@ -447,11 +457,18 @@ def _attempt(
     return i, number
 
 
-def _variant_attempt(st: RunState, i: int, item: int, undo: bool) -> int:
+def _variant_attempt(st: RunState, i: int, task: str, *, item: int, undo: bool) -> int:
+    """The latest attempt of an instance of a foreach task, or of a task's undo."""
     if undo:
-        return st.undo_attempt.get(i, 0)
+        if not st.undo_attempt.get(i):
+            raise UsageError(f"the compensation of task '{echo(task)}' has never run")
+        return st.undo_attempt[i]
     group = st.groups.get(i)
-    return group.attempt[item] if group is not None and item < group.n else 0
+    if group is None:
+        raise UsageError(f"task '{echo(task)}' has no items (not a foreach task that expanded)")
+    if item >= group.n:
+        raise UsageError(f"task '{echo(task)}' has {group.n} items; there is no item {item}")
+    return max(group.attempt[item], 1)
 
 
 def _task_index(plan: Plan, workflow_id: str, task: str) -> int:

@@ -50,15 +50,16 @@ def inputs(workflow_id: str, task: int, attempt: int) -> str:
     return f"inputs/{check_workflow_id(workflow_id)}/{task:07d}-{attempt}"
 
 
-def log(workflow_id: str, task: int, attempt: int) -> str:
-    """The bounded stdout/stderr tail of one attempt."""
-    return f"logs/{check_workflow_id(workflow_id)}/{task:07d}-{attempt}"
+def log(workflow_id: str, task: int, attempt: int, *, item: int = -1, undo: bool = False) -> str:
+    """The bounded stdout/stderr tail of one attempt (of a task, of one instance of a
+    foreach task, or of a task's undo)."""
+    return f"logs/{check_workflow_id(workflow_id)}/{task:07d}-{attempt}{_variant(item, undo)}"
 
 
 def error(workflow_id: str, task: int, attempt: int, *, item: int = -1, undo: bool = False) -> str:
     """The whole error text of one attempt, when too long for events and states (those
     carry it cut). Beside the logs, so a purge removes it with them."""
-    return f"{log(workflow_id, task, attempt)}{_variant(item, undo)}-error"
+    return f"{log(workflow_id, task, attempt, item=item, undo=undo)}-error"
 
 
 def spec(workflow_id: str, task: int, *, undo: bool = False) -> str:

@@ -43,7 +43,10 @@ async def finished(
     """The completion event of ``task``; what is too large for it is stored first."""
     puts: list[tuple[str, bytes]] = []
     if outcome.log:
-        puts.append((keys.log(task.workflow_id, task.task, task.attempt), outcome.log))
+        key = keys.log(
+            task.workflow_id, task.task, task.attempt, item=task.item_index, undo=task.undo
+        )
+        puts.append((key, outcome.log))
     output, output_ref, error = outcome.output, None, outcome.error
     ok, retryable = outcome.ok, outcome.retryable
     if ok and output is not None:
@@ -62,7 +65,8 @@ async def finished(
         )
         puts.append((key, error.encode("utf-8", "replace")))
         error = payloads.cut(error, note=_where_whole(task))
-    await asyncio.gather(*(documents.put(key, data) for key, data in puts))
+    if puts:
+        await asyncio.gather(*(documents.put(key, data) for key, data in puts))
     now = clock()
     return TaskFinished(
         workflow_id=task.workflow_id,
@@ -95,10 +99,9 @@ def _too_large_inline(output: Any, encoded: bytes) -> bool:
 
 def _where_whole(task: TaskMessage) -> str:
     """Where a person finds the whole text of a cut error."""
-    if task.undo or task.item_index >= 0:
-        key = keys.error(
-            task.workflow_id, task.task, task.attempt, item=task.item_index, undo=task.undo
-        )
-        return f"whole text in document {key}"
-    attempt = f" --attempt {task.attempt}" if task.attempt > 1 else ""
-    return f"whole text: dagq logs {task.workflow_id} {task.name}{attempt}"
+    options = f" --attempt {task.attempt}" if task.attempt > 1 else ""
+    if task.item_index >= 0:
+        options += f" --item {task.item_index}"
+    if task.undo:
+        options += " --undo"
+    return f"whole text: dagq logs {task.workflow_id} {task.name}{options}"

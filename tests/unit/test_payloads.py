@@ -7,6 +7,7 @@ would be too large travels by reference; a hostile YAML cannot expand without bo
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -21,6 +22,7 @@ from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.dispatching import task_message
 from dagq.errors import DamagedData, PayloadTooLarge, UsageError, ValidationError
 from dagq.loading import load_text
+from dagq.local import LocalRunner
 from dagq.machine import Dispatch
 from dagq.messages import (
     SignalSent,
@@ -142,10 +144,30 @@ async def test_a_short_error_is_sent_as_it_is_and_nothing_is_stored() -> None:
 
 async def test_an_instance_or_undo_keeps_its_whole_error_under_a_key_of_its_own() -> None:
     store, event = await report(Outcome(ok=False, error="e" * 9000), attempt(item_index=4))
-    key = keys.error("wf-1", 3, 2, item=4)
-    assert key in event.error and key != keys.error("wf-1", 3, 2)
-    assert await store.documents.get(key) is not None
-    assert keys.error("wf-1", 3, 2, undo=True) not in (key, keys.error("wf-1", 3, 2))
+    assert "whole text: dagq logs wf-1 boom --attempt 2 --item 4" in event.error
+    assert await store.documents.get(keys.error("wf-1", 3, 2, item=4)) is not None
+    assert await store.documents.get(keys.error("wf-1", 3, 2)) is None
+    _, event = await report(Outcome(ok=False, error="e" * 9000), attempt(undo=True))
+    assert "whole text: dagq logs wf-1 boom --attempt 2 --undo" in event.error
+
+
+async def test_the_whole_error_of_a_foreach_instance_is_fetched_by_the_client() -> None:
+    store = open_memory_store()
+    task = {
+        "name": "fan",
+        "call": "tests.sample_tasks:long_error_on",
+        "args": {"fail": 1},
+        "foreach": "[0, 1, 2]",
+    }
+    runner = LocalRunner(store, workers=2)
+    await runner.submit(definition([task]), params={}, workflow_id="wf")
+    assert await asyncio.wait_for(runner.drive(), 30) == "failed"
+
+    whole = await Client(store).error("wf", "fan", item=1)
+    assert whole is not None and whole.startswith("ValueError: item 1: " + "x" * 60_000)
+    assert await Client(store).error("wf", "fan", item=0) is None
+    with pytest.raises(UsageError, match="has 3 items; there is no item 3"):
+        await Client(store).error("wf", "fan", item=3)
 
 
 @pytest.mark.parametrize("depth", [101, 5000, 100_000])
