@@ -21,6 +21,7 @@ from dagq.client import Client
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.dispatching import task_message
 from dagq.errors import DamagedData, PayloadTooLarge, UsageError, ValidationError
+from dagq.group import Group
 from dagq.loading import load_text
 from dagq.local import LocalRunner
 from dagq.machine import Dispatch
@@ -242,6 +243,53 @@ def test_a_message_too_large_even_without_its_spec_travels_whole_by_reference() 
     assert stub.body_ref is not None and stub.input_refs == {}
     whole = decode_tasks(dict(out.documents)[stub.body_ref])[0]
     assert len(whole.input_refs) == 400 and whole.attempt == 1
+
+
+VALUES = st.sampled_from(["s", 0.5, 7]).flatmap(
+    lambda unit: st.integers(0, 12_000).map(lambda n: [unit] * n)
+)
+
+
+@given(
+    outputs=st.lists(st.one_of(st.none(), VALUES), min_size=1, max_size=4),
+    previous=st.one_of(st.none(), VALUES),
+    item=st.one_of(st.none(), VALUES),
+    param=st.integers(0, 70_000),
+)
+def test_no_task_message_is_ever_over_the_limit(
+    outputs: list[Any], previous: Any, item: Any, param: int
+) -> None:
+    """Whatever mix of inline outputs (short floats weigh more in msgpack than in JSON),
+    previous output, foreach item and rendered param: the body stays under the limit."""
+    parents = [{"name": f"p{i}"} for i in range(len(outputs))]
+    child: dict[str, Any] = {
+        "name": "c",
+        "depends_on": [p["name"] for p in parents],
+        "cmd": "echo {{ params.big }}",
+    }
+    if previous is not None:
+        child["loop"] = {"until": "true", "max_iterations": 5}
+    elif item is not None:
+        child["foreach"] = "[1]"
+    plan, state = dispatched([*parents, child], {"big": "b" * param})
+    c = len(parents)
+    for i, value in enumerate(outputs):
+        state.task_status[i] = TaskStatus.COMPLETED
+        state.outputs[i] = value
+    dispatch = Dispatch(c, 1, 0.0)
+    if previous is not None:
+        state.iteration[c], state.outputs[c] = 2, previous
+    elif item is not None:
+        state.groups[c] = Group(1, [item], None)
+        dispatch = Dispatch(c, 1, 0.0, item=0)
+
+    out = task_message(plan, state, dispatch)
+
+    assert len(out.message.body) <= payloads.TASK_MESSAGE_INLINE_BYTES
+    (task,) = decode_tasks(out.message.body)
+    if task.body_ref is not None:
+        task = decode_tasks(dict(out.documents)[task.body_ref])[0]
+    assert task.attempt == 1 and task.task == c
 
 
 def test_a_small_message_is_sent_as_it_is() -> None:
