@@ -199,7 +199,7 @@ async def request_signal(store: Store, workflow_id: str, name: str, data: Any = 
     if name not in signals:
         listed = ", ".join(sorted(signals)) if signals else "none: no task has wait_for"
         raise UsageError(
-            f"no task of workflow '{workflow_id}' waits for signal '{name}' "
+            f"no task of workflow '{workflow_id}' waits for signal '{echo(name)}' "
             f"(it waits for: {listed})"
         )
     event = await _signal_event(store, workflow_id, name, data, encoded)
