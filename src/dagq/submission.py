@@ -89,7 +89,6 @@ async def submit(
     """Store a workflow and wake the coordinator; repeat-safe for the same id."""
     resolved = resolve_params(definition, params or {})
     check_bounds(definition, resolved)
-    plan = compile_plan(definition, resolved)
     workflow_id = check_workflow_id(workflow_id or new_workflow_id(definition.name))
     now = clock()
     submitted = Submitted(
@@ -106,6 +105,7 @@ async def submit(
             f"the definition of '{echo(definition.name)}' with its params is {len(document)} "
             f"bytes as JSON, over the limit of {payloads.MAX_DEFINITION_BYTES} bytes"
         )
+    plan = compile_plan(definition, resolved)  # bounded first: it renders every task
     existing = await load_submitted(store, workflow_id)
     if existing is not None:
         if existing.fingerprint != submitted.fingerprint:

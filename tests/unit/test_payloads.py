@@ -542,3 +542,18 @@ async def test_a_5000_character_task_name_asked_of_the_client_is_echoed_in_part(
     with pytest.raises(UsageError) as caught:
         await Client(store).logs("wf", LONG)
     assert len(str(caught.value)) < 300
+
+
+def test_a_definition_text_over_its_bound_is_refused_before_it_is_parsed() -> None:
+    text = "name: x\ntasks: [{name: a, cmd: e}]\n#" + "x" * payloads.MAX_DEFINITION_BYTES
+    with pytest.raises(ValidationError, match=r"^big.yaml: \d+ characters, over the limit"):
+        load_text(text, source="big.yaml")
+
+
+async def test_a_definition_over_its_bound_is_refused_at_submit_before_it_is_stored() -> None:
+    command = "echo " + "c" * 15_000  # each task within its own bound
+    d = definition([{"name": f"t{i}", "cmd": command} for i in range(2300)])
+    store = open_memory_store()
+    with pytest.raises(PayloadTooLarge, match="over the limit of 33554432 bytes"):
+        await Client(store).submit(d, workflow_id="wf")
+    assert await store.documents.list("definitions/") == []
