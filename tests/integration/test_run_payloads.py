@@ -180,3 +180,31 @@ def test_a_deeply_nested_param_or_signal_is_refused_at_the_source_in_one_line(
         assert result.stderr.count("\n") == 1, (name, result.stderr)
     tasks = cli.json("tasks", f"waits-{depth}")
     assert [t["status"] for t in tasks] != ["completed"]
+
+
+def test_a_5000_character_name_is_never_echoed_in_full_on_the_command_line(cli: DagqCli) -> None:
+    long = "n" * 5000
+    path = cli.workflow(
+        "named.yaml",
+        {"name": "named", "tasks": [{"name": "approve", "wait_for": {"signal": "go"}}]},
+    )
+    submitted = cli.run("submit", path, "--id", "named")
+    assert submitted.code == 0, submitted.output
+    cli.write("long-queue.yaml", f"name: q\ntasks: [{{name: a, cmd: e, queue: {long}}}]\n")
+
+    results = cli.run_many(
+        {
+            "status": ["status", long],
+            "run-id": ["run", str(path), "--id", long],
+            "logs-task": ["logs", "named", long],
+            "signal-name": ["signal", "named", long],
+            "param": ["run", str(path), "-p", f"{long}=1"],
+            "queue": ["validate", "long-queue.yaml"],
+        },
+        timeout_s=60,
+    )
+
+    for name, result in results.items():
+        assert result.code == 2, (name, result.output)
+        assert result.stderr.startswith("error: "), (name, result.stderr[:300])
+        assert len(result.stderr) < 400, (name, result.stderr[:500])

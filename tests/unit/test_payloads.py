@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -557,3 +558,19 @@ async def test_a_definition_over_its_bound_is_refused_at_submit_before_it_is_sto
     with pytest.raises(PayloadTooLarge, match="over the limit of 33554432 bytes"):
         await Client(store).submit(d, workflow_id="wf")
     assert await store.documents.list("definitions/") == []
+
+
+async def test_the_client_refuses_a_billion_laughs_file_like_the_command_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "lol.yaml"
+    path.write_text(
+        "params:\n  a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+        + "".join(
+            f"  {chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n"
+            for i in range(9)
+        )
+        + "name: bomb\ntasks: [{name: t, cmd: echo, args: *j}]\n"
+    )
+    with pytest.raises(ValidationError, match=r"lol\.yaml: its YAML aliases expand it beyond"):
+        await Client(open_memory_store()).submit(path)
