@@ -130,17 +130,19 @@ def decode_json(data: bytes, what: str) -> Any:
 
 def cut(text: str, limit: int = ERROR_INLINE_CHARS, *, note: str = "") -> str:
     """``text`` at most ``limit`` characters: its head and its tail, with the number of
-    characters left out between them (and ``note``, e.g. where the whole text is)."""
+    characters left out between them (and ``note``, e.g. where the whole text is, if
+    there is room for it)."""
     if len(text) <= limit:
         return text
-    note = f"; {note}" if note else ""
-    # The marker's length depends on the count it shows; the count's digits bound it.
-    marker_len = len(f"… [{len(text)} characters cut{note}] …")
-    keep = max(limit - marker_len, 2)
-    head = keep // 2
-    tail = keep - head
-    omitted = len(text) - head - tail
-    return f"{text[:head]}… [{omitted} characters cut{note}] …{text[-tail:]}"
+    for extra in (f"; {note}" if note else "", ""):
+        # The count shown has at most as many digits as len(text): this bounds the marker.
+        marker = len(f"… [{len(text)} characters cut{extra}] …")
+        if marker + 2 <= limit:
+            keep = limit - marker
+            head, tail = keep // 2, keep - keep // 2
+            omitted = len(text) - keep
+            return f"{text[:head]}… [{omitted} characters cut{extra}] …{text[-tail:]}"
+    return text[:limit]
 
 
 def echo(name: str, limit: int = NAME_ECHO_CHARS) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from dagq import keys, payloads, reporting
@@ -59,14 +59,21 @@ def nested(depth: int, leaf: Any = 1) -> Any:
 
 
 @given(st.text(max_size=5000), st.integers(60, 3000), st.text(max_size=60))
+@example("x" * 5000, 60, "n" * 60)
 def test_cut_keeps_head_and_tail_within_the_limit(text: str, limit: int, note: str) -> None:
     out = payloads.cut(text, limit, note=note)
     assert len(out) <= limit
     if len(text) <= limit:
         assert out == text
     else:
-        assert "characters cut" in out and note in out
+        assert "characters cut" in out
         assert text.startswith(out[:10]) and text.endswith(out[-10:])
+
+
+def test_cut_says_where_the_whole_text_is_when_there_is_room() -> None:
+    out = payloads.cut("x" * 5000, 2000, note="whole text: dagq logs wf a")
+    omitted = 5000 - out.count("x")
+    assert len(out) == 2000 and f"[{omitted} characters cut; whole text: dagq logs wf a]" in out
 
 
 def test_echo_repeats_a_long_name_only_in_part() -> None:
