@@ -71,8 +71,8 @@ def test_cut_keeps_head_and_tail_within_the_limit(text: str, limit: int, note: s
 
 
 def test_cut_says_where_the_whole_text_is_when_there_is_room() -> None:
-    out = payloads.cut("x" * 5000, 2000, note="whole text: dagq logs wf a")
-    omitted = 5000 - out.count("x")
+    out = payloads.cut("y" * 5000, 2000, note="whole text: dagq logs wf a")
+    omitted = 5000 - out.count("y")
     assert len(out) == 2000 and f"[{omitted} characters cut; whole text: dagq logs wf a]" in out
 
 
