@@ -24,6 +24,7 @@ from dagq import keys, payloads, state
 from dagq.definition import WorkflowDef
 from dagq.errors import (
     ConflictError,
+    DamagedData,
     PayloadTooLarge,
     UsageError,
     WorkflowExists,
@@ -154,7 +155,10 @@ async def load_submitted(store: Store, workflow_id: str) -> Submitted | None:
     doc = await store.documents.get(keys.definition(workflow_id))
     if doc is None:
         return None
-    return msgspec.json.decode(doc.data, type=Submitted)
+    try:
+        return msgspec.json.decode(doc.data, type=Submitted)
+    except RecursionError:  # stored before values were bounded: never crash a reader
+        raise DamagedData(f"the definition of {workflow_id} is nested too deep to decode") from None
 
 
 async def require_submitted(store: Store, workflow_id: str) -> Submitted:

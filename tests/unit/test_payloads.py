@@ -581,3 +581,17 @@ async def test_the_client_refuses_a_billion_laughs_file_like_the_command_line(
     )
     with pytest.raises(ValidationError, match=r"lol\.yaml: its YAML aliases expand it beyond"):
         await Client(open_memory_store()).submit(path)
+
+
+async def test_a_definition_stored_before_the_bounds_is_damaged_data_not_a_recursion_error() -> (
+    None
+):
+    store = open_memory_store()
+    await submit(store, definition([{"name": "a"}]), workflow_id="wf")
+    doc = await store.documents.get(keys.definition("wf"))
+    assert doc is not None
+    deep = doc.data.replace(b'"params":{}', b'"params":{"p":' + b"[" * 5000 + b"]" * 5000 + b"}")
+    assert deep != doc.data
+    await store.documents.put(keys.definition("wf"), deep)
+    with pytest.raises(DamagedData, match="nested too deep"):
+        await Client(store).status("wf")
