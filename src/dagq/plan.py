@@ -16,7 +16,7 @@ from dagq import expression
 from dagq.definition import Compensate, Loop, RetryPolicy, TaskDef, WaitFor, WorkflowDef
 from dagq.errors import PayloadTooLarge, ValidationError
 from dagq.messages import TaskSpec
-from dagq.payloads import check_depth, echo
+from dagq.payloads import MAX_DEPTH, check_depth, echo
 from dagq.validation import LOOP_ROOTS
 
 POLICY_ALL = -1
@@ -103,7 +103,9 @@ def parse_param(text: str) -> tuple[str, Any]:
     try:
         parsed = json.loads(value)
     except RecursionError:  # deeper than the parser's stack: far over the bound
-        raise PayloadTooLarge(f"-p {echo(key)}: the value is nested too deep") from None
+        raise PayloadTooLarge(
+            f"-p {echo(key)}: the value is nested more than {MAX_DEPTH} levels deep"
+        ) from None
     except ValueError:
         return key, value
     check_depth(parsed, f"-p {echo(key)}: the value")
