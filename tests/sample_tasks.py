@@ -53,3 +53,10 @@ def summarise(item: str, index: int) -> dict[str, Any]:
 
 def count_items(inputs: dict[str, Any]) -> int:
     return len(inputs["work"])
+
+
+def long_error_on(fail: int, index: int) -> int:
+    """Fails instance ``fail`` of a foreach with a 60,000-character error."""
+    if index == fail:
+        raise ValueError(f"item {index}: " + "x" * 60_000)
+    return index

@@ -24,6 +24,7 @@ from dagq.definition import WorkflowDef
 from dagq.errors import DamagedData, UsageError
 from dagq.history import HistoryEntry, read_history
 from dagq.loading import load_file
+from dagq.payloads import decode_json, echo
 from dagq.plan import Plan
 from dagq.quarantine import QuarantineInfo
 from dagq.state import (
@@ -290,27 +291,57 @@ class Client:
         i = _task_index(plan, workflow_id, task)
         if st.task_status[i] != TaskStatus.COMPLETED:
             label = TaskStatus(st.task_status[i]).label
-            raise UsageError(f"task '{task}' of {workflow_id} is {label}; it has no output")
+            raise UsageError(f"task '{echo(task)}' of {workflow_id} is {label}; it has no output")
         ref = st.output_refs.get(i)
         if ref is None:
             return st.outputs.get(i)
         doc = await self.store.documents.get(ref)
         if doc is None:
-            raise UsageError(f"the output of '{task}' ({ref}) is missing from the store")
-        return msgspec.json.decode(doc.data)
+            raise UsageError(f"the output of '{echo(task)}' ({ref}) is missing from the store")
+        return decode_json(doc.data, f"the output of '{echo(task)}' ({ref})")
 
-    async def logs(self, workflow_id: str, task: str, *, attempt: int | None = None) -> str:
-        """The kept stdout/stderr tail of an attempt (the latest by default)."""
+    async def logs(
+        self,
+        workflow_id: str,
+        task: str,
+        *,
+        attempt: int | None = None,
+        item: int = -1,
+        undo: bool = False,
+    ) -> str:
+        """The kept stdout/stderr tail of an attempt (the latest by default); ``item``
+        names one instance of a foreach task, ``undo`` the task's compensation."""
         _, plan, st = await load_run(self.store, workflow_id)
-        i = _task_index(plan, workflow_id, task)
-        if st.attempt[i] == 0:
-            label = TaskStatus(st.task_status[i]).label
-            raise UsageError(f"task '{task}' of {workflow_id} has never run (it is {label})")
-        number = attempt or st.attempt[i]
-        if number < 1 or number > st.attempt[i]:
-            raise UsageError(f"task '{task}' has no attempt {number} (it has {st.attempt[i]})")
-        doc = await self.store.documents.get(keys.log(workflow_id, i, number))
+        i, number = _attempt(plan, st, workflow_id, task, attempt, item=item, undo=undo)
+        key = keys.log(workflow_id, i, number, item=item, undo=undo)
+        doc = await self.store.documents.get(key)
         return "" if doc is None else doc.data.decode("utf-8", "replace")
+
+    async def error(
+        self,
+        workflow_id: str,
+        task: str,
+        *,
+        attempt: int | None = None,
+        item: int = -1,
+        undo: bool = False,
+    ) -> str | None:
+        """The whole error text of a failed attempt (the latest by default), or None.
+
+        Status, listings and events show an error longer than
+        ``payloads.ERROR_INLINE_CHARS`` cut (head and tail); the whole text is kept,
+        and this returns it. ``item`` names one instance of a foreach task, ``undo``
+        the task's compensation.
+        """
+        _, plan, st = await load_run(self.store, workflow_id)
+        i, number = _attempt(plan, st, workflow_id, task, attempt, item=item, undo=undo)
+        key = keys.error(workflow_id, i, number, item=item, undo=undo)
+        doc = await self.store.documents.get(key)
+        if doc is not None:
+            return doc.data.decode("utf-8", "replace")
+        if item < 0 and not undo and number == st.attempt[i]:
+            return st.errors.get(i)  # short enough to be kept whole in the state
+        return None
 
     async def events(self, workflow_id: str) -> builtins.list[HistoryEntry]:
         """The run's history, oldest first."""
@@ -508,10 +539,48 @@ def _check_retryable(plan: Plan, st: RunState, workflow_id: str, tasks: list[str
         )
 
 
+def _attempt(
+    plan: Plan,
+    st: RunState,
+    workflow_id: str,
+    task: str,
+    attempt: int | None,
+    *,
+    item: int = -1,
+    undo: bool = False,
+) -> tuple[int, int]:
+    """A task's index and the number of its attempt (the latest by default; of one
+    instance or of its undo if asked); a task attempt that never was is an error."""
+    i = _task_index(plan, workflow_id, task)
+    if item >= 0 or undo:  # an instance or an undo: its own attempts
+        return i, attempt or _variant_attempt(st, i, task, item=item, undo=undo)
+    if st.attempt[i] == 0:
+        label = TaskStatus(st.task_status[i]).label
+        raise UsageError(f"task '{echo(task)}' of {workflow_id} has never run (it is {label})")
+    number = attempt or st.attempt[i]
+    if number < 1 or number > st.attempt[i]:
+        raise UsageError(f"task '{echo(task)}' has no attempt {number} (it has {st.attempt[i]})")
+    return i, number
+
+
+def _variant_attempt(st: RunState, i: int, task: str, *, item: int, undo: bool) -> int:
+    """The latest attempt of an instance of a foreach task, or of a task's undo."""
+    if undo:
+        if not st.undo_attempt.get(i):
+            raise UsageError(f"the compensation of task '{echo(task)}' has never run")
+        return st.undo_attempt[i]
+    group = st.groups.get(i)
+    if group is None:
+        raise UsageError(f"task '{echo(task)}' has no items (not a foreach task that expanded)")
+    if item >= group.n:
+        raise UsageError(f"task '{echo(task)}' has {group.n} items; there is no item {item}")
+    return max(group.attempt[item], 1)
+
+
 def _task_index(plan: Plan, workflow_id: str, task: str) -> int:
     index = plan.by_name.get(task)
     if index is None:
-        raise UsageError(f"workflow {workflow_id} has no task named '{task}'")
+        raise UsageError(f"workflow {workflow_id} has no task named '{echo(task)}'")
     return index
 
 

@@ -27,19 +27,21 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import msgspec
 
-from dagq import keys, machine, quarantine
+from dagq import keys, machine, payloads, quarantine
 from dagq.cache import Entry, WorkflowCache
 from dagq.containment import Held, WorkflowFault, step
 from dagq.dispatching import Outgoing, bundle, task_message
-from dagq.errors import ConflictError, DagqError, LeaseLost, TransientError
+from dagq.errors import ConflictError, DagqError, DamagedData, LeaseLost, TransientError
 from dagq.history import encode_chunk
 from dagq.leasing import LeaseKeeper
 from dagq.messages import (
     Event,
     RetryRequested,
+    SignalSent,
     SubmitRequested,
     TaskFinished,
     TaskStarted,
@@ -787,12 +789,30 @@ class Coordinator:
                 heapq.heappush(entry.deadlines, (due, i, st.attempt[i]))
 
     async def _resolve_refs(self, entry: Entry, events: list[Event]) -> None:
-        """Load outputs stored by reference that a condition is about to read."""
-        for e in events:
+        """Load outputs stored by reference that a condition is about to read, and
+        signal data sent by reference (replaced, in ``events``, by the data itself)."""
+        for k, e in enumerate(events):
             if isinstance(e, TaskFinished) and e.output_ref and _value_needed(entry.plan, e.task):
                 await self._resolve(entry.state, e.output_ref)
             elif isinstance(e, RetryRequested):
+                if e.tasks_ref is not None:
+                    names = await self._request_data(e.tasks_ref, "the tasks to retry")
+                    try:
+                        names = msgspec.convert(names, list[str])
+                    except msgspec.ValidationError as exc:
+                        raise DamagedData(f"{e.tasks_ref} is not a list of names: {exc}") from None
+                    events[k] = msgspec.structs.replace(e, tasks=names, tasks_ref=None)
                 await self._resolve_all(entry)
+            elif isinstance(e, SignalSent) and e.data_ref is not None:
+                data = await self._request_data(e.data_ref, f"the data of signal '{e.name}'")
+                events[k] = msgspec.structs.replace(e, data=data, data_ref=None)
+
+    async def _request_data(self, ref: str, what: str) -> Any:
+        """The data of a request sent by reference (:mod:`dagq.payloads`)."""
+        doc = await self.store.documents.get(ref)
+        if doc is None:  # stored before the request was sent: only damage removes it
+            raise DamagedData(f"{what} ({ref}) is missing")
+        return payloads.decode_json(doc.data, what)
 
     async def _resolve_all(self, entry: Entry) -> None:
         for i, ref in list(entry.state.output_refs.items()):
@@ -804,7 +824,7 @@ class Coordinator:
             return
         doc = await self.store.documents.get(ref)
         if doc is not None:
-            st.resolved[ref] = msgspec.json.decode(doc.data)
+            st.resolved[ref] = payloads.decode_json(doc.data, ref)
 
     # --- sweeps ---------------------------------------------------------------------
 

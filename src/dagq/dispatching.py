@@ -2,7 +2,9 @@
 
 Upstream outputs ride in the message while they are small; above the inline limit
 they travel as one ``inputs`` document, and outputs that were already stored by
-reference are passed by their key, so no message ever exceeds the queue limit.
+reference are passed by their key. A message still above
+``payloads.TASK_MESSAGE_INLINE_BYTES`` sends its spec by reference, and if need be all
+of itself, so no message ever exceeds the queue limit.
 
 Where every request is billed (Azure), task messages sent together to one queue go
 out as bundles: one queue message carrying several tasks (:func:`bundle`); a worker
@@ -19,13 +21,14 @@ import msgspec
 
 from dagq import keys
 from dagq.machine import Dispatch
-from dagq.messages import INPUTS_INLINE_LIMIT, TaskMessage, encode_task, join_tasks
+from dagq.messages import INPUTS_INLINE_LIMIT, TaskMessage, TaskSpec, encode_task, join_tasks
+from dagq.payloads import PREVIOUS_INLINE_BYTES, TASK_MESSAGE_INLINE_BYTES
 from dagq.plan import Plan, PlanTask
 from dagq.state import RunState, TaskStatus
 from dagq.stores.base import OutgoingMessage
 
 #: A loop's previous output rides in the message up to this size, else as a document.
-PREVIOUS_INLINE_LIMIT = 8 * 1024
+PREVIOUS_INLINE_LIMIT = PREVIOUS_INLINE_BYTES
 #: A bundle's body stays under this many bytes (the queue limit is 48 KiB).
 BUNDLE_BYTES = 40 * 1024
 
@@ -92,15 +95,50 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
         item=item,
         item_ref=item_ref,
     )
+    body = encode_task(message)
+    if len(body) > TASK_MESSAGE_INLINE_BYTES:
+        body = _by_reference(message, body, documents)
     return Outgoing(
         queue=queue,
         message=OutgoingMessage(
-            body=encode_task(message),
+            body=body,
             id=attempt_id(message),
             delay_s=max(dispatch.delay_s, 0.0),
         ),
         documents=tuple(documents),
     )
+
+
+def _by_reference(message: TaskMessage, body: bytes, documents: list[tuple[str, bytes]]) -> bytes:
+    """The body of a task message too large to send: its spec (a large param rendered
+    into a command, a long undo command) goes to a document shared by every attempt;
+    if that is not enough, the whole message goes to a document of its own and the
+    message keeps only what a worker needs before it loads it."""
+    workflow_id, spec = message.workflow_id, message.spec
+    spec_ref = keys.spec(workflow_id, message.task, undo=message.undo)
+    documents.append((spec_ref, msgspec.msgpack.encode(spec)))
+    message = msgspec.structs.replace(message, spec=TaskSpec(kind=spec.kind), spec_ref=spec_ref)
+    body = encode_task(message)
+    if len(body) <= TASK_MESSAGE_INLINE_BYTES:
+        return body
+    body_ref = keys.task_body(
+        workflow_id, message.task, message.attempt, item=message.item_index, undo=message.undo
+    )
+    documents.append((body_ref, body))
+    stub = TaskMessage(
+        workflow_id=workflow_id,
+        task=message.task,
+        name=message.name,
+        attempt=message.attempt,
+        spec=message.spec,
+        idempotency_key=message.idempotency_key,
+        timeout_s=message.timeout_s,
+        epoch=message.epoch,
+        undo=message.undo,
+        item_index=message.item_index,
+        body_ref=body_ref,
+    )
+    return encode_task(stub)
 
 
 def attempt_id(task: TaskMessage) -> str:

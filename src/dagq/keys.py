@@ -50,9 +50,43 @@ def inputs(workflow_id: str, task: int, attempt: int) -> str:
     return f"inputs/{check_workflow_id(workflow_id)}/{task:07d}-{attempt}"
 
 
-def log(workflow_id: str, task: int, attempt: int) -> str:
-    """The bounded stdout/stderr tail of one attempt."""
-    return f"logs/{check_workflow_id(workflow_id)}/{task:07d}-{attempt}"
+def log(workflow_id: str, task: int, attempt: int, *, item: int = -1, undo: bool = False) -> str:
+    """The bounded stdout/stderr tail of one attempt (of a task, of one instance of a
+    foreach task, or of a task's undo)."""
+    return f"logs/{check_workflow_id(workflow_id)}/{task:07d}-{attempt}{_variant(item, undo)}"
+
+
+def error(workflow_id: str, task: int, attempt: int, *, item: int = -1, undo: bool = False) -> str:
+    """The whole error text of one attempt, when too long for events and states (those
+    carry it cut). Beside the logs, so a purge removes it with them."""
+    return f"{log(workflow_id, task, attempt, item=item, undo=undo)}-error"
+
+
+def spec(workflow_id: str, task: int, *, undo: bool = False) -> str:
+    """A task's spec (or its undo's), when too large for its task messages. Every
+    attempt and instance shares it: params are fixed for the life of a workflow."""
+    return f"inputs/{check_workflow_id(workflow_id)}/{task:07d}{_variant(-1, undo)}-spec"
+
+
+def task_body(
+    workflow_id: str, task: int, attempt: int, *, item: int = -1, undo: bool = False
+) -> str:
+    """A whole task message, when even without its spec it is too large to send."""
+    return f"{inputs(workflow_id, task, attempt)}{_variant(item, undo)}-message"
+
+
+def signal_data(workflow_id: str, name: str, digest: str) -> str:
+    """Signal data too large for the signal event, named by its content's digest."""
+    return f"inputs/{check_workflow_id(workflow_id)}/signal-{name}-{digest}"
+
+
+def retry_tasks(workflow_id: str, digest: str) -> str:
+    """The task names of a retry request too long for its event."""
+    return f"inputs/{check_workflow_id(workflow_id)}/retry-{digest}"
+
+
+def _variant(item: int, undo: bool) -> str:
+    return (f"-i{item}" if item >= 0 else "") + ("-undo" if undo else "")
 
 
 def foreach_items(workflow_id: str, task: int) -> str:

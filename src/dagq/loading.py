@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from dagq.definition import (
     WorkflowDef,
 )
 from dagq.errors import ValidationError
+from dagq.payloads import MAX_DEFINITION_BYTES, MAX_DEPTH, echo
 from dagq.validation import validate
 
 PathPart = str | int
@@ -76,6 +77,8 @@ def load_data(raw: Any, *, source: str = "<definition>", text: str | None = None
         definition = msgspec.convert(raw, WorkflowDef, str_keys=True)
     except msgspec.ValidationError as exc:
         raise _convert_error(exc, report) from None
+    except RecursionError:  # a value built in Python may even contain itself
+        raise ValidationError(f"{source}: {_TOO_DEEP}") from None
     try:
         validate(definition)
     except ValidationError as exc:
@@ -86,7 +89,25 @@ def load_data(raw: Any, *, source: str = "<definition>", text: str | None = None
 # --- parsing ----------------------------------------------------------------
 
 
+#: What a definition nested too deep to parse is told.
+_TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep"
+#: The deepest a whole definition may nest: its own levels (tasks, a task, its
+#: compensate block...) above the values inside it.
+MAX_DEFINITION_DEPTH = MAX_DEPTH + 8
+
+
 def _parse(text: str, source: str) -> Any:
+    if len(text) > MAX_DEFINITION_BYTES:
+        raise ValidationError(
+            f"{source}: {len(text)} characters, over the limit of {MAX_DEFINITION_BYTES} bytes"
+        )
+    try:
+        return _parse_text(text, source)
+    except RecursionError:  # deeper than the parser's stack: far over the bound
+        raise ValidationError(f"{source}: {_TOO_DEEP}") from None
+
+
+def _parse_text(text: str, source: str) -> Any:
     if source.endswith(".json"):
         try:
             return json.loads(text)
@@ -95,7 +116,7 @@ def _parse(text: str, source: str) -> Any:
                 f"{source}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}"
             ) from None
     try:
-        return yaml.load(text, Loader=_Loader)
+        return _load_yaml(text, source)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -103,6 +124,79 @@ def _parse(text: str, source: str) -> Any:
         raise ValidationError(f"{source}: {where}invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise ValidationError(f"{source}: invalid YAML: {exc}") from None
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    """YAML to data, refusing a document whose aliases would expand it beyond the
+    bounds (a "billion laughs"): the node graph is measured before it is built."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if "&" in text:  # no anchor, no alias: nothing can expand
+            _check_expansion(node, source)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_expansion(root: yaml.Node, source: str) -> None:
+    """Refuse a document that, its aliases expanded, would weigh more than
+    MAX_DEFINITION_BYTES, nest deeper than MAX_DEFINITION_DEPTH, or contain itself.
+
+    Each collection is measured once (a shared one is looked up), without recursion,
+    so the measure costs as little as the text is long, however much it expands to.
+    """
+    measured: dict[int, tuple[int, int]] = {}  # id -> (bytes, depth), aliases expanded
+    path: set[int] = set()  # collections whose children are being measured
+    stack = [root]
+    while stack:
+        node = stack[-1]
+        key = id(node)
+        if key in measured:
+            stack.pop()
+        elif key in path:  # every child is measured now
+            stack.pop()
+            path.discard(key)
+            measured[key] = _measure(node, measured, source)
+        else:
+            path.add(key)
+            for child in _children(node):
+                if child.__class__ is yaml.ScalarNode or id(child) in measured:
+                    continue
+                if id(child) in path:
+                    raise ValidationError(
+                        f"{source}: a YAML alias refers to a node that contains it"
+                    )
+                stack.append(child)
+
+
+def _measure(node: yaml.Node, measured: dict[int, tuple[int, int]], source: str) -> tuple[int, int]:
+    size, depth = 2, 0
+    for child in _children(node):
+        if child.__class__ is yaml.ScalarNode:
+            size += len(child.value) + 3
+        else:
+            child_size, child_depth = measured[id(child)]
+            size += child_size + 1
+            depth = max(depth, child_depth)
+    if size > MAX_DEFINITION_BYTES:
+        raise ValidationError(
+            f"{source}: its YAML aliases expand it beyond the limit of {MAX_DEFINITION_BYTES} bytes"
+        )
+    if depth + 1 > MAX_DEFINITION_DEPTH:
+        raise ValidationError(f"{source}: {_TOO_DEEP} once its YAML aliases are expanded")
+    return size, depth + 1
+
+
+def _children(node: yaml.Node) -> Iterator[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            yield key
+            yield value
+    elif isinstance(node, yaml.SequenceNode):
+        yield from node.value
 
 
 class _Locator:
@@ -117,8 +211,8 @@ class _Locator:
             return None
         if self._root is None:
             try:
-                self._root = yaml.compose(self._text)
-            except yaml.YAMLError:
+                self._root = yaml.compose(self._text, Loader=_Loader)
+            except (yaml.YAMLError, RecursionError):
                 return None
         node = self._root
         line = None
@@ -179,7 +273,8 @@ class _Reporter:
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"known fields: {', '.join(allowed)}"
             raise ValidationError(
-                f"{self.where([*path, str(key)])}: unknown {kind} field '{key}' ({hint})"
+                f"{self.where([*path, echo(str(key))])}: unknown {kind} field "
+                f"'{echo(str(key))}' ({hint})"
             )
 
 
@@ -259,7 +354,7 @@ def _task_label(raw: Mapping[str, Any], index: int) -> str:
     if isinstance(tasks, list) and index < len(tasks) and isinstance(tasks[index], Mapping):
         name = tasks[index].get("name")
         if isinstance(name, str):
-            return f" '{name}'"
+            return f" '{echo(name)}'"
     return ""
 
 

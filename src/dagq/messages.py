@@ -12,11 +12,13 @@ from typing import Any, Literal
 
 import msgspec
 
+from dagq import payloads
+
 #: An output larger than this (encoded as JSON) is stored as a document and passed
 #: by reference.
-OUTPUT_INLINE_LIMIT = 32 * 1024
+OUTPUT_INLINE_LIMIT = payloads.OUTPUT_INLINE_BYTES
 #: Upstream outputs above this total travel as a document instead of in the message.
-INPUTS_INLINE_LIMIT = 24 * 1024
+INPUTS_INLINE_LIMIT = payloads.INPUTS_INLINE_BYTES
 
 
 class TaskSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
@@ -63,6 +65,12 @@ class TaskMessage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True)
     item_index: int = -1
     item: Any = None
     item_ref: str | None = None
+    #: The spec is too large for the message: it is this document (``spec`` holds only
+    #: its kind). See :mod:`dagq.payloads`.
+    spec_ref: str | None = None
+    #: Even without its spec the message is too large: all of it is this document, and
+    #: this message carries only what a worker needs before loading it.
+    body_ref: str | None = None
 
 
 # --- events to the coordinator ----------------------------------------------
@@ -126,6 +134,9 @@ class SignalSent(msgspec.Struct, frozen=True, tag="signal", kw_only=True):
     data: Any = None
     #: Names this request: a copy delivered again is recognised and applied once.
     request_id: str = ""
+    #: Data too large for the event: the document holding it (JSON), stored by the
+    #: client before it sent the signal.
+    data_ref: str | None = None
 
 
 class RetryRequested(msgspec.Struct, frozen=True, tag="retry", kw_only=True):
@@ -135,6 +146,8 @@ class RetryRequested(msgspec.Struct, frozen=True, tag="retry", kw_only=True):
     tasks: list[str] = msgspec.field(default_factory=list)
     #: Names this request: a copy delivered again is recognised and applied once.
     request_id: str = ""
+    #: Names too many for the event: the document holding them (a JSON list).
+    tasks_ref: str | None = None
 
 
 Event = TaskStarted | TaskFinished | SubmitRequested | CancelRequested | RetryRequested | SignalSent
@@ -153,7 +166,10 @@ def encode_task(message: TaskMessage) -> bytes:
 
 def decode_task(body: bytes) -> TaskMessage:
     """Parse a task message; raises msgspec.DecodeError/ValidationError if malformed."""
-    return _task_decoder.decode(body)
+    try:
+        return _task_decoder.decode(body)
+    except RecursionError:
+        raise _too_deep() from None
 
 
 def join_tasks(encoded: list[bytes]) -> bytes:
@@ -164,7 +180,10 @@ def join_tasks(encoded: list[bytes]) -> bytes:
 def decode_tasks(body: bytes) -> list[TaskMessage]:
     """The task messages in a task-queue body: one, or a bundle's; raises msgspec
     errors if malformed."""
-    decoded = _tasks_decoder.decode(body)
+    try:
+        decoded = _tasks_decoder.decode(body)
+    except RecursionError:
+        raise _too_deep() from None
     return decoded if isinstance(decoded, list) else [decoded]
 
 
@@ -200,5 +219,13 @@ def encode_events(events: list[Event]) -> bytes:
 
 
 def decode_events(body: bytes) -> list[Event]:
-    """Parse a completion-queue message; raises msgspec errors if malformed."""
-    return _batch_decoder.decode(body)
+    """Parse a completion-queue message; raises msgspec errors if malformed (a value
+    nested too deep to decode is malformed too: never a RecursionError)."""
+    try:
+        return _batch_decoder.decode(body)
+    except RecursionError:
+        raise _too_deep() from None
+
+
+def _too_deep() -> msgspec.DecodeError:
+    return msgspec.DecodeError("a value in the message is nested too deep to decode")

@@ -8,14 +8,35 @@ tails) is truncated with the full text kept by reference. Hard bounds (nesting d
 total size) are checked the same way by ``validate``, ``run``, ``submit``, the client
 and the worker, and refused with one line naming the value and the bound.
 
-This module is pure: it measures and cuts; storing is the caller's business.
+The limits, and what happens above them (README.md, "Limits", says the same):
+
+==========================  ==============================  ================================
+payload                     inline (above: by reference)    hard bound (above: refused)
+==========================  ==============================  ================================
+task output                 OUTPUT_INLINE_BYTES             MAX_DEPTH (the attempt fails)
+upstream inputs             INPUTS_INLINE_BYTES             —
+a loop's previous output    PREVIOUS_INLINE_BYTES           —
+foreach items               ``group.INLINE_ITEMS_LIMIT``    MAX_DEPTH (as an output)
+task message (spec, cmd)    TASK_MESSAGE_INLINE_BYTES       —
+params                      (in the task spec)              MAX_PARAMS_BYTES, MAX_DEPTH
+signal data                 REQUEST_INLINE_BYTES            MAX_SIGNAL_BYTES, MAX_DEPTH
+retry request's task names  REQUEST_INLINE_BYTES            —
+definition                  (a document)                    MAX_DEFINITION_BYTES, MAX_DEPTH
+error text                  ERROR_INLINE_CHARS (cut)        — (whole text kept as a document)
+==========================  ==============================  ================================
+
+No message dagq builds can then exceed ``stores.base.MAX_MESSAGE_BYTES``.
+
+This module is pure: it measures, encodes and cuts; storing is the caller's business.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dagq.errors import PayloadTooLarge
+import msgspec
+
+from dagq.errors import DamagedData, PayloadTooLarge, ValidationError
 
 #: Deepest nesting of lists and mappings accepted in any JSON or YAML value
 #: (definitions, params, signal data, outputs, items). Real data is rarely deeper
@@ -26,6 +47,22 @@ MAX_DEPTH = 100
 OUTPUT_INLINE_BYTES = 32 * 1024
 #: Upstream outputs above this total travel as a document instead of in the message.
 INPUTS_INLINE_BYTES = 24 * 1024
+#: A loop's previous output rides in the task message up to this size, else by reference.
+PREVIOUS_INLINE_BYTES = 8 * 1024
+#: A task message above this (a large param rendered into a command, a long
+#: compensation command, many upstream references) travels by reference: first its
+#: spec, then, if that is not enough, the whole message. Leaves room under the
+#: queue limit (48 KiB) for framing.
+TASK_MESSAGE_INLINE_BYTES = 40 * 1024
+#: Signal data, or the task names of a retry request, above this (encoded as JSON)
+#: are stored as a document by the client; the request carries its key.
+REQUEST_INLINE_BYTES = 16 * 1024
+#: The most signal data a signal may carry (encoded as JSON).
+MAX_SIGNAL_BYTES = 1024 * 1024
+#: The most the params of one workflow may total (encoded as JSON).
+MAX_PARAMS_BYTES = 1024 * 1024
+#: The most a workflow definition may weigh (encoded as JSON, YAML aliases expanded).
+MAX_DEFINITION_BYTES = 32 * 1024 * 1024
 #: An error text longer than this is cut (its head and tail kept) in events, states
 #: and listings; the whole text is kept as a document.
 ERROR_INLINE_CHARS = 2000
@@ -57,16 +94,55 @@ def check_depth(value: Any, what: str, limit: int = MAX_DEPTH) -> None:
         raise PayloadTooLarge(f"{what} is nested more than {limit} levels deep")
 
 
-def cut(text: str, limit: int = ERROR_INLINE_CHARS) -> str:
+def encode_json(value: Any, what: str, *, max_bytes: int | None = None) -> bytes:
+    """``value`` as JSON, within the hard bounds: PayloadTooLarge naming ``what`` if it
+    is nested more than MAX_DEPTH deep or (given ``max_bytes``) too large,
+    ValidationError if it is not JSON at all.
+
+    Encoding comes first (it is fast); only a value whose encoding holds more brackets
+    than MAX_DEPTH can be too deep, so only those are walked.
+    """
+    try:
+        encoded = msgspec.json.encode(value)
+    except RecursionError:
+        raise PayloadTooLarge(f"{what} is nested more than {MAX_DEPTH} levels deep") from None
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+        raise ValidationError(f"{what} is not JSON-serialisable: {exc}") from None
+    if encoded.count(b"[") + encoded.count(b"{") > MAX_DEPTH:
+        check_depth(value, what)
+    if max_bytes is not None and len(encoded) > max_bytes:
+        raise PayloadTooLarge(
+            f"{what} is {len(encoded)} bytes as JSON, over the limit of {max_bytes} bytes"
+        )
+    return encoded
+
+
+def decode_json(data: bytes, what: str) -> Any:
+    """A stored JSON document, decoded; DamagedData naming ``what`` if it cannot be
+    (malformed, or nested so deep that decoding would exhaust the stack)."""
+    try:
+        return msgspec.json.decode(data)
+    except RecursionError:
+        raise DamagedData(f"{what} is nested too deep to decode") from None
+    except msgspec.DecodeError as exc:
+        raise DamagedData(f"{what} cannot be decoded: {exc}") from None
+
+
+def cut(text: str, limit: int = ERROR_INLINE_CHARS, *, note: str = "") -> str:
     """``text`` at most ``limit`` characters: its head and its tail, with the number of
-    characters left out between them."""
+    characters left out between them (and ``note``, e.g. where the whole text is, if
+    there is room for it)."""
     if len(text) <= limit:
         return text
-    keep = max(limit - 40, 2)
-    head = keep // 2
-    tail = keep - head
-    omitted = len(text) - head - tail
-    return f"{text[:head]}… [{omitted} characters cut] …{text[-tail:]}"
+    for extra in (f"; {note}" if note else "", ""):
+        # The count shown has at most as many digits as len(text): this bounds the marker.
+        marker = len(f"… [{len(text)} characters cut{extra}] …")
+        if marker + 2 <= limit:
+            keep = limit - marker
+            head, tail = keep // 2, keep - keep // 2
+            omitted = len(text) - keep
+            return f"{text[:head]}… [{omitted} characters cut{extra}] …{text[-tail:]}"
+    return text[:limit]
 
 
 def echo(name: str, limit: int = NAME_ECHO_CHARS) -> str:

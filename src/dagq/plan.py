@@ -14,8 +14,9 @@ from typing import Any
 
 from dagq import expression
 from dagq.definition import Compensate, Loop, RetryPolicy, TaskDef, WaitFor, WorkflowDef
-from dagq.errors import ValidationError
+from dagq.errors import PayloadTooLarge, ValidationError
 from dagq.messages import TaskSpec
+from dagq.payloads import MAX_DEPTH, check_depth, echo
 from dagq.validation import LOOP_ROOTS
 
 POLICY_ALL = -1
@@ -88,7 +89,7 @@ def resolve_params(definition: WorkflowDef, overrides: Mapping[str, Any]) -> dic
     if unknown:
         known = ", ".join(sorted(definition.params)) or "none are declared"
         raise ValidationError(
-            f"unknown param {', '.join(repr(u) for u in unknown)} for workflow "
+            f"unknown param {', '.join(repr(echo(u)) for u in unknown[:10])} for workflow "
             f"'{definition.name}' (known params: {known})"
         )
     return {**definition.params, **overrides}
@@ -98,11 +99,17 @@ def parse_param(text: str) -> tuple[str, Any]:
     """Parse ``key=value`` from the command line; the value is JSON if it parses."""
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise ValidationError(f"-p {text!r}: expected key=value")
+        raise ValidationError(f"-p {echo(text)!r}: expected key=value")
     try:
-        return key, json.loads(value)
+        parsed = json.loads(value)
+    except RecursionError:  # deeper than the parser's stack: far over the bound
+        raise PayloadTooLarge(
+            f"-p {echo(key)}: the value is nested more than {MAX_DEPTH} levels deep"
+        ) from None
     except ValueError:
         return key, value
+    check_depth(parsed, f"-p {echo(key)}: the value")
+    return key, parsed
 
 
 def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:

@@ -20,9 +20,16 @@ from typing import Any
 
 import msgspec
 
-from dagq import keys, state
+from dagq import keys, payloads, state
 from dagq.definition import WorkflowDef
-from dagq.errors import ConflictError, UsageError, WorkflowExists, WorkflowNotFound
+from dagq.errors import (
+    ConflictError,
+    DamagedData,
+    PayloadTooLarge,
+    UsageError,
+    WorkflowExists,
+    WorkflowNotFound,
+)
 from dagq.messages import (
     CancelRequested,
     RetryRequested,
@@ -30,10 +37,11 @@ from dagq.messages import (
     SubmitRequested,
     encode_events,
 )
+from dagq.payloads import echo
 from dagq.persistence import create_state
 from dagq.plan import Plan, compile_plan, resolve_params
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
-from dagq.validation import check_workflow_id
+from dagq.validation import check_values, check_workflow_id
 
 
 class Submitted(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,7 +89,7 @@ async def submit(
 ) -> SubmitResult:
     """Store a workflow and wake the coordinator; repeat-safe for the same id."""
     resolved = resolve_params(definition, params or {})
-    plan = compile_plan(definition, resolved)
+    check_bounds(definition, resolved)
     workflow_id = check_workflow_id(workflow_id or new_workflow_id(definition.name))
     now = clock()
     submitted = Submitted(
@@ -92,6 +100,13 @@ async def submit(
         fingerprint=fingerprint(definition, resolved),
         tenant=tenant,
     )
+    document = msgspec.json.encode(submitted)
+    if len(document) > payloads.MAX_DEFINITION_BYTES:
+        raise PayloadTooLarge(
+            f"the definition of '{echo(definition.name)}' with its params is {len(document)} "
+            f"bytes as JSON, over the limit of {payloads.MAX_DEFINITION_BYTES} bytes"
+        )
+    plan = compile_plan(definition, resolved)  # bounded first: it renders every task
     existing = await load_submitted(store, workflow_id)
     if existing is not None:
         if existing.fingerprint != submitted.fingerprint:
@@ -106,9 +121,7 @@ async def submit(
         await store.index.upsert(_pending_row(submitted, plan))
     if created:
         try:
-            await store.documents.put(
-                keys.definition(workflow_id), msgspec.json.encode(submitted), if_none_match=True
-            )
+            await store.documents.put(keys.definition(workflow_id), document, if_none_match=True)
         except ConflictError:  # a concurrent submit of the same id won the race
             return await submit(
                 store, definition, params=params, workflow_id=workflow_id, tenant=tenant
@@ -123,12 +136,29 @@ async def submit(
     return SubmitResult(workflow_id, created, plan, submitted.fingerprint)
 
 
+def check_bounds(definition: WorkflowDef, params: Mapping[str, Any]) -> None:
+    """Refuse a definition or params over their hard bounds (:mod:`dagq.payloads`),
+    naming the value and the bound: before anything renders or stores them."""
+    check_values(definition)
+    total = 0
+    for name, value in params.items():
+        total += len(payloads.encode_json(value, f"param '{echo(name)}'"))
+    if total > payloads.MAX_PARAMS_BYTES:
+        raise PayloadTooLarge(
+            f"the params of '{echo(definition.name)}' total {total} bytes as JSON, over the "
+            f"limit of {payloads.MAX_PARAMS_BYTES} bytes; pass large data in a file instead"
+        )
+
+
 async def load_submitted(store: Store, workflow_id: str) -> Submitted | None:
     """The definition document of a workflow, or None if there is no such workflow."""
     doc = await store.documents.get(keys.definition(workflow_id))
     if doc is None:
         return None
-    return msgspec.json.decode(doc.data, type=Submitted)
+    try:
+        return msgspec.json.decode(doc.data, type=Submitted)
+    except RecursionError:  # stored before values were bounded: never crash a reader
+        raise DamagedData(f"the definition of {workflow_id} is nested too deep to decode") from None
 
 
 async def require_submitted(store: Store, workflow_id: str) -> Submitted:
@@ -170,7 +200,9 @@ async def request_cancel(
     """
     await require_submitted(store, workflow_id)
     request_id = request_id or new_request_id()
-    event = CancelRequested(workflow_id=workflow_id, reason=reason, request_id=request_id)
+    event = CancelRequested(
+        workflow_id=workflow_id, reason=payloads.cut(reason), request_id=request_id
+    )
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
 
 
@@ -180,20 +212,40 @@ async def request_signal(
     """Send a signal to a workflow; kept until a task waits for it (request ids: see
     :func:`request_cancel`).
 
-    Refused when no task of the workflow waits for that signal. Each wait takes one
-    signal, in the order they were sent.
+    Refused when no task of the workflow waits for that signal, or when the data is
+    over its bounds (see :mod:`dagq.payloads`). Each wait takes one signal, in the
+    order they were sent.
     """
+    encoded = check_signal_data(name, data)
     submitted = await require_submitted(store, workflow_id)
     signals = {t.wait_for.signal for t in submitted.definition.tasks if t.wait_for}
     if name not in signals:
         listed = ", ".join(sorted(signals)) if signals else "none: no task has wait_for"
         raise UsageError(
-            f"no task of workflow '{workflow_id}' waits for signal '{name}' "
+            f"no task of workflow '{workflow_id}' waits for signal '{echo(name)}' "
             f"(it waits for: {listed})"
         )
     request_id = request_id or new_request_id()
-    event = SignalSent(workflow_id=workflow_id, name=name, data=data, request_id=request_id)
+    event = await _signal_event(store, workflow_id, name, data, encoded, request_id)
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
+
+
+def check_signal_data(name: str, data: Any) -> bytes:
+    """Signal data as JSON, within the hard bounds (PayloadTooLarge naming it if not)."""
+    return payloads.encode_json(
+        data, f"the data of signal '{echo(name)}'", max_bytes=payloads.MAX_SIGNAL_BYTES
+    )
+
+
+async def _signal_event(
+    store: Store, workflow_id: str, name: str, data: Any, encoded: bytes, request_id: str
+) -> SignalSent:
+    """The signal event; data above the inline limit is stored first and referenced."""
+    if len(encoded) <= payloads.REQUEST_INLINE_BYTES:
+        return SignalSent(workflow_id=workflow_id, name=name, data=data, request_id=request_id)
+    key = keys.signal_data(workflow_id, name, hashlib.sha256(encoded).hexdigest()[:16])
+    await store.documents.put(key, encoded)
+    return SignalSent(workflow_id=workflow_id, name=name, data_ref=key, request_id=request_id)
 
 
 async def request_retry(
@@ -209,9 +261,15 @@ async def request_retry(
     names = {t.name for t in submitted.definition.tasks}
     unknown = [t for t in tasks or [] if t not in names]
     if unknown:
-        raise UsageError(
-            f"workflow '{workflow_id}' has no task named {', '.join(map(repr, unknown))}"
-        )
+        shown = ", ".join(repr(echo(t)) for t in unknown[:10])
+        raise UsageError(f"workflow '{workflow_id}' has no task named {shown}")
     request_id = request_id or new_request_id()
-    event = RetryRequested(workflow_id=workflow_id, tasks=list(tasks or []), request_id=request_id)
+    wanted = list(dict.fromkeys(tasks or []))
+    encoded = msgspec.json.encode(wanted)
+    if len(encoded) <= payloads.REQUEST_INLINE_BYTES:
+        event = RetryRequested(workflow_id=workflow_id, tasks=wanted, request_id=request_id)
+    else:  # thousands of names: they travel as a document
+        key = keys.retry_tasks(workflow_id, hashlib.sha256(encoded).hexdigest()[:16])
+        await store.documents.put(key, encoded)
+        event = RetryRequested(workflow_id=workflow_id, tasks_ref=key, request_id=request_id)
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])

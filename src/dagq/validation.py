@@ -15,7 +15,8 @@ import msgspec
 
 from dagq import expression
 from dagq.definition import TaskDef, WorkflowDef
-from dagq.errors import ValidationError
+from dagq.errors import PayloadTooLarge, ValidationError
+from dagq.payloads import MAX_PARAMS_BYTES, NAME_ECHO_CHARS, check_depth, echo, encode_json
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/:@+=]*\Z")
 QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
@@ -40,16 +41,36 @@ def validate(definition: WorkflowDef) -> None:
     for name in definition.params:
         if not PARAM_PATTERN.match(name):
             raise ValidationError(
-                f"params: '{name}' is not a valid param name "
+                f"params: '{echo(name)}' is not a valid param name "
                 "(letters, digits and '_', not starting with a digit)"
             )
     _check_queue("default_queue", definition.default_queue)
     if definition.defaults and definition.defaults.queue:
         _check_queue("defaults.queue", definition.defaults.queue)
     names = _check_names(definition)
+    check_values(definition)
     for task in definition.tasks:
         _check_task(task, names, definition.params)
     _check_acyclic(definition)
+
+
+def check_values(definition: WorkflowDef) -> None:
+    """Refuse free-form values (param defaults, args) over their bounds
+    (:mod:`dagq.payloads`): nested deeper than MAX_DEPTH (they travel in messages and
+    must never exhaust a parser's stack), or param defaults over MAX_PARAMS_BYTES."""
+    total = 0
+    for name, value in definition.params.items():
+        total += len(encode_json(value, f"params.{echo(name)}"))
+    if total > MAX_PARAMS_BYTES:
+        raise PayloadTooLarge(
+            f"params: the defaults total {total} bytes as JSON, over the limit of "
+            f"{MAX_PARAMS_BYTES} bytes; pass large data in a file instead"
+        )
+    for task in definition.tasks:
+        where = f"task '{echo(task.name)}'"
+        check_depth(task.args, f"{where}: args")
+        if task.compensate is not None:
+            check_depth(task.compensate.args, f"{where}: compensate.args")
 
 
 def check_queue_name(queue: str, where: str = "queue") -> str:
@@ -61,7 +82,7 @@ def check_queue_name(queue: str, where: str = "queue") -> str:
 def _check_queue(where: str, queue: str) -> None:
     if not QUEUE_PATTERN.match(queue):
         raise ValidationError(
-            f"{where}: '{queue}' is not a valid queue name "
+            f"{where}: '{echo(queue)}' is not a valid queue name "
             "(1-63 letters, digits, '-', '_' or '.', starting with a letter or digit)"
         )
 
@@ -71,17 +92,17 @@ def _check_names(definition: WorkflowDef) -> dict[str, TaskDef]:
     for i, task in enumerate(definition.tasks):
         if not NAME_PATTERN.match(task.name):
             raise ValidationError(
-                f"tasks[{i}]: '{task.name}' is not a valid task name (use letters, digits "
+                f"tasks[{i}]: '{echo(task.name)}' is not a valid task name (use letters, digits "
                 "and _ . - / : @ + =, starting with a letter, digit or '_')"
             )
         if task.name in names:
-            raise ValidationError(f"tasks[{i}]: duplicate task name '{task.name}'")
+            raise ValidationError(f"tasks[{i}]: duplicate task name '{echo(task.name)}'")
         names[task.name] = task
     return names
 
 
 def _check_task(task: TaskDef, names: Mapping[str, TaskDef], params: Mapping[str, Any]) -> None:
-    where = f"task '{task.name}'"
+    where = f"task '{echo(task.name)}'"
     _check_dependencies(task, names, where)
     _check_kind(task, where)
     if task.queue is not None:
@@ -120,9 +141,9 @@ def _check_dependencies(task: TaskDef, names: Mapping[str, TaskDef], where: str)
         if dep == task.name:
             raise ValidationError(f"{where}: depends_on: a task cannot depend on itself")
         if dep not in names:
-            raise ValidationError(f"{where}: depends_on: no task is named '{dep}'")
+            raise ValidationError(f"{where}: depends_on: no task is named '{echo(dep)}'")
         if dep in seen:
-            raise ValidationError(f"{where}: depends_on: '{dep}' is listed twice")
+            raise ValidationError(f"{where}: depends_on: '{echo(dep)}' is listed twice")
         seen.add(dep)
     policy = task.dep_policy
     if isinstance(policy, int) and policy > len(task.depends_on):
@@ -198,6 +219,12 @@ def _check_fan_out(task: TaskDef, where: str) -> None:
             if value is not None:
                 raise ValidationError(f"{where}: {name} only applies to a foreach task")
         return
+    allow = task.allow_failures
+    if allow is not None and allow >= 1 and not float(allow).is_integer():
+        raise ValidationError(
+            f"{where}: allow_failures: {allow:g} is neither a count of items (a whole "
+            "number, 1 or more) nor a fraction of them (below 1)"
+        )
     others: tuple[tuple[str, object], ...] = (
         ("loop", task.loop),
         ("compensate", task.compensate),
@@ -302,10 +329,14 @@ def check_workflow_id(workflow_id: str) -> str:
     """Refuse ids that could escape storage paths or confuse listings."""
     if not isinstance(workflow_id, str) or not WORKFLOW_ID_PATTERN.match(workflow_id):
         raise ValidationError(
-            f"workflow id {workflow_id!r} is not valid: use 1-128 letters, digits, "
+            f"workflow id {_quoted(workflow_id)} is not valid: use 1-128 letters, digits, "
             "'-', '_' or '.', starting with a letter or digit"
         )
     return workflow_id
+
+
+def _quoted(value: object) -> str:
+    return repr(echo(value)) if isinstance(value, str) else repr(value)[:NAME_ECHO_CHARS]
 
 
 WORKFLOW_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")

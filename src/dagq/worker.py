@@ -23,15 +23,16 @@ from typing import Any
 
 import msgspec
 
-from dagq import expression, keys
-from dagq.errors import DagqError, MessageLost
+from dagq import expression, keys, payloads, reporting
+from dagq.errors import DagqError, DamagedData, MessageLost
 from dagq.holding import Held, give_back, split
 from dagq.leasing import default_owner
 from dagq.messages import (
-    OUTPUT_INLINE_LIMIT,
     TaskFinished,
     TaskMessage,
+    TaskSpec,
     TaskStarted,
+    decode_task,
     decode_tasks,
 )
 from dagq.outbox import Outbox
@@ -419,6 +420,10 @@ class Worker:
 
     async def _execute(self, task: TaskMessage) -> Outcome:
         try:
+            task = await self._whole(task)
+        except DagqError as exc:
+            return Outcome(ok=False, error=f"cannot load the task message: {exc}")
+        try:
             inputs = await self._inputs(task)
         except DagqError as exc:
             return Outcome(ok=False, error=f"cannot load upstream outputs: {exc}")
@@ -457,6 +462,32 @@ class Worker:
                 )
         return await run_python(spec, ctx, args, executor=self._executor)
 
+    async def _whole(self, task: TaskMessage) -> TaskMessage:
+        """A task message sent by reference (its spec, or all of it), loaded whole."""
+        if task.body_ref is not None:
+            doc = await self.store.documents.get(task.body_ref)
+            if doc is None:
+                raise DagqError(f"{task.body_ref} is missing")
+            try:
+                task = decode_task(doc.data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise DamagedData(f"{task.body_ref} cannot be decoded: {exc}") from None
+        if task.spec_ref is not None:
+            spec = self._documents.get(task.spec_ref)  # shared by attempts and instances
+            if not isinstance(spec, TaskSpec):
+                doc = await self.store.documents.get(task.spec_ref)
+                if doc is None:
+                    raise DagqError(f"the task's spec ({task.spec_ref}) is missing")
+                try:
+                    spec = msgspec.msgpack.decode(doc.data, type=TaskSpec)
+                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+                    raise DamagedData(f"{task.spec_ref} is not a task spec: {exc}") from None
+                if len(self._documents) >= 16:
+                    self._documents.pop(next(iter(self._documents)))
+                self._documents[task.spec_ref] = spec
+            task = msgspec.structs.replace(task, spec=spec, spec_ref=None)
+        return task
+
     async def _item(self, task: TaskMessage) -> Any:
         """A foreach instance's item: in its message, or in the group's items document."""
         if task.item_ref is None:
@@ -470,7 +501,7 @@ class Worker:
         doc = await self.store.documents.get(task.previous_ref)
         if doc is None:
             raise DagqError(f"{task.previous_ref} is missing")
-        return msgspec.json.decode(doc.data)
+        return payloads.decode_json(doc.data, task.previous_ref)
 
     async def _inputs(self, task: TaskMessage) -> dict[str, Any]:
         inputs = dict(task.inputs)
@@ -488,7 +519,7 @@ class Worker:
         doc = await self.store.documents.get(key)
         if doc is None:
             raise DagqError(f"{what} ({key}) is missing")
-        value = msgspec.json.decode(doc.data)
+        value = payloads.decode_json(doc.data, f"{what} ({key})")
         if len(doc.data) <= DOCUMENT_CACHE_BYTES:
             if len(self._documents) >= 16:
                 self._documents.pop(next(iter(self._documents)))
@@ -496,39 +527,13 @@ class Worker:
         return value
 
     async def _report(self, task: TaskMessage, outcome: Outcome, started: float) -> TaskFinished:
-        """The completion event; large outputs and logs are stored as documents first."""
-        docs = self.store.documents
-        if outcome.log:
-            await docs.put(keys.log(task.workflow_id, task.task, task.attempt), outcome.log)
-        output, output_ref, error = outcome.output, None, outcome.error
-        ok, retryable = outcome.ok, outcome.retryable
-        if ok and output is not None:
-            try:
-                encoded = msgspec.json.encode(output)
-            except (TypeError, msgspec.EncodeError) as exc:
-                ok, retryable, output = False, False, None
-                error = f"the output is not JSON-serialisable: {exc}"
-            else:
-                if len(encoded) > OUTPUT_INLINE_LIMIT:
-                    output_ref = keys.output(task.workflow_id, task.task, task.attempt)
-                    await docs.put(output_ref, encoded)
-                    output = None
-        now = self.clock()
-        return TaskFinished(
-            workflow_id=task.workflow_id,
-            task=task.task,
-            attempt=task.attempt,
-            at=now,
-            ok=ok,
-            output=output,
-            output_ref=output_ref,
-            error=error,
-            retryable=retryable,
-            retry_after_s=outcome.retry_after_s,
-            error_type=outcome.error_type,
-            undo=task.undo,
-            item=task.item_index,
-            duration_s=now - started,
+        """The completion event; large outputs, logs and errors are stored first."""
+        return await reporting.finished(
+            self.store.documents,
+            task,
+            outcome,
+            started=started,
+            clock=self.clock,
             worker=self.options.name,
         )
 

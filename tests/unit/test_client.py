@@ -329,6 +329,7 @@ UNKNOWN_ID_CALLS: dict[str, Callable[[Client], Awaitable[Any]]] = {
     "tasks": lambda c: c.tasks("ghost"),
     "output": lambda c: c.output("ghost", "a"),
     "logs": lambda c: c.logs("ghost", "a"),
+    "error": lambda c: c.error("ghost", "a"),
     "events": lambda c: c.events("ghost"),
     "cancel": lambda c: c.cancel("ghost"),
     "retry": lambda c: c.retry("ghost"),

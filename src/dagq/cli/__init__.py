@@ -346,12 +346,25 @@ def output(*, workflow_id: str, task: str, store_url: str) -> None:
 @click.argument("workflow_id")
 @click.argument("task")
 @click.option("--attempt", type=click.IntRange(1), default=None, help="Default: the latest.")
+@click.option(
+    "--item", type=click.IntRange(0), default=None, help="One instance of a foreach task."
+)
+@click.option("--undo", is_flag=True, help="The task's compensation.")
 @store_option
-def logs(*, workflow_id: str, task: str, attempt: int | None, store_url: str) -> None:
-    """The kept stdout/stderr of a task's attempt."""
+def logs(
+    *,
+    workflow_id: str,
+    task: str,
+    attempt: int | None,
+    item: int | None,
+    undo: bool,
+    store_url: str,
+) -> None:
+    """The kept stdout/stderr of a task's attempt, then its whole error text."""
     from dagq.cli.inspect import run_logs
 
-    _exit(lambda: run_logs(store_url, workflow_id, task, attempt=attempt))
+    index = -1 if item is None else item
+    _exit(lambda: run_logs(store_url, workflow_id, task, attempt=attempt, item=index, undo=undo))
 
 
 @main.command()

@@ -11,9 +11,11 @@ from dagq.cli.inspect import EXIT_OK, console, print_json, with_client
 from dagq.cli.run import load_definition
 from dagq.client import Client
 from dagq.definition import WorkflowDef
-from dagq.errors import UsageError
+from dagq.errors import PayloadTooLarge, UsageError
+from dagq.payloads import MAX_DEPTH
 from dagq.plan import parse_param
 from dagq.state import TaskStatus
+from dagq.submission import check_signal_data
 from dagq.views import load_run
 
 
@@ -62,8 +64,11 @@ def run_signal(store_url: str, workflow_id: str, name: str, data: str | None) ->
     if data is not None:
         try:
             value = json.loads(data)
+        except RecursionError:  # deeper than the parser's stack: far over the bound
+            raise PayloadTooLarge(f"--data is nested more than {MAX_DEPTH} levels deep") from None
         except ValueError as exc:
             raise UsageError(f"--data is not valid JSON: {exc}") from None
+        check_signal_data(name, value)  # refused here, before any store is opened
     with_client(store_url, lambda c: c.signal(workflow_id, name, value))
     console().print(f"signal '{name}' sent to {workflow_id}")
     return EXIT_OK

@@ -204,11 +204,32 @@ def run_output(store_url: str, workflow_id: str, task: str) -> int:
     return EXIT_OK
 
 
-def run_logs(store_url: str, workflow_id: str, task: str, *, attempt: int | None) -> int:
-    """``dagq logs``: the kept stdout/stderr of an attempt."""
-    text = with_client(store_url, lambda c: c.logs(workflow_id, task, attempt=attempt))
+def run_logs(
+    store_url: str,
+    workflow_id: str,
+    task: str,
+    *,
+    attempt: int | None,
+    item: int = -1,
+    undo: bool = False,
+) -> int:
+    """``dagq logs``: the kept stdout/stderr of an attempt, and its whole error."""
+    text, error = with_client(
+        store_url,
+        lambda c: _logs_and_error(c, workflow_id, task, attempt=attempt, item=item, undo=undo),
+    )
     print(text if text else "(no output was captured for this attempt)")
+    if error:
+        print(f"--- error ---\n{error}")
     return EXIT_OK
+
+
+async def _logs_and_error(
+    client: Client, workflow_id: str, task: str, *, attempt: int | None, item: int, undo: bool
+) -> tuple[str, str | None]:
+    """The log tail of an attempt and its whole error text (if it failed)."""
+    text = await client.logs(workflow_id, task, attempt=attempt, item=item, undo=undo)
+    return text, await client.error(workflow_id, task, attempt=attempt, item=item, undo=undo)
 
 
 def run_events(store_url: str, workflow_id: str, *, as_json: bool) -> int:

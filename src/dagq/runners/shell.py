@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from dagq.messages import TaskSpec
+from dagq.payloads import MAX_DEPTH
 from dagq.runners import Outcome, TaskContext, tail
 
 #: How much of stdout and of stderr is kept, from the end.
@@ -115,6 +116,13 @@ def _outcome(code: int, spec: TaskSpec, output_file: Path, stdout: _Tail, stderr
         return Outcome(ok=True, output=None, log=log)
     try:
         return Outcome(ok=True, output=json.loads(text), log=log)
+    except RecursionError:  # deeper than any parser's stack: over the bound in any case
+        return Outcome(
+            ok=False,
+            error=f"the output is nested more than {MAX_DEPTH} levels deep ($DAGQ_OUTPUT)",
+            retryable=False,
+            log=log,
+        )
     except ValueError as exc:
         return Outcome(
             ok=False,
