@@ -54,6 +54,8 @@ async def test_an_acknowledgement_goes_out_after_the_events_posted_before_it() -
     class Ack:
         queue = "default"
         receipt = held.receipt
+        lock = asyncio.Lock()
+        deleted = False
 
     posting = asyncio.create_task(outbox.post(event(2)))
     outbox.acknowledge(Ack())
