@@ -53,3 +53,8 @@ def summarise(item: str, index: int) -> dict[str, Any]:
 
 def count_items(inputs: dict[str, Any]) -> int:
     return len(inputs["work"])
+
+
+def raise_long(size: int) -> None:
+    """Fail with an error text of ``size`` characters (as a pandas or subprocess error can)."""
+    raise ValueError("x" * size)

@@ -376,18 +376,24 @@ class Worker:
             if running.job is None or running.job in unfinished:
                 left.setdefault(id(running.held), (running.held, []))[1].append(running.task)
         for held, tasks in left.values():
-            with contextlib.suppress(DagqError):  # else it comes back after its timeout
-                if held.untouched and held.open == len(tasks):  # release it whole
-                    async with held.lock:
-                        await self.store.queues.extend(held.queue, held.receipt, 0)
-                    continue
-                # Part reported or given back: the rest goes back too; the message is
-                # deleted once the reports are out (the outbox is closed after this).
-                await give_back(self.store, held.queue, tasks, self._bundle_size)
-                done = held.given_back(len(tasks))
-                if done is not None:
-                    self._outbox.acknowledge(done)
+            try:
+                await self._release(held, tasks)
+            except Exception as exc:  # it comes back after its visibility timeout
+                log.warning("releasing message %s failed: %s", held.message.id, _brief(exc))
         self._running.clear()
+
+    async def _release(self, held: Held, tasks: list[TaskMessage]) -> None:
+        """Hand tasks not run back to the queue at once."""
+        if held.untouched and held.open == len(tasks):  # release it whole
+            async with held.lock:
+                await self.store.queues.extend(held.queue, held.receipt, 0)
+            return
+        # Part reported or given back: the rest goes back too; the message is deleted
+        # once the reports are out (the outbox is closed after this).
+        await give_back(self.store, held.queue, tasks, self._bundle_size)
+        done = held.given_back(len(tasks))
+        if done is not None:
+            self._outbox.acknowledge(done)
 
     # --- one task ---------------------------------------------------------------------
 
