@@ -1,0 +1,83 @@
+"""A worker's faults, with real processes: a slow store never makes a finished task
+run again (heartbeat and acknowledgement are ordered per message), and a background
+task that keeps failing stops ``dagq worker`` with a clear error and exit code 1."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.azurite import Azurite
+from tests.conftest import azure_prefix
+from tests.integration.cli_harness import DagqCli, lines, wait_until
+from tests.integration.test_fault_injection import DIAMOND, start_faulty
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[DagqCli]:
+    with DagqCli(tmp_path) as cli:
+        yield cli
+
+
+@pytest.fixture
+def azure_cli(tmp_path: Path, azurite: Azurite) -> Iterator[DagqCli]:
+    with DagqCli(tmp_path) as cli:
+        cli.store_url = f"azure://devstoreaccount1/{azure_prefix()}"
+        yield cli
+
+
+def queue_drained(cli: DagqCli) -> bool:
+    depth = cli.with_store(lambda store: store.queues.depth("default"))
+    return depth.visible + depth.invisible == 0
+
+
+def each_task_ran_once_despite_slow_deletes(cli: DagqCli, faults: str) -> None:
+    cli.submit_here("w", DIAMOND)
+    cli.start_coordinator()
+    # Every report's delete waits 1.2s on its way, while heartbeats renew the message
+    # each second: each delete meets a receipt renewed after it was read.
+    start_faulty(cli, faults, "worker", "-q", "default", "--visibility-timeout", "3")
+
+    assert cli.wait_for_end("w", timeout_s=60) == "completed"
+    wait_until(lambda: queue_drained(cli), timeout_s=15, what="every task message deleted")
+    assert Counter(lines(cli.workdir / "runs.log")) == {"a": 1, "b": 1, "c": 1, "d": 1}
+
+
+def test_a_slow_store_never_makes_a_finished_task_run_again_on_sqlite(cli: DagqCli) -> None:
+    each_task_ran_once_despite_slow_deletes(cli, "batch.commit@1+=delay:1.2")
+
+
+def test_a_slow_store_never_makes_a_finished_task_run_again_on_azure(azure_cli: DagqCli) -> None:
+    each_task_ran_once_despite_slow_deletes(azure_cli, "queues.delete@1+=delay:1.2")
+
+
+def test_a_heartbeat_that_keeps_failing_stops_the_worker_with_exit_1(cli: DagqCli) -> None:
+    cli.submit_here(
+        "w", {"name": "w", "tasks": [{"name": "long", "cmd": "echo run >> runs.log; sleep 20"}]}
+    )
+    cli.start_coordinator()
+    broken = start_faulty(
+        cli,
+        "queues.extend@1+=crash",
+        "worker",
+        "-q",
+        "default",
+        "--visibility-timeout",
+        "1",
+        "--grace",
+        "0.2",
+    )
+
+    stopped = broken.wait(timeout_s=30)
+
+    assert stopped.code == 1, stopped.stderr
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert "worker stopped: worker: background task 'heartbeat' failed 4 times in a row" in last
+    assert "RuntimeError: injected fault: queues.extend call 4 crashed" in last
+    assert stopped.stderr.count("failed (restart") == 3  # restarted, with its traceback
+    assert "Traceback" in stopped.stderr
