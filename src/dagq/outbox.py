@@ -326,18 +326,15 @@ class Outbox:
         message gone for good."""
         missing = {op.queue: len(op.receipts) - sum(op.deleted) for op in ops if op.deleted}
         for ack, receipt in zip(held, receipts, strict=True):
-            if ack.receipt == receipt or missing.get(ack.queue, 0) <= 0:
+            if missing.get(ack.queue, 0) <= 0:
                 ack.deleted = True
                 continue
-            async with ack.lock:  # a renewal under way ends first: its receipt is current
-                try:
-                    deleted = await self._store.queues.delete(ack.queue, [ack.receipt])
-                except DagqError as exc:
-                    log.warning("deleting a finished task message failed: %s", exc)
-                    deleted = 0
+            # A renewal under way ends first; if it replaced the receipt this delete
+            # used, the store ignored the delete: try again with the current one.
+            async with ack.lock:
+                if ack.receipt != receipt and await self._delete(ack):
+                    missing[ack.queue] -= 1
                 ack.deleted = True
-            if deleted:
-                missing[ack.queue] -= 1
         for queue, lost in missing.items():
             if lost > 0:
                 self.lost_acks += lost
@@ -347,6 +344,13 @@ class Outbox:
                     lost,
                     queue,
                 )
+
+    async def _delete(self, ack: Received) -> bool:
+        try:
+            return await self._store.queues.delete(ack.queue, [ack.receipt]) > 0
+        except DagqError as exc:
+            log.warning("deleting a finished task message failed: %s", exc)
+            return False
 
 
 def _describe(event: Event | None) -> str:

@@ -632,20 +632,26 @@ class Worker:
                     running.stopping = why
                     running.job.cancel()
                 holds[id(running.held)] = running.held
-            for held in holds.values():
-                # A held message is renewed until its delete is committed (a report
-                # may wait for the store a while); one being deleted is left alone.
-                if now - held.extended_at < vt / 3 or held.lost or held.deleted:
-                    continue
-                if held.lock.locked():
-                    continue
-                async with held.lock:
-                    await self._renew(held, now, vt)
+            # A held message is renewed until its delete is committed (a report may
+            # wait for the store a while). Renewals go out together: a slow store
+            # must not leave the last of many held messages unrenewed.
+            due = [
+                held
+                for held in holds.values()
+                if now - held.extended_at >= vt / 3
+                and not (held.lost or held.deleted or held.lock.locked())
+            ]
+            if due:
+                await asyncio.gather(*(self._renew(held, now, vt) for held in due))
 
     async def _renew(self, held: Held, now: float, vt: float) -> None:
-        """Extend one held message's visibility (the caller holds its lock)."""
-        if held.lost or held.deleted:  # deleted while we waited
-            return
+        """Extend one held message's visibility, under its lock: a delete never uses a
+        receipt that this renewal is replacing."""
+        async with held.lock:
+            if not (held.lost or held.deleted):  # else deleted (or lost) while we waited
+                await self._extend(held, now, vt)
+
+    async def _extend(self, held: Held, now: float, vt: float) -> None:
         try:
             held.receipt = await self.store.queues.extend(held.queue, held.receipt, vt)
             held.extended_at = now

@@ -13,7 +13,7 @@ import pytest
 from tests.azurite import Azurite
 from tests.conftest import azure_prefix
 from tests.integration.cli_harness import DagqCli, lines, wait_until
-from tests.integration.test_fault_injection import DIAMOND, start_faulty
+from tests.integration.test_fault_injection import start_faulty
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -36,24 +36,45 @@ def queue_drained(cli: DagqCli) -> bool:
     return depth.visible + depth.invisible == 0
 
 
-def each_task_ran_once_despite_slow_deletes(cli: DagqCli, faults: str) -> None:
-    cli.submit_here("w", DIAMOND)
+#: Six tasks that end while their message's renewal is on its way back.
+PARALLEL = {
+    "name": "parallel",
+    "tasks": [
+        {"name": f"t{i}", "cmd": 'echo "$DAGQ_TASK" >> runs.log; sleep 1.5'} for i in range(6)
+    ],
+}
+
+
+def each_task_ran_once_despite_slow_renewals(cli: DagqCli) -> None:
+    cli.submit_here("w", PARALLEL)
     cli.start_coordinator()
-    # Every report's delete waits 1.2s on its way, while heartbeats renew the message
-    # each second: each delete meets a receipt renewed after it was read.
-    start_faulty(cli, faults, "worker", "-q", "default", "--visibility-timeout", "3")
+    # Heartbeats renew each held message every second (a third of the visibility
+    # timeout); the store renews at once but its answer, with the new receipt, takes
+    # 0.9s to come back. A task ending in that window must not be acknowledged with
+    # the receipt the renewal has just replaced (the store would ignore the delete).
+    start_faulty(
+        cli,
+        "queues.extend@1+=delay-after:0.9",
+        "worker",
+        "-q",
+        "default",
+        "-c",
+        "6",
+        "--visibility-timeout",
+        "3",
+    )
 
     assert cli.wait_for_end("w", timeout_s=60) == "completed"
     wait_until(lambda: queue_drained(cli), timeout_s=15, what="every task message deleted")
-    assert Counter(lines(cli.workdir / "runs.log")) == {"a": 1, "b": 1, "c": 1, "d": 1}
+    assert Counter(lines(cli.workdir / "runs.log")) == {f"t{i}": 1 for i in range(6)}
 
 
 def test_a_slow_store_never_makes_a_finished_task_run_again_on_sqlite(cli: DagqCli) -> None:
-    each_task_ran_once_despite_slow_deletes(cli, "batch.commit@1+=delay:1.2")
+    each_task_ran_once_despite_slow_renewals(cli)
 
 
 def test_a_slow_store_never_makes_a_finished_task_run_again_on_azure(azure_cli: DagqCli) -> None:
-    each_task_ran_once_despite_slow_deletes(azure_cli, "queues.delete@1+=delay:1.2")
+    each_task_ran_once_despite_slow_renewals(azure_cli)
 
 
 def test_a_heartbeat_that_keeps_failing_stops_the_worker_with_exit_1(cli: DagqCli) -> None:
