@@ -36,37 +36,43 @@ def queue_drained(cli: DagqCli) -> bool:
     return depth.visible + depth.invisible == 0
 
 
-#: Six tasks that end while their message's renewal is on its way back.
-PARALLEL = {
-    "name": "parallel",
+#: A chain of tasks, each ending at another moment of its message's renewal cycle.
+CHAIN = {
+    "name": "chain",
     "tasks": [
-        {"name": f"t{i}", "cmd": 'echo "$DAGQ_TASK" >> runs.log; sleep 1.5'} for i in range(6)
+        {
+            "name": f"t{i}",
+            "cmd": f'echo "$DAGQ_TASK" >> runs.log; sleep {0.7 + 0.15 * i:.2f}',
+            **({"depends_on": [f"t{i - 1}"]} if i else {}),
+        }
+        for i in range(8)
     ],
 }
 
 
 def each_task_ran_once_despite_slow_renewals(cli: DagqCli) -> None:
-    cli.submit_here("w", PARALLEL)
+    cli.submit_here("w", CHAIN)
     cli.start_coordinator()
-    # Heartbeats renew each held message every second (a third of the visibility
-    # timeout); the store renews at once but its answer, with the new receipt, takes
-    # 0.9s to come back. A task ending in that window must not be acknowledged with
-    # the receipt the renewal has just replaced (the store would ignore the delete).
+    # Heartbeats renew a held message every 2/3 s (a third of the visibility timeout);
+    # the store renews at once, but its answer, with the new receipt, takes 0.5s to
+    # come back (as on a distant Azure). A task that ends in that window must not be
+    # acknowledged with the receipt the renewal has just replaced: the store would
+    # ignore the delete, and the finished task would run again.
     start_faulty(
         cli,
-        "queues.extend@1+=delay-after:0.9",
+        "queues.extend@1+=delay-after:0.5",
         "worker",
         "-q",
         "default",
         "-c",
-        "6",
+        "1",
         "--visibility-timeout",
-        "3",
+        "2",
     )
 
     assert cli.wait_for_end("w", timeout_s=60) == "completed"
     wait_until(lambda: queue_drained(cli), timeout_s=15, what="every task message deleted")
-    assert Counter(lines(cli.workdir / "runs.log")) == {f"t{i}": 1 for i in range(6)}
+    assert Counter(lines(cli.workdir / "runs.log")) == {f"t{i}": 1 for i in range(8)}
 
 
 def test_a_slow_store_never_makes_a_finished_task_run_again_on_sqlite(cli: DagqCli) -> None:

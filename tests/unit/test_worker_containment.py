@@ -141,3 +141,47 @@ async def test_a_report_too_large_to_send_becomes_a_small_failure_and_the_run_en
     assert rows["loud"].status == "failed"
     assert "ValueError" in (rows["loud"].error or "")
     assert len(rows["loud"].error or "") < 5000
+
+
+async def test_a_task_ending_while_its_renewal_is_on_its_way_back_is_deleted_once() -> None:
+    base = open_memory_store()
+    deleted = asyncio.Event()
+    renewals: list[str] = []
+
+    async def slow_answers(operation: str, args: Any, call: Callable[[], Awaitable[Any]]) -> Any:
+        result = await call()
+        if operation == "queues.extend" and not renewals:
+            # The store has renewed (a new receipt); its answer comes back only after
+            # the finished task's delete has gone out.
+            renewals.append(result)
+            await deleted.wait()
+        if operation == "queues.delete" and args[0] == "default":
+            deleted.set()
+        return result
+
+    shell = TaskSpec(kind="shell", cmd="sleep 0.6")
+    task = TaskMessage(
+        workflow_id="w", task=0, name="t0", attempt=1, spec=shell, idempotency_key="k"
+    )
+    await queued(base, task)
+    stop = asyncio.Event()
+    options = WorkerOptions(concurrency=1, visibility_timeout_s=0.6, cancel_check_s=0.05)
+    serving = asyncio.create_task(Worker(intercepted(base, slow_answers), options).run(stop))
+
+    finished: list[TaskFinished] = []
+    while not finished or await left(base):
+        finished += await reports(base)
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)  # a message left behind would be back and run by now
+    finished += await reports(base)
+    stop.set()
+    await serving
+
+    assert renewals, "the heartbeat renewed the message while the task ran"
+    assert [e.ok for e in finished] == [True]  # it ran once
+    assert await left(base) == 0
+
+
+async def left(store: Store) -> int:
+    depth = await store.queues.depth("default")
+    return depth.visible + depth.invisible
