@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -37,6 +37,7 @@ from dagq.messages import (
 from dagq.outbox import Outbox
 from dagq.payloads import cut
 from dagq.runners import Outcome, TaskContext
+from dagq.runners.pool import TaskPool
 from dagq.runners.python import add_import_paths, run_python
 from dagq.runners.shell import run_shell
 from dagq.stores.base import Message, Store
@@ -47,7 +48,7 @@ log = logging.getLogger("dagq.worker")
 _ARG_ROOTS = frozenset({"inputs", "params"})
 #: Decoded documents up to this size are kept for the next task that needs them.
 DOCUMENT_CACHE_BYTES = 8 * 1024 * 1024
-#: The name prefix of the threads that run synchronous Python tasks.
+#: The name prefix of the threads that run synchronous Python tasks (isolation "thread").
 TASK_THREAD_PREFIX = "dagq-task"
 _FIRST_POLL_S = 0.005
 #: Waits after a failed receive: doubling from the first, up to the last.
@@ -85,6 +86,11 @@ class WorkerOptions:
     report_linger_s: float | None = None
     work_dir: str | None = None
     name: str = field(default_factory=default_owner)
+    #: Where Python tasks run: "process" (a pool of long-lived child processes, one per
+    #: slot at most: a task that crashes, hangs or is cancelled is killed alone) or
+    #: "thread" (the worker's own threads: for trusted code only, as a crash takes the
+    #: worker down and a sync task past its timeout cannot be stopped).
+    isolation: Literal["process", "thread"] = "process"
 
 
 @dataclass(eq=False)
@@ -130,9 +136,14 @@ class Worker:
         self._outbox = Outbox(
             store, keys.COMPLETIONS_QUEUE, linger_s=linger, expecting=lambda: self._busy > 0
         )
-        self._executor = ThreadPoolExecutor(
-            max_workers=self.options.concurrency, thread_name_prefix=TASK_THREAD_PREFIX
-        )
+        self._pool: TaskPool | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        if self.options.isolation == "thread":
+            self._executor = ThreadPoolExecutor(
+                max_workers=self.options.concurrency, thread_name_prefix=TASK_THREAD_PREFIX
+            )
+        else:
+            self._pool = TaskPool(self.options.concurrency)
         self._controls: dict[str, tuple[float, _Control]] = {}
         #: Immutable documents (items, outputs, inputs) lately decoded, by key.
         self._documents: dict[str, Any] = {}
@@ -156,6 +167,8 @@ class Worker:
         :class:`~dagq.supervision.BackgroundFailed` once the worker has drained.
         """
         supervisor = Supervisor("worker")
+        if self._pool is not None:
+            self._pool.warm()
         self._outbox.start(supervisor)
         supervisor.start(
             "heartbeat", self._heartbeat, restart=True, max_failures=MAX_BACKGROUND_FAILURES
@@ -172,7 +185,10 @@ class Worker:
             await supervisor.stop("heartbeat")
             await self._outbox.close(_CLOSE_S)
             await supervisor.close()
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._pool is not None:
+                await self._pool.close()
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
             if self._outbox.lost_acks:
                 log.warning(
                     "%d finished task message(s) were no longer held when deleted",
@@ -535,7 +551,7 @@ class Worker:
                 return Outcome(
                     ok=False, error=f"args could not be rendered: {exc}", retryable=False
                 )
-        return await run_python(spec, ctx, args, executor=self._executor)
+        return await run_python(spec, ctx, args, pool=self._pool, executor=self._executor)
 
     async def _item(self, task: TaskMessage) -> Any:
         """A foreach instance's item: in its message, or in the group's items document."""
