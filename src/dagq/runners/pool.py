@@ -9,9 +9,9 @@ process per task would cost a tenth of a second each — and a round trip is a p
 each way over two pipes (:mod:`dagq.runners.child` is the other end).
 
 There is at most one process per worker slot. The first starts with the worker
-(:meth:`TaskPool.warm`) or when the first task needs it; another only when a task has waited :data:`GROW_AFTER_S` for one (quick
-tasks share a few processes; slow ones get one each), and a dead one is replaced the
-same way.
+(:meth:`TaskPool.warm`) or when the first task needs it; another only when a task has
+waited :data:`GROW_AFTER_S` for one (quick tasks share a few processes, slow ones get
+one each), and a dead one is replaced the same way.
 """
 
 from __future__ import annotations
