@@ -4,14 +4,15 @@ A Python task runs in a child process, not in the worker, so that it can fail al
 one that calls ``os._exit``, segfaults or is killed for its memory fails its attempt
 (retried per its policy) and the worker goes on; one past its timeout, or cancelled,
 has its process killed (a thread could not be stopped) and the next task gets a
-fresh one. As in Celery's prefork pool the processes live on from task to task — a
-process per task would cost a tenth of a second each — and a round trip is a pickle
-each way over two pipes (:mod:`dagq.runners.child` is the other end).
+fresh one. As in Celery's prefork pool the processes live on from task to task, and
+a round trip is a pickle each way over two pipes (:mod:`dagq.runners.child` is the
+other end).
 
-There is at most one process per worker slot. The first starts with the worker
-(:meth:`TaskPool.warm`) or when the first task needs it; another only when a task has
-waited :data:`GROW_AFTER_S` for one (quick tasks share a few processes, slow ones get
-one each), and a dead one is replaced the same way.
+Processes are forked by a *zygote*: one small process started once (a tenth of a
+second), which has imported what a pool process needs, so that each fork takes a few
+milliseconds. The pool grows on demand — a task that finds no idle process gets a new
+one, up to one per worker slot — and a process that died or was killed is replaced
+the same way. The zygote reaps them and reports how each ended.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import sys
 from collections import deque
 from dataclasses import dataclass, field
@@ -36,16 +38,14 @@ from dagq.runners.child import HEADER, Reply, Request
 
 log = logging.getLogger("dagq.worker")
 
-#: A task that has waited this long for a process gets a new one (if the pool may grow).
-GROW_AFTER_S = 0.05
-#: How many processes may be starting at once.
-MAX_STARTING = 2
-#: On close, how long idle processes get to exit before they are killed.
+#: On close, how long processes get to exit before they are killed.
 CLOSE_GRACE_S = 1.0
+#: How long to wait for word of how a dead process ended.
+_EXIT_WAIT_S = 2.0
 _DAGQ_ROOT = str(Path(dagq.__file__).resolve().parent.parent)
 _BOOT = (
     "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from dagq.runners.child import main; main(sys.argv[1:])"
+    "from dagq.runners.child import boot; boot(sys.argv[1:])"
 )
 
 
@@ -57,7 +57,9 @@ class PoolClosed(Exception):
 class _Process:
     """One pool process and the pipes to it."""
 
-    process: asyncio.subprocess.Process
+    pid: int
+    #: Its exit code (negative: the signal that killed it), once the zygote says.
+    exit: asyncio.Future[int]
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     read_transport: asyncio.BaseTransport
@@ -65,31 +67,116 @@ class _Process:
     paths: list[str] = field(default_factory=list)
     killed: bool = False
 
+    @property
+    def alive(self) -> bool:
+        return not self.killed and not self.exit.done()
+
+    async def call(self, request: bytes) -> Reply:
+        self.writer.write(HEADER.pack(len(request)) + request)  # one write: one wake-up
+        await self.writer.drain()
+        (size,) = HEADER.unpack(await self.reader.readexactly(HEADER.size))
+        reply: Reply = pickle.loads(await self.reader.readexactly(size))
+        return reply
+
+    def kill(self) -> None:
+        """Kill it and whatever it started (its process group)."""
+        if not self.killed and not self.exit.done():  # (after the exit the pid may be reused)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+        self.killed = True
+
+    def close_pipes(self) -> None:
+        self.writer.close()
+        self.read_transport.close()
+
+    async def ended(self) -> str:
+        """How it ended, in words (waits a little for the zygote to say)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.exit), _EXIT_WAIT_S)
+        if not self.exit.done():
+            return "stopped answering"
+        code = self.exit.result()
+        if code < 0:
+            name = signal.Signals(-code).name
+            hint = " (out of memory?)" if -code == signal.SIGKILL and not self.killed else ""
+            return f"was killed by signal {name}{hint}"
+        return f"exited with code {code}"
+
+
+class _Zygote:
+    """The process that forks pool processes, and tells how they end."""
+
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        control: socket.socket,
+        events: asyncio.StreamReader,
+        events_transport: asyncio.BaseTransport,
+    ) -> None:
+        self._process = process
+        self._control = control
+        self._events = events
+        self._events_transport = events_transport
+        self._forks: deque[asyncio.Future[int]] = deque()
+        self._exits: dict[int, asyncio.Future[int]] = {}
+        self._reading = asyncio.ensure_future(self._read())
+
     @classmethod
-    async def start(cls) -> _Process:
+    async def start(cls) -> _Zygote:
         loop = asyncio.get_running_loop()
-        requests_in, requests_out = os.pipe()
-        replies_in, replies_out = os.pipe()
+        control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        events_in, events_out = os.pipe()
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-c",
                 _BOOT,
                 _DAGQ_ROOT,
-                str(requests_in),
-                str(replies_out),
+                "zygote",
+                str(theirs.fileno()),
+                str(events_out),
                 str(os.getpid()),
                 stdin=asyncio.subprocess.DEVNULL,
-                pass_fds=(requests_in, replies_out),
-                start_new_session=True,  # its own group: killing it kills what it started
+                pass_fds=(theirs.fileno(), events_out),
+                start_new_session=True,  # Ctrl-C in a terminal is the worker's to handle
             )
         except BaseException:
-            for fd in (requests_out, replies_in):
-                os.close(fd)
+            control.close()
+            os.close(events_in)
+            raise
+        finally:
+            theirs.close()
+            os.close(events_out)
+        events = asyncio.StreamReader(limit=2**20)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(events), os.fdopen(events_in, "rb", 0)
+        )
+        return cls(process, control, events, transport)
+
+    @property
+    def alive(self) -> bool:
+        return self._process.returncode is None and not self._reading.done()
+
+    async def fork(self) -> _Process:
+        """A new pool process, connected."""
+        loop = asyncio.get_running_loop()
+        requests_in, requests_out = os.pipe()
+        replies_in, replies_out = os.pipe()
+        forked: asyncio.Future[int] = loop.create_future()
+        try:
+            self._forks.append(forked)
+            socket.send_fds(self._control, [b"f"], [requests_in, replies_out])
+            pid = await forked
+        except BaseException:
+            with contextlib.suppress(ValueError):
+                self._forks.remove(forked)
+            os.close(requests_out)  # a process forked all the same reads EOF and exits
+            os.close(replies_in)
             raise
         finally:
             os.close(requests_in)
             os.close(replies_out)
+        exit_code = self._exits.setdefault(pid, loop.create_future())
         reader = asyncio.StreamReader(limit=2**31)
         read_transport, _ = await loop.connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(replies_in, "rb", 0)
@@ -98,56 +185,57 @@ class _Process:
             asyncio.streams.FlowControlMixin, os.fdopen(requests_out, "wb", 0)
         )
         writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
-        return cls(process, reader, writer, read_transport)
+        return _Process(pid, exit_code, reader, writer, read_transport)
 
-    @property
-    def alive(self) -> bool:
-        return not self.killed and self.process.returncode is None
+    async def _read(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                (size,) = HEADER.unpack(await self._events.readexactly(HEADER.size))
+                event = pickle.loads(await self._events.readexactly(size))
+                if event[0] == "forked":
+                    forked = self._forks.popleft()
+                    if not forked.done():
+                        forked.set_result(event[1])
+                else:
+                    _, pid, code = event
+                    ended = self._exits.pop(pid, None) or loop.create_future()
+                    if not ended.done():
+                        ended.set_result(code)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the zygote is gone, and its pool processes with it
+        finally:
+            for forked in self._forks:
+                if not forked.done():
+                    forked.set_exception(OSError("the process forking Python task processes died"))
+            for ended in self._exits.values():
+                if not ended.done():
+                    ended.set_result(-signal.SIGKILL)
 
-    async def call(self, request: bytes) -> Reply:
-        self.writer.write(HEADER.pack(len(request)))
-        self.writer.write(request)
-        await self.writer.drain()
-        (size,) = HEADER.unpack(await self.reader.readexactly(HEADER.size))
-        reply: Reply = pickle.loads(await self.reader.readexactly(size))
-        return reply
-
-    def kill(self) -> None:
-        """Kill it and whatever it started (its process group)."""
-        if self.process.returncode is None and not self.killed:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-        self.killed = True
-
-    def close_pipes(self) -> None:
-        self.writer.close()
-        self.read_transport.close()
-
-    async def ended(self, timeout_s: float = 2.0) -> str:
-        """How it ended, in words (waits for it a little)."""
+    async def close(self) -> None:
+        self._control.close()  # it reads EOF and exits
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.process.wait(), timeout_s)
-        code = self.process.returncode
-        if code is None:
-            return "stopped answering"
-        if code < 0:
-            name = signal.Signals(-code).name
-            hint = " (out of memory?)" if -code == signal.SIGKILL else ""
-            return f"was killed by signal {name}{hint}"
-        return f"exited with code {code}"
+            await asyncio.wait_for(self._process.wait(), CLOSE_GRACE_S)
+        if self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
+            await self._process.wait()
+        self._events_transport.close()
+        self._reading.cancel()
+        await asyncio.gather(self._reading, return_exceptions=True)
 
 
 class TaskPool:
     """Runs Python tasks in up to ``size`` long-lived child processes."""
 
-    def __init__(self, size: int, *, grow_after_s: float = GROW_AFTER_S) -> None:
+    def __init__(self, size: int) -> None:
         self._size = max(1, size)
-        self._grow_after_s = grow_after_s
+        self._zygote: _Zygote | None = None
+        self._zygote_lock = asyncio.Lock()
         self._processes: set[_Process] = set()
         self._idle: list[_Process] = []
         self._starting = 0
-        self._waiters: deque[tuple[float, asyncio.Future[_Process]]] = deque()
-        self._timer: asyncio.TimerHandle | None = None
+        self._waiters: deque[asyncio.Future[_Process]] = deque()
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
         #: Processes started so far (for tests and stats).
@@ -167,10 +255,10 @@ class TaskPool:
             return Outcome(
                 ok=False, error=f"timed out after {timeout_s:g}s; its process was killed"
             )
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            process.kill()
+        except (asyncio.IncompleteReadError, ConnectionError):
             how = await process.ended()
-            log.warning("the process running %s %s (%s)", ctx.task, how, type(exc).__name__)
+            process.kill()  # what it started, if it is still there
+            log.warning("the Python process running %s %s", ctx.task, how)
             return Outcome(ok=False, error=f"its Python process {how} while running it")
         except BaseException:  # cancelled (the task must stop), or a bug here
             process.kill()
@@ -187,27 +275,26 @@ class TaskPool:
     async def close(self) -> None:
         """Stop every process: idle ones are asked to exit, the rest are killed."""
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-        for _, waiter in self._waiters:
+        for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_exception(PoolClosed("the worker is stopping"))
         self._waiters.clear()
-        for process in list(self._processes):
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        processes = list(self._processes)
+        for process in processes:
             if process not in self._idle:
                 process.kill()
             process.close_pipes()  # an idle process reads EOF and exits
-        ending = [asyncio.ensure_future(p.process.wait()) for p in self._processes]
-        if ending:
-            _, late = await asyncio.wait(ending, timeout=CLOSE_GRACE_S)
-            for process in self._processes:
-                process.kill()
-            if late:
-                await asyncio.wait(late, timeout=CLOSE_GRACE_S)
+        if processes:
+            await asyncio.wait([asyncio.shield(p.exit) for p in processes], timeout=CLOSE_GRACE_S)
+        for process in processes:
+            process.kill()
         self._processes.clear()
         self._idle.clear()
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._zygote is not None:
+            await self._zygote.close()
+            self._zygote = None
 
     # --- processes ----------------------------------------------------------------
 
@@ -219,9 +306,8 @@ class TaskPool:
             self._discard(process)
         if self._closed:
             raise PoolClosed("the worker is stopping")
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[_Process] = loop.create_future()
-        self._waiters.append((loop.time(), waiter))
+        waiter: asyncio.Future[_Process] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
         self._grow()
         try:
             return await waiter
@@ -233,10 +319,10 @@ class TaskPool:
     def _release(self, process: _Process) -> None:
         if self._closed or not process.alive:
             self._discard(process)
-            self._grow()
+            self._grow()  # a replacement, if tasks wait
             return
         while self._waiters:
-            _, waiter = self._waiters.popleft()
+            waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(process)
                 return
@@ -247,47 +333,34 @@ class TaskPool:
             self._processes.discard(process)
             process.kill()
             process.close_pipes()
-            self._in_background(_reap(process))
 
     def _grow(self) -> None:
-        """Start a process if a task needs one: at once when there is none, else when
-        the longest waiting task has waited GROW_AFTER_S."""
-        while self._waiters and self._waiters[0][1].done():
+        """Start processes for the tasks waiting for one (up to one per slot)."""
+        while self._waiters and self._waiters[0].done():
             self._waiters.popleft()
-        if self._closed or not self._waiters:
+        if self._closed:
             return
-        room = self._size - len(self._processes) - self._starting
-        if room <= 0 or self._starting >= MAX_STARTING:
-            return
-        loop = asyncio.get_running_loop()
-        if not self._processes and not self._starting:
+        wanted = min(
+            sum(not w.done() for w in self._waiters) - self._starting,
+            self._size - len(self._processes) - self._starting,
+        )
+        for _ in range(wanted):
             self._start_one()
-            return
-        due = self._waiters[0][0] + self._grow_after_s
-        if loop.time() >= due:
-            self._start_one()
-            due = loop.time() + self._grow_after_s
-        if self._timer is None or self._timer.when() > due:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = loop.call_at(due, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._grow()
 
     def _start_one(self) -> None:
         self._starting += 1
-        self._in_background(self._start())
+        task = asyncio.ensure_future(self._start())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _start(self) -> None:
         try:
-            process = await _Process.start()
+            process = await (await self._forker()).fork()
         except Exception as exc:
             self._starting -= 1
             log.error("cannot start a process for Python tasks: %s", exc)
             if not self._processes and not self._starting:  # nothing else will serve them
-                for _, waiter in self._waiters:
+                for waiter in self._waiters:
                     if not waiter.done():
                         waiter.set_exception(exc)
                 self._waiters.clear()
@@ -296,17 +369,15 @@ class TaskPool:
         self.started += 1
         self._processes.add(process)
         self._release(process)
-        self._grow()
 
-    def _in_background(self, work: Any) -> None:
-        task = asyncio.ensure_future(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-
-async def _reap(process: _Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        await process.process.wait()
+    async def _forker(self) -> _Zygote:
+        async with self._zygote_lock:
+            if self._zygote is None or not self._zygote.alive:
+                if self._zygote is not None:
+                    log.warning("the process forking Python task processes died; restarting it")
+                    await self._zygote.close()
+                self._zygote = await _Zygote.start()
+            return self._zygote
 
 
 def _outcome(reply: Reply) -> Outcome:
