@@ -306,7 +306,10 @@ def _write(fd: int, data: bytes) -> None:
 
 def boot(argv: list[str]) -> None:
     """The entry point of a new interpreter: ``zygote ...``, or a pool process."""
-    if argv and argv[0] == "zygote":
-        zygote(argv[1:])
-    else:
-        main(argv)
+    try:
+        if argv and argv[0] == "zygote":
+            zygote(argv[1:])
+        else:
+            main(argv)
+    except (BrokenPipeError, ConnectionError):
+        pass  # the worker is gone: so are we, quietly
