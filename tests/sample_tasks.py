@@ -58,3 +58,27 @@ def count_items(inputs: dict[str, Any]) -> int:
 def raise_long(size: int) -> None:
     """Fail with an error text of ``size`` characters (as a pandas or subprocess error can)."""
     raise ValueError("x" * size)
+
+
+def pid(**_: Any) -> int:
+    """The process this task runs in."""
+    import os
+
+    return os.getpid()
+
+
+def pid_then_sleep(path: str, seconds: float) -> None:
+    """Write this process's pid to ``path``, then sleep."""
+    import os
+    import time
+
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(seconds)
+
+
+async def async_pid(seconds: float = 0.0) -> int:
+    import os
+
+    await asyncio.sleep(seconds)
+    return os.getpid()
