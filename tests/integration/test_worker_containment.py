@@ -4,6 +4,8 @@ task that keeps failing stops ``dagq worker`` with a clear error and exit code 1
 
 from __future__ import annotations
 
+import signal
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,3 +110,36 @@ def test_a_heartbeat_that_keeps_failing_stops_the_worker_with_exit_1(cli: DagqCl
     assert "RuntimeError: injected fault: queues.extend call 4 crashed" in last
     assert stopped.stderr.count("failed (restart") == 3  # restarted, with its traceback
     assert "Traceback" in stopped.stderr
+
+
+def test_sigterm_ends_the_worker_within_its_grace_while_the_store_refuses_reports(
+    cli: DagqCli,
+) -> None:
+    cli.submit_here(
+        "w", {"name": "w", "tasks": [{"name": "quick", "cmd": 'echo "$DAGQ_TASK" >> runs.log'}]}
+    )
+    cli.start_coordinator()
+    stuck = start_faulty(
+        cli,
+        "batch.commit@1+=fail",
+        "worker",
+        "-q",
+        "default",
+        "--grace",
+        "1",
+        "--visibility-timeout",
+        "2",
+    )
+    wait_until(lambda: "retrying in" in stuck.stderr(), timeout_s=15, what="a report to be refused")
+
+    sent = time.monotonic()
+    stuck.send(signal.SIGTERM)
+    stopped = stuck.wait(timeout_s=20)
+
+    assert time.monotonic() - sent < 6, "the worker waited for the store past its grace"
+    assert stopped.code == 0, stopped.stderr
+    assert "will be delivered again" in stopped.stderr
+    # Its report never went out, so its message was not deleted: another worker runs it.
+    cli.start_worker("-q", "default")
+    assert cli.wait_for_end("w", timeout_s=30) == "completed"
+    assert lines(cli.workdir / "runs.log") == ["quick", "quick"]
