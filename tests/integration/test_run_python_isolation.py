@@ -182,3 +182,20 @@ def test_a_tasks_error_is_its_type_and_message_and_its_traceback_is_in_the_log(
     assert "Traceback (most recent call last)" in logs.stdout
     assert "in inner" in logs.stdout
     assert "ValueError: the input has no rows" in logs.stdout
+
+
+def test_a_task_failing_with_a_huge_error_ends_the_run_within_seconds(cli: DagqCli) -> None:
+    cli.write("loud.py", 'def shout():\n    raise ValueError("x" * 60_000)\n')
+    began = time.monotonic()
+    result = run(
+        cli,
+        [{"name": "loud", "call": "loud:shout"}, {"name": "fine", "call": "pytasks:quick"}],
+    )
+
+    assert result.code == 1, result.output
+    assert time.monotonic() - began < 30
+    rows = {t.name: t for t in cli.view("iso").tasks}
+    assert rows["fine"].status == "completed"
+    assert rows["loud"].status == "failed"
+    assert (rows["loud"].error or "").startswith(("ValueError: xxx", "its report could not"))
+    assert len(rows["loud"].error or "") < 5000
