@@ -16,6 +16,7 @@ imported on first use and stay imported for the tasks after.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -62,12 +63,29 @@ class Reply(NamedTuple):
 
 
 class Request(NamedTuple):
-    """One task for a pool process (``paths``: the import path, when it changed)."""
+    """One task for a pool process (``paths``: the import path, when it changed).
+
+    On the pipe it is a plain tuple, and so is ``ctx`` (:func:`pack`): a plain tuple
+    pickles ten times faster than a named tuple holding a dataclass.
+    """
 
     call: str
     args: Any
     ctx: TaskContext
     paths: list[str] | None = None
+
+    def pack(self) -> bytes:
+        """The request as it travels."""
+        ctx = tuple(getattr(self.ctx, name) for name in _CONTEXT_FIELDS)
+        return pickle.dumps((self.call, self.args, ctx, self.paths), pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Request:
+        call, args, ctx, paths = pickle.loads(data)
+        return cls(call, args, TaskContext(*ctx), paths)
+
+
+_CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(TaskContext))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -254,7 +272,7 @@ def main(argv: list[str]) -> None:
         frame = _read(requests)
         if frame is None:
             return
-        request: Request = pickle.loads(frame)
+        request = Request.unpack(frame)
         if request.paths is not None:
             sys.path[:] = request.paths
             importlib.invalidate_caches()
@@ -263,7 +281,7 @@ def main(argv: list[str]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            _write(replies, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+            _write(replies, pickle.dumps(tuple(reply), protocol=pickle.HIGHEST_PROTOCOL))
         except BrokenPipeError:  # the parent is gone
             return
 

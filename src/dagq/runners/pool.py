@@ -75,8 +75,7 @@ class _Process:
         self.writer.write(HEADER.pack(len(request)) + request)  # one write: one wake-up
         await self.writer.drain()
         (size,) = HEADER.unpack(await self.reader.readexactly(HEADER.size))
-        reply: Reply = pickle.loads(await self.reader.readexactly(size))
-        return reply
+        return Reply(*pickle.loads(await self.reader.readexactly(size)))
 
     def kill(self) -> None:
         """Kill it and whatever it started (its process group)."""
@@ -246,8 +245,7 @@ class TaskPool:
         process = await self._acquire()
         try:
             paths = list(sys.path)
-            request = Request(call, args, ctx, None if paths == process.paths else paths)
-            data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+            data = Request(call, args, ctx, None if paths == process.paths else paths).pack()
             process.paths = paths
             reply = await asyncio.wait_for(process.call(data), timeout_s)
         except TimeoutError:
