@@ -82,3 +82,18 @@ async def async_pid(seconds: float = 0.0) -> int:
 
     await asyncio.sleep(seconds)
     return os.getpid()
+
+
+def fork_then_crash(path: str) -> None:
+    """Leave a forked child (its pid in ``path``) holding this process's pipes, then die."""
+    import os
+    import signal
+    import time
+
+    child = os.fork()
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    with open(path, "w") as f:
+        f.write(str(child))
+    os.kill(os.getpid(), signal.SIGSEGV)

@@ -148,3 +148,18 @@ async def test_cancelling_a_workflow_kills_the_process_of_its_running_python_tas
     assert status == "cancelled"
     assert (await load_view(store, "w")).tasks[0].status == "cancelled"
     await until_gone(int(marker.read_text()))
+
+
+async def test_a_process_that_died_is_noticed_though_its_own_child_holds_its_pipes(
+    tmp_path: Path,
+) -> None:
+    pool = TaskPool(1)
+    marker = tmp_path / "pid"
+    try:
+        outcome = await asyncio.wait_for(
+            pool.run("tests.sample_tasks:fork_then_crash", [str(marker)], CTX, None), 10
+        )
+    finally:
+        await pool.close()
+    assert outcome.error == "its Python process was killed by signal SIGSEGV while running it"
+    await until_gone(int(marker.read_text()))  # what the task started is killed too

@@ -79,10 +79,15 @@ class _Process:
 
     def kill(self) -> None:
         """Kill it and whatever it started (its process group)."""
-        if not self.killed and not self.exit.done():  # (after the exit the pid may be reused)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
+        if not self.killed and not self.exit.done():
+            self.kill_group()
         self.killed = True
+
+    def kill_group(self) -> None:
+        """Kill what is left of its process group (what the task started). Its pid
+        names the group as long as a member lives, so it is never reused meanwhile."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
 
     def close_pipes(self) -> None:
         self.writer.close()
@@ -184,6 +189,9 @@ class _Zygote:
             asyncio.streams.FlowControlMixin, os.fdopen(requests_out, "wb", 0)
         )
         writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
+        # Once it has exited no answer can come, even if something it forked (and
+        # that inherited the pipe) keeps the pipe open.
+        exit_code.add_done_callback(lambda _: reader.feed_eof())
         return _Process(pid, exit_code, reader, writer, read_transport)
 
     async def _read(self) -> None:
@@ -255,7 +263,8 @@ class TaskPool:
             )
         except (asyncio.IncompleteReadError, ConnectionError):
             how = await process.ended()
-            process.kill()  # what it started, if it is still there
+            process.kill_group()  # what the task started, if any of it is still there
+            process.killed = True
             log.warning("the Python process running %s %s", ctx.task, how)
             return Outcome(ok=False, error=f"its Python process {how} while running it")
         except BaseException:  # cancelled (the task must stop), or a bug here
