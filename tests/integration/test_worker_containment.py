@@ -143,3 +143,22 @@ def test_sigterm_ends_the_worker_within_its_grace_while_the_store_refuses_report
     cli.start_worker("-q", "default")
     assert cli.wait_for_end("w", timeout_s=30) == "completed"
     assert lines(cli.workdir / "runs.log") == ["quick", "quick"]
+
+
+def test_sigterm_ends_dagq_run_within_its_grace_while_the_store_refuses_writes(
+    cli: DagqCli,
+) -> None:
+    workflow = cli.workflow("wf.yaml", {"name": "w", "tasks": [{"name": "a", "cmd": "sleep 1"}]})
+    running = start_faulty(cli, "batch.commit@3+=fail", "run", workflow, "--quiet")
+    wait_until(
+        lambda: running.stderr().count("injected fault") >= 3,
+        timeout_s=20,
+        what="writes to be refused",
+    )
+
+    sent = time.monotonic()
+    running.send(signal.SIGTERM)
+    stopped = running.wait(timeout_s=30)
+
+    assert stopped.code == 143, stopped.output
+    assert time.monotonic() - sent < 15  # the run's grace is 5 s, then 2 s for reports
