@@ -60,3 +60,47 @@ def long_error_on(fail: int, index: int) -> int:
     if index == fail:
         raise ValueError(f"item {index}: " + "x" * 60_000)
     return index
+
+
+def raise_long(size: int) -> None:
+    """Fail with an error text of ``size`` characters (as a pandas or subprocess error can)."""
+    raise ValueError("x" * size)
+
+
+def pid(**_: Any) -> int:
+    """The process this task runs in."""
+    import os
+
+    return os.getpid()
+
+
+def pid_then_sleep(path: str, seconds: float) -> None:
+    """Write this process's pid to ``path``, then sleep."""
+    import os
+    import time
+
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(seconds)
+
+
+async def async_pid(seconds: float = 0.0) -> int:
+    import os
+
+    await asyncio.sleep(seconds)
+    return os.getpid()
+
+
+def fork_then_crash(path: str) -> None:
+    """Leave a forked child (its pid in ``path``) holding this process's pipes, then die."""
+    import os
+    import signal
+    import time
+
+    child = os.fork()
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    with open(path, "w") as f:
+        f.write(str(child))
+    os.kill(os.getpid(), signal.SIGSEGV)

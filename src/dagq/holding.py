@@ -13,12 +13,16 @@ siblings.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dagq.dispatching import attempt_id, bundle
 from dagq.messages import TaskMessage, encode_task
 from dagq.stores.base import Message, OutgoingMessage, Store
+
+log = logging.getLogger("dagq.worker")
 
 
 @dataclass(eq=False)
@@ -36,6 +40,12 @@ class Held:
     lost: bool = False
     #: A kept task could not report: the message must come back, so it is never deleted.
     failed: bool = False
+    #: Held while the receipt is renewed, and while it is used to delete the message:
+    #: a delete never uses a receipt that a renewal under way is replacing (a store
+    #: ignores a stale receipt, and the finished task would run again).
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: Deleted (every kept task reported): nothing is left to renew.
+    deleted: bool = False
 
     @property
     def queue(self) -> str:
@@ -84,4 +94,17 @@ async def give_back(store: Store, queue: str, tasks: Sequence[TaskMessage], size
 async def split(store: Store, message: Message, tasks: Sequence[TaskMessage]) -> None:
     """Replace a redelivered bundle by one message per task (send, then delete)."""
     await store.queues.send(message.queue, [message_of(t) for t in tasks])
-    await store.queues.delete(message.queue, [message.receipt])
+    await delete(store, message, "split into one message per task")
+
+
+async def delete(store: Store, message: Message, why: str) -> bool:
+    """Delete a message just received (no heartbeat renews its receipt yet); whether it
+    went. One that did not was no longer held: it is logged, never ignored."""
+    if await store.queues.delete(message.queue, [message.receipt]):
+        return True
+    log.warning(
+        "message %s (%s) was no longer held when deleted: it will be delivered again",
+        message.id,
+        why,
+    )
+    return False

@@ -5,8 +5,15 @@ A worker finishing hundreds of tasks a second must not pay one queue round trip 
 event. Callers ``await`` their event; a background flusher takes whatever has piled
 up and commits it as one batch — the events (in as few messages as the size limit
 allows), then the deletes of the task messages they report on — so a task message is
-never deleted before its completion is durable (docs/architecture.md, invariant 5). Nothing is
-dropped: a failed write is retried with backoff until it succeeds.
+never deleted before its completion is durable (docs/architecture.md, invariant 5).
+
+One bad event never holds the others: a write that fails with a transient error (the
+store is unreachable) is retried with backoff, but one that fails with a permanent
+error (an event over the message size limit, say) is split until the culprit is
+alone, and only its poster gets the error; the rest go out. A delete that finds its
+message no longer held is retried with the current receipt if a heartbeat renewed it
+meanwhile (under the lock the heartbeat holds while it renews, so never with a
+receipt a renewal is replacing), else counted and logged: that task may run again.
 
 On a store billed per request a completion may wait a little (``linger_s``) for those
 of the worker's other running tasks, so that one message carries many of them.
@@ -22,9 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from dagq.errors import DagqError
+from dagq.errors import DagqError, MessageTooLarge, PermanentError, StoreUnavailable
 from dagq.messages import Event, TaskFinished, TaskStarted, encode_event, join_events
-from dagq.stores.base import MAX_MESSAGE_BYTES, OutgoingMessage, Store
+from dagq.stores.base import MAX_MESSAGE_BYTES, AckOp, OutgoingMessage, Store
+from dagq.supervision import Supervisor
 
 log = logging.getLogger("dagq.worker")
 
@@ -34,6 +42,9 @@ _FRAMING = 8
 LINGER_S = 0.005
 #: A lingering batch goes out at once when it holds this many events.
 FULL_BATCH = 64
+#: Waits between tries of a batch that failed for a transient reason.
+_FIRST_RETRY_S = 0.05
+_MAX_RETRY_S = 5.0
 
 
 class Received(Protocol):
@@ -45,6 +56,14 @@ class Received(Protocol):
     @property
     def receipt(self) -> str: ...
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held while the receipt is being renewed (and while it is used to delete)."""
+        ...
+
+    #: Set once the delete is committed: there is nothing left to renew.
+    deleted: bool
+
 
 @dataclass(slots=True)
 class _Pending:
@@ -53,6 +72,8 @@ class _Pending:
     done: asyncio.Future[None] | None
     ack: Received | None = None
     dropped: bool = False
+    #: Out, or refused for good: never to be tried again.
+    settled: bool = False
 
 
 class Outbox:
@@ -79,12 +100,24 @@ class Outbox:
         self._posted = asyncio.Event()
         self._committing = False
         self._task: asyncio.Task[None] | None = None
+        self._supervisor: Supervisor | None = None
+        self._delay = _FIRST_RETRY_S
         self.sent_messages = 0
+        #: Deletes that found their message no longer held (its task may run again).
+        self.lost_acks = 0
+        #: Events refused for good (their posters were told).
+        self.rejected = 0
 
-    def start(self) -> None:
-        """Start the background flusher (idempotent)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="dagq-outbox")
+    def start(self, supervisor: Supervisor | None = None) -> None:
+        """Start the background flusher (idempotent); under ``supervisor`` if given,
+        which restarts it should it ever fail."""
+        if self._task is not None or self._supervisor is not None:
+            return
+        if supervisor is None:
+            self._task = asyncio.create_task(self.run(), name="dagq-outbox")
+        else:
+            self._supervisor = supervisor
+            supervisor.start("outbox", self.run, restart=True)
 
     def post_nowait(self, event: Event) -> None:
         """Queue an event without waiting for it (for progress signals)."""
@@ -95,7 +128,11 @@ class Outbox:
         self._wake.set()
 
     async def post(self, event: Event, *, ack: Received | None = None) -> None:
-        """Queue an event (and the delete of ``ack``); return once both are durable."""
+        """Queue an event (and the delete of ``ack``); return once both are durable.
+
+        Raises the error that refused it for good (a :class:`PermanentError`, or an
+        unexpected one): then neither the event nor the delete went out.
+        """
         if isinstance(event, TaskFinished):
             # A 'started' not yet sent says nothing the 'finished' does not.
             start = self._unsent_starts.pop((event.workflow_id, event.task, event.attempt), None)
@@ -113,19 +150,41 @@ class Outbox:
         self._pending.append(_Pending(None, b"", None, ack))
         self._wake.set()
 
-    async def close(self) -> None:
-        """Flush what is pending, then stop."""
-        if self._task is None:
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Flush what is pending, then stop.
+
+        Within ``timeout_s`` (None: however long it takes); past it, what is not out
+        stays unsent — its task messages are not deleted, so they come back — and its
+        posters get :class:`StoreUnavailable`.
+        """
+        if self._task is None and self._supervisor is None:
             return
-        while self._pending or self._committing:  # never cancel a commit under way
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while self._pending or self._committing:  # never cancel a commit under way ...
+            if deadline is not None and loop.time() >= deadline:  # ... unless it never ends
+                log.warning(
+                    "stopping with %d event(s) not posted: their tasks' messages stay in "
+                    "the queue and will be delivered again",
+                    sum(p.event is not None for p in self._pending) or 1,
+                )
+                break
             self._wake.set()
             await asyncio.sleep(0.01)
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        self._task = None
+        if self._supervisor is not None:
+            await self._supervisor.stop("outbox")
+            self._supervisor = None
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        unsent, self._pending = self._pending, []
+        for p in unsent:
+            if p.done is not None and not p.done.done():
+                p.done.set_exception(StoreUnavailable("the worker stopped before it was posted"))
 
-    async def _run(self) -> None:
-        delay = 0.05
+    async def run(self) -> None:
+        """The flusher: commit what piles up, until cancelled."""
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -140,24 +199,82 @@ class Outbox:
             if not batch:
                 continue
             self._committing = True
+            unsent = batch
             try:
-                await self._commit(batch)
-            except DagqError as exc:
-                log.warning(
-                    "posting %d event(s) failed, retrying in %.2fs: %s", len(batch), delay, exc
-                )
-                self._pending[:0] = batch
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                self._wake.set()
-                continue
-            else:
-                delay = 0.05
-                for p in batch:
-                    if p.done is not None and not p.done.done():
-                        p.done.set_result(None)
+                unsent = await self._commit_contained(batch)
             finally:
+                # Cancelled or failed unexpectedly: nothing taken from the queue is lost.
+                self._pending[:0] = [p for p in unsent if not p.settled]
                 self._committing = False
+            if unsent:
+                await asyncio.sleep(self._delay)
+                self._delay = min(self._delay * 2, _MAX_RETRY_S)
+                self._wake.set()
+            else:
+                self._delay = _FIRST_RETRY_S
+
+    async def _commit_contained(self, batch: list[_Pending]) -> list[_Pending]:
+        """Commit ``batch``, isolating what is refused for good; what is left unsent by
+        a transient failure (to be tried again), in order."""
+        groups = [[p for p in batch if not self._oversized(p)]]
+        while groups:
+            group = groups.pop(0)
+            if not group:
+                continue
+            try:
+                await self._commit(group)
+            except PermanentError as exc:
+                self._isolate(group, exc, groups)
+                continue
+            except DagqError as exc:  # transient: the whole rest is tried again
+                left = group + [p for g in groups for p in g]
+                log.warning(
+                    "posting %d event(s) failed, retrying in %.2fs: %s",
+                    sum(p.event is not None for p in left),
+                    self._delay,
+                    exc,
+                )
+                return left
+            except Exception as exc:  # a bug or an untranslated error: contain it too
+                log.error("posting %d event(s) failed unexpectedly", len(group), exc_info=exc)
+                self._isolate(group, exc, groups)
+                continue
+            for p in group:
+                p.settled = True
+                if p.done is not None and not p.done.done():
+                    p.done.set_result(None)
+        return []
+
+    def _isolate(self, group: list[_Pending], exc: Exception, groups: list[list[_Pending]]) -> None:
+        """A group was refused for good: split it (in order) until the culprit is alone."""
+        if len(group) > 1:
+            half = len(group) // 2
+            groups[:0] = [group[:half], group[half:]]
+        else:
+            self._reject(group[0], exc)
+
+    def _oversized(self, p: _Pending) -> bool:
+        """Refuse at once an event no message can carry (it would fail every batch)."""
+        if len(p.encoded) + _FRAMING <= MAX_MESSAGE_BYTES:
+            return False
+        self._reject(
+            p,
+            MessageTooLarge(
+                f"an event of {len(p.encoded)} bytes is over the {MAX_MESSAGE_BYTES}-byte "
+                "message limit"
+            ),
+        )
+        return True
+
+    def _reject(self, p: _Pending, exc: Exception) -> None:
+        p.settled = True
+        self.rejected += 1
+        what = _describe(p.event)
+        if p.done is not None and not p.done.done():
+            log.warning("%s was refused: %s", what, exc)
+            p.done.set_exception(exc)
+        else:  # nobody waits for it: a progress event, or a bare delete
+            log.warning("%s was dropped: %s", what, exc)
 
     async def _linger(self) -> None:
         """Wait (up to ``linger_s``) for more completions while more are coming."""
@@ -187,14 +304,58 @@ class Outbox:
             size += len(p.encoded)
         if chunk:
             messages.append(OutgoingMessage(join_events(chunk)))
+        held = [p.ack for p in batch if p.ack is not None]
+        receipts = [ack.receipt for ack in held]
         acks: dict[str, list[str]] = defaultdict(list)
-        for p in batch:
-            if p.ack is not None:
-                acks[p.ack.queue].append(p.ack.receipt)
+        for ack, receipt in zip(held, receipts, strict=True):
+            acks[ack.queue].append(receipt)
         writes = self._store.batch()
         if messages:
             writes.send(self._queue, messages)
-        for queue, receipts in acks.items():
-            writes.ack(queue, receipts)
+        ops = [op for queue, rs in acks.items() if (op := writes.ack(queue, rs)) is not None]
         await writes.commit()
         self.sent_messages += len(messages)
+        if held:
+            await self._settle_acks(held, receipts, ops)
+
+    async def _settle_acks(
+        self, held: list[Received], receipts: list[str], ops: list[AckOp]
+    ) -> None:
+        """After a commit: retry the deletes whose receipt a heartbeat renewed while they
+        were on their way (the store ignored them), and count those that found their
+        message gone for good."""
+        missing = {op.queue: len(op.receipts) - sum(op.deleted) for op in ops if op.deleted}
+        for ack, receipt in zip(held, receipts, strict=True):
+            if missing.get(ack.queue, 0) <= 0:
+                ack.deleted = True
+                continue
+            # A renewal under way ends first; if it replaced the receipt this delete
+            # used, the store ignored the delete: try again with the current one.
+            async with ack.lock:
+                if ack.receipt != receipt and await self._delete(ack):
+                    missing[ack.queue] -= 1
+                ack.deleted = True
+        for queue, lost in missing.items():
+            if lost > 0:
+                self.lost_acks += lost
+                log.warning(
+                    "%d finished task message(s) on %r were no longer held when deleted "
+                    "(a heartbeat came too late): they may run again",
+                    lost,
+                    queue,
+                )
+
+    async def _delete(self, ack: Received) -> bool:
+        try:
+            return await self._store.queues.delete(ack.queue, [ack.receipt]) > 0
+        except DagqError as exc:
+            log.warning("deleting a finished task message failed: %s", exc)
+            return False
+
+
+def _describe(event: Event | None) -> str:
+    if event is None:
+        return "the delete of a finished task message"
+    task = getattr(event, "task", "?")
+    attempt = getattr(event, "attempt", "?")
+    return f"the {type(event).__name__} event of {event.workflow_id}/{task}/{attempt}"

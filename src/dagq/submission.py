@@ -226,7 +226,7 @@ async def request_signal(
             f"(it waits for: {listed})"
         )
     request_id = request_id or new_request_id()
-    event = await _signal_event(store, workflow_id, name, data, encoded, request_id)
+    event = await _signal_event(store, workflow_id, name, data, encoded, request_id=request_id)
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
 
 
@@ -238,7 +238,7 @@ def check_signal_data(name: str, data: Any) -> bytes:
 
 
 async def _signal_event(
-    store: Store, workflow_id: str, name: str, data: Any, encoded: bytes, request_id: str
+    store: Store, workflow_id: str, name: str, data: Any, encoded: bytes, *, request_id: str
 ) -> SignalSent:
     """The signal event; data above the inline limit is stored first and referenced."""
     if len(encoded) <= payloads.REQUEST_INLINE_BYTES:

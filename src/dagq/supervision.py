@@ -40,6 +40,10 @@ class _Child:
     restart: bool
     task: asyncio.Task[None] | None = None
     restarts: int = 0
+    #: Failures in a row (none of the runs between them lasted HEALTHY_AFTER_S), and
+    #: how many are tolerated before a restartable task is fatal too (None: no bound).
+    failures: int = 0
+    max_failures: int | None = None
 
 
 class Supervisor:
@@ -50,19 +54,29 @@ class Supervisor:
         self._children: dict[str, _Child] = {}
         self._failure: BaseException | None = None
         self._failed_name = ""
+        self._failed_times = ""
         #: Set when a task that may not be restarted failed (see :meth:`check`).
         self.failed = asyncio.Event()
         self._closing = False
 
-    def start(self, name: str, work: Callable[[], Awaitable[None]], *, restart: bool) -> None:
+    def start(
+        self,
+        name: str,
+        work: Callable[[], Awaitable[None]],
+        *,
+        restart: bool,
+        max_failures: int | None = None,
+    ) -> None:
         """Run ``work()`` in the background under supervision.
 
         ``restart``: after a failure, call ``work()`` again (with backoff); otherwise a
-        failure is fatal to the process. A task that returns normally is done.
+        failure is fatal to the process. ``max_failures``: a restartable task that fails
+        this many times in a row is fatal all the same (it is broken, not unlucky). A
+        task that returns normally is done.
         """
         if name in self._children:
             raise ValueError(f"a background task named {name!r} is running already")
-        child = _Child(name, work, restart)
+        child = _Child(name, work, restart, max_failures=max_failures)
         self._children[name] = child
         child.task = asyncio.create_task(self._watch(child), name=f"{self.owner}-{name}")
 
@@ -70,7 +84,7 @@ class Supervisor:
         """Raise :class:`BackgroundFailed` if a task that may not be restarted failed."""
         if self._failure is not None:
             raise BackgroundFailed(
-                f"{self.owner}: background task {self._failed_name!r} failed: "
+                f"{self.owner}: background task {self._failed_name!r} failed{self._failed_times}: "
                 f"{type(self._failure).__name__}: {self._failure}"
             ) from self._failure
 
@@ -105,19 +119,27 @@ class Supervisor:
             except Exception as exc:
                 if self._closing:
                     return
-                if not child.restart:
+                if loop.time() - began >= HEALTHY_AFTER_S:
+                    delay, child.failures = FIRST_RESTART_S, 0
+                child.failures += 1
+                limit = child.max_failures
+                if not child.restart or (limit is not None and child.failures >= limit):
+                    times = f" {child.failures} times in a row" if child.restart else ""
                     log.critical(
-                        "%s: background task %r failed; stopping",
+                        "%s: background task %r failed%s; stopping",
                         self.owner,
                         child.name,
+                        times,
                         exc_info=exc,
                     )
                     if self._failure is None:
-                        self._failure, self._failed_name = exc, child.name
+                        self._failure, self._failed_name, self._failed_times = (
+                            exc,
+                            child.name,
+                            times,
+                        )
                     self.failed.set()
                     return
-                if loop.time() - began >= HEALTHY_AFTER_S:
-                    delay = FIRST_RESTART_S
                 child.restarts += 1
                 log.error(
                     "%s: background task %r failed (restart %d in %.1fs)",

@@ -19,13 +19,13 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from dagq import expression, keys, payloads, reporting
-from dagq.errors import DagqError, DamagedData, MessageLost
-from dagq.holding import Held, give_back, split
+from dagq.errors import DagqError, DamagedData, MessageLost, PermanentError
+from dagq.holding import Held, delete, give_back, split
 from dagq.leasing import default_owner
 from dagq.messages import (
     TaskFinished,
@@ -36,17 +36,20 @@ from dagq.messages import (
     decode_tasks,
 )
 from dagq.outbox import Outbox
+from dagq.payloads import cut
 from dagq.runners import Outcome, TaskContext
+from dagq.runners.pool import TaskPool
 from dagq.runners.python import add_import_paths, run_python
 from dagq.runners.shell import run_shell
 from dagq.stores.base import Message, Store
+from dagq.supervision import Supervisor
 
 log = logging.getLogger("dagq.worker")
 
 _ARG_ROOTS = frozenset({"inputs", "params"})
 #: Decoded documents up to this size are kept for the next task that needs them.
 DOCUMENT_CACHE_BYTES = 8 * 1024 * 1024
-#: The name prefix of the threads that run synchronous Python tasks.
+#: The name prefix of the threads that run synchronous Python tasks (isolation "thread").
 TASK_THREAD_PREFIX = "dagq-task"
 _FIRST_POLL_S = 0.005
 #: Waits after a failed receive: doubling from the first, up to the last.
@@ -54,6 +57,11 @@ _FIRST_BACKOFF_S = 0.2
 _MAX_BACKOFF_S = 10.0
 #: Tasks whose reports are on their way, per slot, before the worker takes no more.
 _REPORTING_PER_SLOT = 4
+#: A background task (heartbeats, the outbox) failing this many times in a row stops
+#: the worker: it is broken, and tasks held without heartbeats would run twice.
+MAX_BACKGROUND_FAILURES = 4
+#: After the grace period, how long the last reports may still take to go out.
+_CLOSE_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +87,11 @@ class WorkerOptions:
     report_linger_s: float | None = None
     work_dir: str | None = None
     name: str = field(default_factory=default_owner)
+    #: Where Python tasks run: "process" (a pool of long-lived child processes, one per
+    #: slot at most: a task that crashes, hangs or is cancelled is killed alone) or
+    #: "thread" (the worker's own threads: for trusted code only, as a crash takes the
+    #: worker down and a sync task past its timeout cannot be stopped).
+    isolation: Literal["process", "thread"] = "process"
 
 
 @dataclass(eq=False)
@@ -124,9 +137,14 @@ class Worker:
         self._outbox = Outbox(
             store, keys.COMPLETIONS_QUEUE, linger_s=linger, expecting=lambda: self._busy > 0
         )
-        self._executor = ThreadPoolExecutor(
-            max_workers=self.options.concurrency, thread_name_prefix=TASK_THREAD_PREFIX
-        )
+        self._pool: TaskPool | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        if self.options.isolation == "thread":
+            self._executor = ThreadPoolExecutor(
+                max_workers=self.options.concurrency, thread_name_prefix=TASK_THREAD_PREFIX
+            )
+        else:
+            self._pool = TaskPool(self.options.concurrency)
         self._controls: dict[str, tuple[float, _Control]] = {}
         #: Immutable documents (items, outputs, inputs) lately decoded, by key.
         self._documents: dict[str, Any] = {}
@@ -143,17 +161,41 @@ class Worker:
     # --- the loop ---------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop`` is set (or idle too long), then drain gracefully."""
-        self._outbox.start()
-        keeper = asyncio.create_task(self._heartbeat(), name="dagq-heartbeat")
+        """Serve until ``stop`` is set (or idle too long), then drain gracefully.
+
+        Heartbeats and the outbox run supervised: one that fails is logged and
+        restarted; one that keeps failing stops the worker, and this raises
+        :class:`~dagq.supervision.BackgroundFailed` once the worker has drained.
+        """
+        supervisor = Supervisor("worker")
+        if self._pool is not None:
+            self._pool.warm()
+        self._outbox.start(supervisor)
+        supervisor.start(
+            "heartbeat", self._heartbeat, restart=True, max_failures=MAX_BACKGROUND_FAILURES
+        )
+        halt = asyncio.Event()
+        watch = asyncio.create_task(_first(stop.wait(), supervisor.failed.wait()))
+        watch.add_done_callback(lambda _: halt.set())
         try:
-            await self._serve(stop)
+            await self._serve(halt)
         finally:
-            await self._drain()
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
-            await self._outbox.close()
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            watch.cancel()
+            deadline = asyncio.get_running_loop().time() + self.options.shutdown_grace_s
+            await self._drain(deadline)
+            await supervisor.stop("heartbeat")
+            await self._outbox.close(_CLOSE_S)
+            await supervisor.close()
+            if self._pool is not None:
+                await self._pool.close()
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._outbox.lost_acks:
+                log.warning(
+                    "%d finished task message(s) were no longer held when deleted",
+                    self._outbox.lost_acks,
+                )
+        supervisor.check()
 
     async def _serve(self, stop: asyncio.Event) -> None:
         idle_since = self.clock()
@@ -247,7 +289,7 @@ class Worker:
         if rest:
             await give_back(self.store, message.queue, rest, self._bundle_size)
         if not kept:
-            await self.store.queues.delete(message.queue, [message.receipt])
+            await delete(self.store, message, "every task in it given back")
             return 0
         now = self.clock()
         held = Held(message, message.receipt, now, kept=len(kept), open=len(kept))
@@ -322,9 +364,9 @@ class Worker:
     def _bundle_size(self) -> int:
         return max(1, self.store.queues.bundle_size)
 
-    async def _drain(self) -> None:
-        """On stop: let running tasks finish within the grace period, then release them
-        (and the backlog, which is not started)."""
+    async def _drain(self, deadline: float) -> None:
+        """On stop: let running tasks finish by ``deadline`` (the grace period), then
+        release them (and the backlog, which is not started)."""
         async with self._backlog_lock:  # a give-back under way finishes first
             self._draining = True
         waiting = list(self._backlog)
@@ -338,7 +380,8 @@ class Worker:
         )
         unfinished: set[asyncio.Task[None]] = set()
         if jobs:
-            _, unfinished = await asyncio.wait(jobs, timeout=self.options.shutdown_grace_s)
+            left_s = max(0.0, deadline - asyncio.get_running_loop().time())
+            _, unfinished = await asyncio.wait(jobs, timeout=left_s)
         for job in unfinished:
             job.cancel()
         await asyncio.gather(*unfinished, return_exceptions=True)
@@ -350,33 +393,38 @@ class Worker:
             if running.job is None or running.job in unfinished:
                 left.setdefault(id(running.held), (running.held, []))[1].append(running.task)
         for held, tasks in left.values():
-            with contextlib.suppress(DagqError):  # else it comes back after its timeout
-                if held.untouched and held.open == len(tasks):  # release it whole
-                    await self.store.queues.extend(held.queue, held.receipt, 0)
-                    continue
-                # Part reported or given back: the rest goes back too; the message is
-                # deleted once the reports are out (the outbox is closed after this).
-                await give_back(self.store, held.queue, tasks, self._bundle_size)
-                done = held.given_back(len(tasks))
-                if done is not None:
-                    self._outbox.acknowledge(done)
+            try:
+                await self._release(held, tasks)
+            except Exception as exc:  # it comes back after its visibility timeout
+                log.warning("releasing message %s failed: %s", held.message.id, _brief(exc))
         self._running.clear()
+
+    async def _release(self, held: Held, tasks: list[TaskMessage]) -> None:
+        """Hand tasks not run back to the queue at once."""
+        if held.untouched and held.open == len(tasks):  # release it whole
+            async with held.lock:
+                await self.store.queues.extend(held.queue, held.receipt, 0)
+            return
+        # Part reported or given back: the rest goes back too; the message is deleted
+        # once the reports are out (the outbox is closed after this).
+        await give_back(self.store, held.queue, tasks, self._bundle_size)
+        done = held.given_back(len(tasks))
+        if done is not None:
+            self._outbox.acknowledge(done)
 
     # --- one task ---------------------------------------------------------------------
 
     async def _handle(self, running: _Running) -> None:
+        """Run one task and report it. A fault of the worker's own while doing so fails
+        this attempt (reported as a failure), and nothing else."""
         task = running.task
-        reported = False
         try:
             why = await self._stop_reason(task)
             if why is not None:
                 # Say so: if this attempt was running when a worker died, the coordinator
                 # is waiting for word of it before the cancellation can finish.
                 outcome = Outcome(ok=False, error=f"not run: {why}", retryable=False)
-                report = await self._report(task, outcome, self.clock())
-                reported = running.reported = True
-                self._free_slot(running)
-                await self._outbox.post(report, ack=running.held.reported())
+                await self._finish(running, outcome, self.clock())
                 return
             self._outbox.post_nowait(
                 TaskStarted(
@@ -397,26 +445,74 @@ class Worker:
                 if not running.stopping:
                     raise  # worker shutdown: the message goes back to the queue
                 outcome = Outcome(ok=False, error=f"stopped: {running.stopping}", retryable=False)
+            except Exception as exc:  # the worker's own fault, not the task's
+                log.error("task %s: the worker failed running it", running.key, exc_info=exc)
+                outcome = Outcome(ok=False, error=f"the worker failed running it: {_brief(exc)}")
             finally:
                 running.executing = False
-            finished = await self._report(task, outcome, started)
-            reported = running.reported = True
-            self._free_slot(running)
-            await self._outbox.post(finished, ack=running.held.reported())
+            await self._finish(running, outcome, started)
             self.completed += 1
         except asyncio.CancelledError:
             raise
-        except DagqError as exc:
+        except Exception as exc:
             # The message stays in the queue and comes back after its visibility timeout.
-            log.warning(
-                "task %s could not be reported, it will be redelivered: %s", running.key, exc
-            )
-            if not reported:
+            if isinstance(exc, DagqError):
+                log.warning(
+                    "task %s could not be reported, it will be redelivered: %s", running.key, exc
+                )
+            else:
+                log.error(
+                    "task %s could not be reported, it will be redelivered",
+                    running.key,
+                    exc_info=exc,
+                )
+            if running.reported:
+                running.held.failed = True  # its report may not have gone: keep the message
+            else:
                 running.held.report_failed()
         finally:
             self._running.pop(running.key, None)
             self._free_slot(running)
             self._slot_freed.set()
+
+    async def _finish(self, running: _Running, outcome: Outcome, started: float) -> None:
+        """Report an attempt's outcome (and free its slot); return once it is durable.
+
+        A report the outbox refuses for good (a permanent error: too large, say) is
+        replaced by a small failure event for that attempt, so the coordinator hears of
+        it and the other reports go on.
+        """
+        task = running.task
+        try:
+            report = await self._report(task, outcome, started)
+        except DagqError:
+            raise  # a store error: the message comes back, and the task runs again
+        except Exception as exc:
+            log.error("task %s: its report could not be made", running.key, exc_info=exc)
+            report = _failure_event(self._bare_report(task, started), exc)
+        running.reported = True
+        self._free_slot(running)
+        ack = running.held.reported()
+        try:
+            await self._outbox.post(report, ack=ack)
+        except Exception as exc:
+            if isinstance(exc, DagqError) and not isinstance(exc, PermanentError):
+                raise
+            await self._outbox.post(_failure_event(report, exc), ack=ack)
+
+    def _bare_report(self, task: TaskMessage, started: float) -> TaskFinished:
+        now = self.clock()
+        return TaskFinished(
+            workflow_id=task.workflow_id,
+            task=task.task,
+            attempt=task.attempt,
+            at=now,
+            ok=False,
+            undo=task.undo,
+            item=task.item_index,
+            duration_s=now - started,
+            worker=self.options.name,
+        )
 
     async def _execute(self, task: TaskMessage) -> Outcome:
         try:
@@ -460,7 +556,7 @@ class Worker:
                 return Outcome(
                     ok=False, error=f"args could not be rendered: {exc}", retryable=False
                 )
-        return await run_python(spec, ctx, args, executor=self._executor)
+        return await run_python(spec, ctx, args, pool=self._pool, executor=self._executor)
 
     async def _whole(self, task: TaskMessage) -> TaskMessage:
         """A task message sent by reference (its spec, or all of it), loaded whole."""
@@ -557,17 +653,35 @@ class Worker:
                     running.stopping = why
                     running.job.cancel()
                 holds[id(running.held)] = running.held
-            for held in holds.values():
-                if now - held.extended_at < vt / 3 or held.lost or held.open <= 0:
-                    continue
-                try:
-                    held.receipt = await self.store.queues.extend(held.queue, held.receipt, vt)
-                    held.extended_at = now
-                except MessageLost:
-                    log.warning("message %s was redelivered elsewhere", held.message.id)
-                    held.lost = True
-                except DagqError as exc:
-                    log.warning("heartbeat for %s failed: %s", held.message.id, exc)
+            # A held message is renewed until its delete is committed (a report may
+            # wait for the store a while). Renewals go out together: a slow store
+            # must not leave the last of many held messages unrenewed.
+            due = [
+                held
+                for held in holds.values()
+                if now - held.extended_at >= vt / 3
+                and not (held.lost or held.deleted or held.lock.locked())
+            ]
+            if due:
+                await asyncio.gather(*(self._renew(held, now, vt) for held in due))
+
+    async def _renew(self, held: Held, now: float, vt: float) -> None:
+        """Extend one held message's visibility, under its lock: a delete never uses a
+        receipt that this renewal is replacing."""
+        async with held.lock:
+            if not (held.lost or held.deleted):  # else deleted (or lost) while we waited
+                await self._extend(held, now, vt)
+
+    async def _extend(self, held: Held, now: float, vt: float) -> None:
+        try:
+            held.receipt = await self.store.queues.extend(held.queue, held.receipt, vt)
+            held.extended_at = now
+        except MessageLost:
+            if held.open > 0:  # else its delete, under way, won the race: all is well
+                log.warning("message %s was redelivered elsewhere", held.message.id)
+            held.lost = True
+        except DagqError as exc:
+            log.warning("heartbeat for %s failed: %s", held.message.id, exc)
 
     async def _stop_reason(self, task: TaskMessage) -> str | None:
         """Why this attempt must stop (its workflow was cancelled, or it lost a race), if so.
@@ -606,6 +720,25 @@ def _read_control(data: bytes) -> _Control:
         return msgspec.json.decode(data, type=_Control)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return _Control(stop_through=2**31)  # unreadable: err on the side of stopping
+
+
+def _brief(exc: BaseException) -> str:
+    """``ExceptionType: message``, the message cut to a few lines."""
+    return cut(f"{type(exc).__name__}: {exc}", 500)
+
+
+def _failure_event(report: TaskFinished, exc: BaseException) -> TaskFinished:
+    """A small stand-in for a report that could not be made or posted: the attempt
+    failed, saying why (with the start of what it would have said)."""
+    said = "" if report.ok or not report.error else f"; it said: {cut(report.error, 1000)}"
+    return msgspec.structs.replace(
+        report,
+        ok=False,
+        output=None,
+        output_ref=None,
+        error=f"its report could not be sent ({_brief(exc)}){said}",
+        retryable=report.retryable,
+    )
 
 
 async def _first(*waits: Any) -> None:

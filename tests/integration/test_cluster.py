@@ -26,16 +26,23 @@ pytestmark = pytest.mark.timeout(60)
 WORKFLOW_ID = "mixed-1"
 
 #: Python tasks, imported by the gpu worker from the scratch directory. Each records
-#: the PID of the process that ran it ($PPID of a shell task is its worker too).
+#: the PID of its worker: a Python task runs in a pool process, forked by the worker's
+#: zygote ($PPID of a shell task is its worker).
 TASKS = """
     import os
+    from pathlib import Path
 
     from dagq import TaskContext
 
 
+    def _worker() -> int:
+        zygote = os.getppid()
+        return int(Path(f"/proc/{zygote}/stat").read_text().rpartition(")")[2].split()[1])
+
+
     def _ran(name: str) -> None:
         with open("ran.log", "a") as log:
-            log.write(f"{name} {os.getpid()}\\n")
+            log.write(f"{name} {_worker()}\\n")
 
 
     def score(rows: int) -> dict:

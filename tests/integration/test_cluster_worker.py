@@ -162,7 +162,7 @@ SLOW_PYTHON = """
 def test_sigterm_past_the_grace_exits_at_once_though_a_python_task_still_runs(
     cli: DagqCli,
 ) -> None:
-    """A thread cannot be killed; the worker must not wait for it to end anyway."""
+    """The task's pool process is killed at the end of the grace; the worker does not wait."""
     cli.write("slowpy.py", SLOW_PYTHON)
     first = cli.start_worker("-q", "slowpy", "-c", "1", "--grace", "0.2")
     submit(cli, "slowpy", [{"name": "slow", "queue": "slowpy", "call": "slowpy:slow_first_time"}])

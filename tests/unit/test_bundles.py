@@ -174,7 +174,9 @@ async def test_completions_of_tasks_that_finish_together_share_a_message() -> No
     store = open_memory_store()
     await store.queues.send("default", bundle([message(task(i)) for i in range(16)], 16))
     stop = asyncio.Event()
-    worker = Worker(store, WorkerOptions(concurrency=16, report_linger_s=2.0))
+    # A long linger: the reports wait for each other however slow the machine (a
+    # batch goes out as soon as no task is left running).
+    worker = Worker(store, WorkerOptions(concurrency=16, report_linger_s=10.0))
     serving = asyncio.create_task(worker.run(stop))
     messages = 0
     events: list[TaskFinished] = []

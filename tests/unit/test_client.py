@@ -44,6 +44,7 @@ FAST_WORKER = WorkerOptions(
     poll_interval_s=0.05,
     cancel_check_s=0.1,
     shutdown_grace_s=1.0,
+    isolation="thread",  # Python tasks read GATE, in this process
 )
 
 #: Whether ``gated`` lets its caller through (flipped by a test, read by the worker).

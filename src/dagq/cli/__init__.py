@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import click
 
@@ -208,6 +208,15 @@ def coordinator(
     help="Tasks of a bundle kept beyond the free slots, started as slots free up "
     "(default: as many as -c; 0 gives every extra task back at once).",
 )
+@click.option(
+    "--isolation",
+    type=click.Choice(["process", "thread"]),
+    default="process",
+    show_default=True,
+    help="Where Python tasks run: pool processes (a crash or hang kills only its task) "
+    "or this worker's threads (trusted code only: a crash stops the worker, a sync task "
+    "past its timeout cannot be stopped).",
+)
 def worker(
     *,
     store_url: str,
@@ -218,6 +227,7 @@ def worker(
     visibility_timeout: float,
     grace: float,
     backlog: int | None,
+    isolation: Literal["process", "thread"],
 ) -> None:
     """Run tasks from the given queues until stopped (SIGTERM: finish, then release)."""
     from dagq.cli.serve import run_worker
@@ -235,6 +245,7 @@ def worker(
             visibility_timeout_s=visibility_timeout,
             shutdown_grace_s=grace,
             backlog=backlog,
+            isolation=isolation,
         )
         return run_worker(store_url, options)
 

@@ -136,6 +136,12 @@ def run_worker(store_url: str, options: WorkerOptions) -> int:
         )
         try:
             await worker.run(stop)
+        except DagqError as exc:  # a background task kept failing (its traceback is logged)
+            log.error("worker stopped: %s", exc)
+            return 1
+        except Exception:
+            log.critical("worker failed", exc_info=True)
+            return 1
         finally:
             await store.close()
         log.info("worker stopped after %d task(s)", worker.completed)

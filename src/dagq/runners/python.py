@@ -5,72 +5,63 @@ positional ones), plus ``inputs`` (upstream outputs by parent name) and ``ctx`` 
 :class:`~dagq.runners.TaskContext`) when its signature names them. It returns a
 JSON-serialisable output, and may raise :class:`dagq.NonRetryable` or
 :class:`dagq.RetryAfter`. A function that cannot be imported fails the task at once.
+A failed attempt's error is ``ExceptionType: message``; the traceback goes to the
+attempt's log (``dagq logs``).
+
+By default a task runs in one of the worker's pool processes
+(:mod:`dagq.runners.pool`), where it can crash, hang or be killed alone. A worker may
+opt in to running trusted tasks on its own threads instead (``isolation="thread"``):
+a little faster, but a task that crashes takes the worker with it, and a sync task
+past its timeout cannot be stopped (its thread runs on, holding nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
-import inspect
 import sys
-import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Executor
 from typing import Any
 
-from dagq.errors import NonRetryable, RetryAfter
 from dagq.messages import TaskSpec
-from dagq.runners import Outcome, TaskContext, tail
+from dagq.runners import Outcome, TaskContext
+from dagq.runners.child import ImportFailed, Reply, failure, prepare, resolve
+from dagq.runners.pool import TaskPool
 
-
-class ImportFailed(Exception):
-    """The function named by ``call`` could not be imported."""
-
-
-#: What the engine passes to a function whose signature names it (never via **kwargs).
-PROVIDED = ("inputs", "ctx", "item", "index")
-
-
-@functools.lru_cache(maxsize=1024)
-def resolve(call: str) -> tuple[Callable[..., Any], bool, frozenset[str]]:
-    """The function, whether it is async, and which of :data:`PROVIDED` it takes."""
-    module_name, _, attribute = call.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except Exception as exc:
-        raise ImportFailed(f"cannot import '{call}': {type(exc).__name__}: {exc}") from exc
-    if not callable(target):
-        raise ImportFailed(f"'{call}' is not callable")
-    parameters = inspect.signature(target).parameters
-    # Only a parameter that names them explicitly receives inputs / ctx / item / index,
-    # so a function taking **kwargs gets exactly its args.
-    wanted = frozenset(name for name in PROVIDED if name in parameters)
-    return target, inspect.iscoroutinefunction(target), wanted
+__all__ = ["ImportFailed", "add_import_paths", "resolve", "run_python"]
 
 
 def add_import_paths(paths: Iterable[str]) -> None:
-    """Let ``call`` find modules under these directories."""
+    """Let ``call`` find modules under these directories (here and in pool processes)."""
     for path in paths:
         if path not in sys.path:
             sys.path.insert(0, path)
     resolve.cache_clear()
 
 
-async def run_python(spec: TaskSpec, ctx: TaskContext, args: Any, *, executor: Executor) -> Outcome:
-    """Call the task's function and turn its result or exception into an Outcome."""
+async def run_python(
+    spec: TaskSpec,
+    ctx: TaskContext,
+    args: Any,
+    *,
+    pool: TaskPool | None = None,
+    executor: Executor | None = None,
+) -> Outcome:
+    """Call the task's function — in ``pool``, else on ``executor``'s threads — and
+    turn its result or exception into an Outcome."""
+    if pool is not None:
+        return await pool.run(spec.call or "", args, ctx, spec.timeout_s)
+    return await _run_in_thread(spec, ctx, args, executor)
+
+
+async def _run_in_thread(
+    spec: TaskSpec, ctx: TaskContext, args: Any, executor: Executor | None
+) -> Outcome:
     try:
-        function, is_async, wanted = resolve(spec.call or "")
+        function, is_async, positional, keywords = prepare(spec.call or "", args, ctx)
     except ImportFailed as exc:
         return Outcome(ok=False, error=str(exc), retryable=False)
-    positional, keywords = _arguments(args)
-    provided = {"inputs": ctx.inputs, "ctx": ctx, "item": ctx.item, "index": ctx.index}
-    for name in wanted:
-        if name in ("item", "index") and ctx.index < 0:
-            continue  # not a foreach instance: the function's own default applies
-        keywords[name] = provided[name]
     try:
         if is_async:
             result = await asyncio.wait_for(function(*positional, **keywords), spec.timeout_s)
@@ -80,30 +71,17 @@ async def run_python(spec: TaskSpec, ctx: TaskContext, args: Any, *, executor: E
             result = await asyncio.wait_for(future, spec.timeout_s)
     except TimeoutError:
         return Outcome(ok=False, error=f"timed out after {spec.timeout_s:g}s")
-    except NonRetryable as exc:
-        return Outcome(ok=False, error=_describe(exc), retryable=False)
-    except RetryAfter as exc:
-        return Outcome(ok=False, error=_describe(exc), retry_after_s=exc.seconds)
     except Exception as exc:  # a task's own failure becomes its error
-        return Outcome(
-            ok=False, error=_describe(exc, with_trace=True), error_type=type(exc).__name__
-        )
+        return _outcome(failure(exc))
     return Outcome(ok=True, output=result)
 
 
-def _arguments(args: Any) -> tuple[list[Any], dict[str, Any]]:
-    if args is None:
-        return [], {}
-    if isinstance(args, dict):
-        return [], dict(args)
-    if isinstance(args, list):
-        return list(args), {}
-    return [args], {}
-
-
-def _describe(exc: BaseException, *, with_trace: bool = False) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    if with_trace:
-        frames = traceback.format_exception(exc)
-        text += "\n" + tail("".join(frames[1:]), 1500)
-    return text
+def _outcome(reply: Reply) -> Outcome:
+    return Outcome(
+        ok=False,
+        error=reply.error,
+        retryable=reply.retryable,
+        retry_after_s=reply.retry_after_s,
+        error_type=reply.error_type,
+        log=reply.log.encode("utf-8", "replace"),
+    )

@@ -164,8 +164,12 @@ def _finish(store: Store, op: DeleteOp | AckOp | UpsertOp) -> Awaitable[object]:
     if isinstance(op, DeleteOp):
         return store.documents.delete(op.key)
     if isinstance(op, AckOp):
-        return store.queues.delete(op.queue, op.receipts)
+        return _ack(store, op)
     return store.index.upsert(op.row)
+
+
+async def _ack(store: Store, op: AckOp) -> None:
+    op.deleted.append(await store.queues.delete(op.queue, op.receipts))
 
 
 async def _phase(calls: Iterable[Awaitable[object]]) -> None:

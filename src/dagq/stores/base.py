@@ -309,10 +309,16 @@ class SendOp:
 
 @dataclass(frozen=True, slots=True)
 class AckOp:
-    """``queues.delete`` inside a batch."""
+    """``queues.delete`` inside a batch.
+
+    The commit appends to ``deleted`` how many of ``receipts`` it deleted: a store
+    ignores a stale receipt, so fewer means a message was no longer held (its task
+    may run again), which the caller must not ignore.
+    """
 
     queue: str
     receipts: Sequence[str]
+    deleted: list[int] = field(default_factory=list, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,10 +379,14 @@ class Batch:
         if messages:
             self.ops.append(SendOp(queue, list(messages)))
 
-    def ack(self, queue: str, receipts: Sequence[str]) -> None:
-        """Stage the delete of received messages."""
-        if receipts:
-            self.ops.append(AckOp(queue, list(receipts)))
+    def ack(self, queue: str, receipts: Sequence[str]) -> AckOp | None:
+        """Stage the delete of received messages; after the commit, the operation
+        tells how many went (``deleted``)."""
+        if not receipts:
+            return None
+        op = AckOp(queue, list(receipts))
+        self.ops.append(op)
+        return op
 
     def upsert(self, row: IndexRow) -> None:
         """Stage an index row."""
@@ -414,7 +424,7 @@ async def commit_in_order(store: Store, ops: Sequence[BatchOp]) -> list[str]:
         elif isinstance(op, SendOp):
             await store.queues.send(op.queue, op.messages)
         elif isinstance(op, AckOp):
-            await store.queues.delete(op.queue, op.receipts)
+            op.deleted.append(await store.queues.delete(op.queue, op.receipts))
         else:
             await store.index.upsert(op.row)
     return etags

@@ -11,7 +11,11 @@ For crash-safety tests with real processes. A plan is a comma-separated list of
 ``batch.commit``, ...); ``N`` counts its calls in this process from 1. Actions:
 
 * ``fail`` — the call raises StoreUnavailable (nothing is written);
+* ``crash`` — the call raises RuntimeError, an error no store should ever raise (as
+  a bug would; nothing is written);
 * ``delay:S`` — the call waits S seconds, then runs;
+* ``delay-after:S`` — the call runs, then its answer takes S seconds to come back (a
+  slow network: the store has acted, the caller does not know yet);
 * ``hang`` — the call never returns (until cancelled);
 * ``kill`` — the process dies by SIGKILL before the call (nothing is written);
 * ``kill-after`` — the call runs, then the process dies by SIGKILL (it is written,
@@ -45,7 +49,8 @@ FAULTS_ENV = "DAGQ_FAULTS"
 _RULE = re.compile(
     r"(?P<operation>[a-z]+\.[a-z_]+)@(?P<call>[1-9][0-9]*)"
     r"(?:(?P<onwards>\+)|-(?P<last>[1-9][0-9]*))?="
-    r"(?P<action>fail|hang|kill|kill-after|delay:(?P<seconds>[0-9]+(\.[0-9]+)?))"
+    r"(?P<action>fail|crash|hang|kill|kill-after"
+    r"|(?:delay|delay-after):(?P<seconds>[0-9]+(\.[0-9]+)?))"
 )
 
 
@@ -78,8 +83,8 @@ def parse_faults(text: str) -> list[Fault]:
         if match is None:
             raise ValidationError(
                 f"{FAULTS_ENV}: {part!r} is not OPERATION@N=ACTION (e.g. batch.commit@3=kill; "
-                "actions: fail, hang, kill, kill-after, delay:SECONDS; N+ for every call "
-                "from N, N-M for calls N to M)"
+                "actions: fail, crash, hang, kill, kill-after, delay:SECONDS, "
+                "delay-after:SECONDS; N+ for every call from N, N-M for calls N to M)"
             )
         action = match["action"]
         last = int(match["last"]) if match["last"] else None
@@ -89,7 +94,7 @@ def parse_faults(text: str) -> list[Fault]:
             Fault(
                 operation=match["operation"],
                 call=int(match["call"]),
-                action="delay" if action.startswith("delay:") else action,
+                action=action.partition(":")[0],
                 onwards=bool(match["onwards"]),
                 seconds=float(match["seconds"] or 0.0),
                 last=last,
@@ -112,6 +117,8 @@ def with_faults(store: Store, faults: list[Fault]) -> Store:
             log.warning("injected fault: %s call %d: %s", operation, n, fault.action)
             if fault.action == "fail":
                 raise StoreUnavailable(f"injected fault: {operation} call {n} failed")
+            if fault.action == "crash":
+                raise RuntimeError(f"injected fault: {operation} call {n} crashed")
             if fault.action == "delay":
                 await asyncio.sleep(fault.seconds)
             elif fault.action == "hang":
@@ -119,6 +126,9 @@ def with_faults(store: Store, faults: list[Fault]) -> Store:
             elif fault.action == "kill":
                 _die()
         result = await call()
+        for fault in fired:
+            if fault.action == "delay-after":
+                await asyncio.sleep(fault.seconds)
         if any(f.action == "kill-after" for f in fired):
             _die()
         return result

@@ -474,7 +474,8 @@ def _apply(c: sqlite3.Connection, op: BatchOp, now: float, etags: list[str]) -> 
     elif isinstance(op, SendOp):
         c.executemany(_INSERT_MESSAGE, _message_rows(op, now))
     elif isinstance(op, AckOp):
-        c.executemany(_DELETE_MESSAGE, [(op.queue, r) for r in op.receipts])
+        deleted = c.executemany(_DELETE_MESSAGE, [(op.queue, r) for r in op.receipts]).rowcount
+        op.deleted.append(deleted)
     elif isinstance(op, FenceOp):
         held = c.execute("SELECT token FROM leases WHERE name = ?", (op.name,)).fetchone()
         if held is None or held[0] != op.token:

@@ -1,0 +1,333 @@
+"""Calling a Python task's function, and the loop of a pool process that does it.
+
+:func:`call_task` imports the function named by ``call`` (``package.module:function``),
+passes it its ``args`` (a mapping as keyword arguments, a list as positional ones)
+plus ``inputs``, ``ctx``, ``item`` and ``index`` when its signature names them, runs
+it (sync, or async on an event loop of its own) and turns what happens into a
+:class:`Reply`: the output encoded as JSON, or the error — ``ExceptionType: message``,
+with the traceback kept apart for the attempt's log.
+
+:func:`main` is a pool process (:mod:`dagq.runners.pool`): it reads requests from one
+pipe and writes replies to another, one task at a time, until its parent closes the
+pipe or dies. It imports little, so that it starts fast; the tasks' own modules are
+imported on first use and stay imported for the tasks after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import inspect
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import msgspec
+
+from dagq.errors import NonRetryable, RetryAfter
+from dagq.payloads import MAX_DEPTH, too_deep
+from dagq.runners import TaskContext
+
+#: What the engine passes to a function whose signature names it (never via **kwargs).
+PROVIDED = ("inputs", "ctx", "item", "index")
+#: A frame on the pipes: its length, then a pickle.
+HEADER = struct.Struct("!I")
+PR_SET_PDEATHSIG = 1
+
+
+class ImportFailed(Exception):
+    """The function named by ``call`` could not be imported."""
+
+
+class Reply(NamedTuple):
+    """How a call ended, as it travels back from a pool process."""
+
+    ok: bool
+    #: The output, encoded as JSON (when ``ok``).
+    output: bytes = b""
+    error: str | None = None
+    retryable: bool = True
+    retry_after_s: float | None = None
+    error_type: str | None = None
+    #: For the attempt's log: the traceback of the exception that failed it.
+    log: str = ""
+
+
+class Request(NamedTuple):
+    """One task for a pool process (``paths``: the import path, when it changed).
+
+    On the pipe it is a plain tuple, and so is ``ctx`` (:func:`pack`): a plain tuple
+    pickles ten times faster than a named tuple holding a dataclass.
+    """
+
+    call: str
+    args: Any
+    ctx: TaskContext
+    paths: list[str] | None = None
+
+    def pack(self) -> bytes:
+        """The request as it travels."""
+        ctx = tuple(getattr(self.ctx, name) for name in _CONTEXT_FIELDS)
+        return pickle.dumps((self.call, self.args, ctx, self.paths), pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Request:
+        call, args, ctx, paths = pickle.loads(data)
+        return cls(call, args, TaskContext(*ctx), paths)
+
+
+_CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(TaskContext))
+
+
+@functools.lru_cache(maxsize=1024)
+def resolve(call: str) -> tuple[Callable[..., Any], bool, frozenset[str]]:
+    """The function, whether it is async, and which of :data:`PROVIDED` it takes."""
+    module_name, _, attribute = call.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except Exception as exc:
+        raise ImportFailed(f"cannot import '{call}': {type(exc).__name__}: {exc}") from exc
+    if not callable(target):
+        raise ImportFailed(f"'{call}' is not callable")
+    parameters = inspect.signature(target).parameters
+    # Only a parameter that names them explicitly receives inputs / ctx / item / index,
+    # so a function taking **kwargs gets exactly its args.
+    wanted = frozenset(name for name in PROVIDED if name in parameters)
+    return target, inspect.iscoroutinefunction(target), wanted
+
+
+def prepare(
+    call: str, args: Any, ctx: TaskContext
+) -> tuple[Callable[..., Any], bool, list[Any], dict[str, Any]]:
+    """The function to call, whether it is async, and its arguments (ImportFailed if it
+    cannot be imported)."""
+    function, is_async, wanted = resolve(call)
+    positional, keywords = _arguments(args)
+    provided = {"inputs": ctx.inputs, "ctx": ctx, "item": ctx.item, "index": ctx.index}
+    for name in wanted:
+        if name in ("item", "index") and ctx.index < 0:
+            continue  # not a foreach instance: the function's own default applies
+        keywords[name] = provided[name]
+    return function, is_async, positional, keywords
+
+
+def call_task(call: str, args: Any, ctx: TaskContext) -> Reply:
+    """Run the task's function to its end, here, and say how it ended."""
+    try:
+        function, is_async, positional, keywords = prepare(call, args, ctx)
+    except ImportFailed as exc:
+        return Reply(ok=False, error=str(exc), retryable=False)
+    try:
+        if is_async:
+            result = _event_loop().run_until_complete(function(*positional, **keywords))
+        else:
+            result = function(*positional, **keywords)
+    except BaseException as exc:  # whatever the task raised is its failure
+        return failure(exc)
+    return encode_output(result)
+
+
+def failure(exc: BaseException) -> Reply:
+    """The reply for an exception a task raised: its type and message as the error, its
+    traceback for the log."""
+    trace = "".join(traceback.format_exception(exc))
+    if isinstance(exc, NonRetryable):
+        return Reply(ok=False, error=describe(exc), retryable=False, log=trace)
+    if isinstance(exc, RetryAfter):
+        return Reply(ok=False, error=describe(exc), retry_after_s=exc.seconds, log=trace)
+    return Reply(ok=False, error=describe(exc), error_type=type(exc).__name__, log=trace)
+
+
+def describe(exc: BaseException) -> str:
+    """``ExceptionType: message`` (no traceback: that goes to the attempt's log)."""
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def encode_output(result: Any) -> Reply:
+    """A task's return value as JSON, or the reason it cannot be an output."""
+    if too_deep(result):
+        return Reply(
+            ok=False,
+            error=f"the output is nested more than {MAX_DEPTH} levels deep",
+            retryable=False,
+        )
+    try:
+        return Reply(ok=True, output=msgspec.json.encode(result))
+    except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
+        return Reply(ok=False, error=f"the output is not JSON-serialisable: {exc}", retryable=False)
+
+
+def _arguments(args: Any) -> tuple[list[Any], dict[str, Any]]:
+    if args is None:
+        return [], {}
+    if isinstance(args, dict):
+        return [], dict(args)
+    if isinstance(args, list):
+        return list(args), {}
+    return [args], {}
+
+
+@functools.cache
+def _event_loop() -> Any:
+    """The event loop async tasks run on in a pool process (one, reused)."""
+    import asyncio
+
+    return asyncio.new_event_loop()
+
+
+# --- the pool process and the process that forks them -------------------------------
+
+
+def zygote(argv: list[str]) -> None:
+    """Fork pool processes on request, and report how they end.
+
+    Requests come on the socket ``argv[0]``, each with the two pipe ends of a new
+    pool process (its requests and its replies); the new process's pid, and later its
+    exit code, go out on the pipe ``argv[1]``. Forking this small single-threaded
+    process, which has imported all a pool process needs, takes a few milliseconds; a
+    fresh interpreter takes a tenth of a second. It ends when the parent (pid
+    ``argv[2]``) closes the socket or dies; its pool processes die with it.
+    """
+    control = socket.socket(fileno=int(argv[0]))
+    events, parent = int(argv[1]), int(argv[2])
+    _die_with(parent)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    while True:
+        ready, _, _ = select.select([control.fileno(), wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            _report_exits(events)
+        if control.fileno() in ready:
+            message, fds, _, _ = socket.recv_fds(control, 16, 2)
+            if not message:
+                return
+            pid = os.fork()
+            if pid == 0:
+                _become_pool_process(fds, [control.fileno(), events, wake_r, wake_w])
+            for fd in fds:
+                os.close(fd)
+            _write(events, pickle.dumps(("forked", pid)))
+
+
+def _become_pool_process(fds: list[int], zygote_fds: list[int]) -> None:
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd in zygote_fds:
+        os.close(fd)
+    os.setsid()  # its own process group: killing it kills what the task started
+    _as_batch()
+    code = 0
+    try:
+        main([str(fds[0]), str(fds[1]), str(os.getppid())])
+    except BaseException:  # whatever happened, this process must not return to the loop
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _as_batch() -> None:
+    """Be scheduled as a batch process (Linux): handing this process a task then
+    does not preempt the worker at once, so the worker hands out a few and reads
+    answers in between, instead of switching processes at every task."""
+    if hasattr(os, "SCHED_BATCH"):
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
+def _report_exits(events: int) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _write(events, pickle.dumps(("exited", pid, os.waitstatus_to_exitcode(status))))
+
+
+def main(argv: list[str]) -> None:
+    """Serve requests from the pipe ``argv[0]``, replying on ``argv[1]``, until the
+    parent (pid ``argv[2]``) closes it or dies."""
+    requests, replies, parent = int(argv[0]), int(argv[1]), int(argv[2])
+    _die_with(parent)
+    while True:
+        frame = _read(requests)
+        if frame is None:
+            return
+        request = Request.unpack(frame)
+        if request.paths is not None:
+            sys.path[:] = request.paths
+            importlib.invalidate_caches()
+            resolve.cache_clear()
+        reply = call_task(request.call, request.args, request.ctx)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            _write(replies, pickle.dumps(tuple(reply), protocol=pickle.HIGHEST_PROTOCOL))
+        except BrokenPipeError:  # the parent is gone
+            return
+
+
+def _die_with(parent: int) -> None:
+    """Be killed when the parent dies (Linux), rather than run on as an orphan."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # it died before we asked
+        os._exit(0)
+
+
+def _read(fd: int) -> bytes | None:
+    header = _read_exactly(fd, HEADER.size)
+    if header is None:
+        return None
+    return _read_exactly(fd, HEADER.unpack(header)[0])
+
+
+def _read_exactly(fd: int, n: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < n:
+        chunk = os.read(fd, n - len(chunks))
+        if not chunk:
+            return None
+        chunks += chunk
+    return bytes(chunks)
+
+
+def _write(fd: int, data: bytes) -> None:
+    view = memoryview(HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def boot(argv: list[str]) -> None:
+    """The entry point of a new interpreter: ``zygote ...``, or a pool process."""
+    try:
+        if argv and argv[0] == "zygote":
+            zygote(argv[1:])
+        else:
+            main(argv)
+    except (BrokenPipeError, ConnectionError):
+        pass  # the worker is gone: so are we, quietly

@@ -1,0 +1,400 @@
+"""A pool of long-lived processes that run Python tasks, one task at a time each.
+
+A Python task runs in a child process, not in the worker, so that it can fail alone:
+one that calls ``os._exit``, segfaults or is killed for its memory fails its attempt
+(retried per its policy) and the worker goes on; one past its timeout, or cancelled,
+has its process killed (a thread could not be stopped) and the next task gets a
+fresh one. As in Celery's prefork pool the processes live on from task to task, and
+a round trip is a pickle each way over two pipes (:mod:`dagq.runners.child` is the
+other end).
+
+Processes are forked by a *zygote*: one small process started once (a tenth of a
+second), which has imported what a pool process needs, so that each fork takes a few
+milliseconds. The pool grows on demand — a task that finds no idle process gets a new
+one, up to one per worker slot — and a process that died or was killed is replaced
+the same way. The zygote reaps them and reports how each ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+import dagq
+from dagq.runners import Outcome, TaskContext
+from dagq.runners.child import HEADER, Reply, Request
+
+log = logging.getLogger("dagq.worker")
+
+#: On close, how long processes get to exit before they are killed.
+CLOSE_GRACE_S = 1.0
+#: How long to wait for word of how a dead process ended.
+_EXIT_WAIT_S = 2.0
+_DAGQ_ROOT = str(Path(dagq.__file__).resolve().parent.parent)
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from dagq.runners.child import boot; boot(sys.argv[1:])"
+)
+
+
+class PoolClosed(Exception):
+    """The pool was closed while a task waited for a process."""
+
+
+@dataclass(eq=False)
+class _Process:
+    """One pool process and the pipes to it."""
+
+    pid: int
+    #: Its exit code (negative: the signal that killed it), once the zygote says.
+    exit: asyncio.Future[int]
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    read_transport: asyncio.BaseTransport
+    #: The import path it was last given.
+    paths: list[str] = field(default_factory=list)
+    killed: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return not self.killed and not self.exit.done()
+
+    async def call(self, request: bytes) -> Reply:
+        self.writer.write(HEADER.pack(len(request)) + request)  # one write: one wake-up
+        await self.writer.drain()
+        (size,) = HEADER.unpack(await self.reader.readexactly(HEADER.size))
+        return Reply(*pickle.loads(await self.reader.readexactly(size)))
+
+    def kill(self) -> None:
+        """Kill it and whatever it started (its process group)."""
+        if not self.killed and not self.exit.done():
+            self.kill_group()
+        self.killed = True
+
+    def kill_group(self) -> None:
+        """Kill what is left of its process group (what the task started). Its pid
+        names the group as long as a member lives, so it is never reused meanwhile."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+
+    def close_pipes(self) -> None:
+        self.writer.close()
+        self.read_transport.close()
+
+    async def ended(self) -> str:
+        """How it ended, in words (waits a little for the zygote to say)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.exit), _EXIT_WAIT_S)
+        if not self.exit.done():
+            return "stopped answering"
+        code = self.exit.result()
+        if code < 0:
+            name = signal.Signals(-code).name
+            hint = " (out of memory?)" if -code == signal.SIGKILL and not self.killed else ""
+            return f"was killed by signal {name}{hint}"
+        return f"exited with code {code}"
+
+
+class _Zygote:
+    """The process that forks pool processes, and tells how they end."""
+
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        control: socket.socket,
+        events: asyncio.StreamReader,
+        events_transport: asyncio.BaseTransport,
+    ) -> None:
+        self._process = process
+        self._control = control
+        self._events = events
+        self._events_transport = events_transport
+        self._forks: deque[asyncio.Future[int]] = deque()
+        self._exits: dict[int, asyncio.Future[int]] = {}
+        self._reading = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def start(cls) -> _Zygote:
+        loop = asyncio.get_running_loop()
+        control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        events_in, events_out = os.pipe()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                _BOOT,
+                _DAGQ_ROOT,
+                "zygote",
+                str(theirs.fileno()),
+                str(events_out),
+                str(os.getpid()),
+                stdin=asyncio.subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(), events_out),
+                start_new_session=True,  # Ctrl-C in a terminal is the worker's to handle
+            )
+        except BaseException:
+            control.close()
+            os.close(events_in)
+            raise
+        finally:
+            theirs.close()
+            os.close(events_out)
+        events = asyncio.StreamReader(limit=2**20)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(events), os.fdopen(events_in, "rb", 0)
+        )
+        return cls(process, control, events, transport)
+
+    @property
+    def alive(self) -> bool:
+        return self._process.returncode is None and not self._reading.done()
+
+    async def fork(self) -> _Process:
+        """A new pool process, connected."""
+        loop = asyncio.get_running_loop()
+        requests_in, requests_out = os.pipe()
+        replies_in, replies_out = os.pipe()
+        forked: asyncio.Future[int] = loop.create_future()
+        try:
+            self._forks.append(forked)
+            socket.send_fds(self._control, [b"f"], [requests_in, replies_out])
+            pid = await forked
+        except BaseException:
+            with contextlib.suppress(ValueError):
+                self._forks.remove(forked)
+            os.close(requests_out)  # a process forked all the same reads EOF and exits
+            os.close(replies_in)
+            raise
+        finally:
+            os.close(requests_in)
+            os.close(replies_out)
+        exit_code = self._exits.setdefault(pid, loop.create_future())
+        reader = asyncio.StreamReader(limit=2**31)
+        read_transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(replies_in, "rb", 0)
+        )
+        write_transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(requests_out, "wb", 0)
+        )
+        writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
+        # Once it has exited no answer can come, even if something it forked (and
+        # that inherited the pipe) keeps the pipe open.
+        exit_code.add_done_callback(lambda _: reader.feed_eof())
+        return _Process(pid, exit_code, reader, writer, read_transport)
+
+    async def _read(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                (size,) = HEADER.unpack(await self._events.readexactly(HEADER.size))
+                event = pickle.loads(await self._events.readexactly(size))
+                if event[0] == "forked":
+                    forked = self._forks.popleft()
+                    if not forked.done():
+                        forked.set_result(event[1])
+                else:
+                    _, pid, code = event
+                    ended = self._exits.pop(pid, None) or loop.create_future()
+                    if not ended.done():
+                        ended.set_result(code)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the zygote is gone, and its pool processes with it
+        finally:
+            for forked in self._forks:
+                if not forked.done():
+                    forked.set_exception(OSError("the process forking Python task processes died"))
+            for ended in self._exits.values():
+                if not ended.done():
+                    ended.set_result(-signal.SIGKILL)
+
+    async def close(self) -> None:
+        self._control.close()  # it reads EOF and exits
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._process.wait(), CLOSE_GRACE_S)
+        if self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
+            await self._process.wait()
+        self._events_transport.close()
+        self._reading.cancel()
+        await asyncio.gather(self._reading, return_exceptions=True)
+
+
+class TaskPool:
+    """Runs Python tasks in up to ``size`` long-lived child processes."""
+
+    def __init__(self, size: int) -> None:
+        self._size = max(1, size)
+        self._zygote: _Zygote | None = None
+        self._zygote_lock = asyncio.Lock()
+        self._processes: set[_Process] = set()
+        self._idle: list[_Process] = []
+        self._starting = 0
+        self._waiters: deque[asyncio.Future[_Process]] = deque()
+        self._background: set[asyncio.Task[None]] = set()
+        self._closed = False
+        #: Processes started so far (for tests and stats).
+        self.started = 0
+
+    async def run(self, call: str, args: Any, ctx: TaskContext, timeout_s: float | None) -> Outcome:
+        """Run one task in a pool process; its outcome. Cancelling kills the process."""
+        process = await self._acquire()
+        try:
+            paths = list(sys.path)
+            data = Request(call, args, ctx, None if paths == process.paths else paths).pack()
+            process.paths = paths
+            reply = await asyncio.wait_for(process.call(data), timeout_s)
+        except TimeoutError:
+            process.kill()
+            return Outcome(
+                ok=False, error=f"timed out after {timeout_s:g}s; its process was killed"
+            )
+        except (asyncio.IncompleteReadError, ConnectionError):
+            how = await process.ended()
+            process.kill_group()  # what the task started, if any of it is still there
+            process.killed = True
+            log.warning("the Python process running %s %s", ctx.task, how)
+            return Outcome(ok=False, error=f"its Python process {how} while running it")
+        except BaseException:  # cancelled (the task must stop), or a bug here
+            process.kill()
+            raise
+        finally:
+            self._release(process)
+        return _outcome(reply)
+
+    def warm(self) -> None:
+        """Start the first process now, before the first task needs it."""
+        if not self._processes and not self._starting and not self._closed:
+            self._start_one()
+
+    async def close(self) -> None:
+        """Stop every process: idle ones are asked to exit, the rest are killed."""
+        self._closed = True
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_exception(PoolClosed("the worker is stopping"))
+        self._waiters.clear()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        processes = list(self._processes)
+        for process in processes:
+            if process not in self._idle:
+                process.kill()
+            process.close_pipes()  # an idle process reads EOF and exits
+        if processes:
+            await asyncio.wait([asyncio.shield(p.exit) for p in processes], timeout=CLOSE_GRACE_S)
+        for process in processes:
+            process.kill()
+        self._processes.clear()
+        self._idle.clear()
+        if self._zygote is not None:
+            await self._zygote.close()
+            self._zygote = None
+
+    # --- processes ----------------------------------------------------------------
+
+    async def _acquire(self) -> _Process:
+        while self._idle:
+            process = self._idle.pop()
+            if process.alive:
+                return process
+            self._discard(process)
+        if self._closed:
+            raise PoolClosed("the worker is stopping")
+        waiter: asyncio.Future[_Process] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._grow()
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._release(waiter.result())  # handed over just as we were cancelled
+            raise
+
+    def _release(self, process: _Process) -> None:
+        if self._closed or not process.alive:
+            self._discard(process)
+            self._grow()  # a replacement, if tasks wait
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(process)
+                return
+        self._idle.append(process)
+
+    def _discard(self, process: _Process) -> None:
+        if process in self._processes:
+            self._processes.discard(process)
+            process.kill()
+            process.close_pipes()
+
+    def _grow(self) -> None:
+        """Start processes for the tasks waiting for one (up to one per slot)."""
+        while self._waiters and self._waiters[0].done():
+            self._waiters.popleft()
+        if self._closed:
+            return
+        wanted = min(
+            sum(not w.done() for w in self._waiters) - self._starting,
+            self._size - len(self._processes) - self._starting,
+        )
+        for _ in range(wanted):
+            self._start_one()
+
+    def _start_one(self) -> None:
+        self._starting += 1
+        task = asyncio.ensure_future(self._start())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _start(self) -> None:
+        try:
+            process = await (await self._forker()).fork()
+        except Exception as exc:
+            self._starting -= 1
+            log.error("cannot start a process for Python tasks: %s", exc)
+            if not self._processes and not self._starting:  # nothing else will serve them
+                for waiter in self._waiters:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                self._waiters.clear()
+            return
+        self._starting -= 1
+        self.started += 1
+        self._processes.add(process)
+        self._release(process)
+
+    async def _forker(self) -> _Zygote:
+        async with self._zygote_lock:
+            if self._zygote is None or not self._zygote.alive:
+                if self._zygote is not None:
+                    log.warning("the process forking Python task processes died; restarting it")
+                    await self._zygote.close()
+                self._zygote = await _Zygote.start()
+            return self._zygote
+
+
+def _outcome(reply: Reply) -> Outcome:
+    output = msgspec.json.decode(reply.output) if reply.ok else None
+    return Outcome(
+        ok=reply.ok,
+        output=output,
+        error=reply.error,
+        retryable=reply.retryable,
+        retry_after_s=reply.retry_after_s,
+        error_type=reply.error_type,
+        log=reply.log.encode("utf-8", "replace"),
+    )

@@ -1,0 +1,165 @@
+"""The pool of processes that runs Python tasks: processes are reused from task to
+task (never one per task), bounded by the slots, killed when their task is cancelled
+or times out, replaced when they die, and all gone when the pool closes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from dagq.local import LocalRunner
+from dagq.runners import TaskContext
+from dagq.runners.pool import TaskPool
+from dagq.runners.python import add_import_paths
+from dagq.stores.memory import open_memory_store
+from dagq.submission import request_cancel
+from dagq.views import load_view
+from tests.helpers import definition
+from tests.integration.cli_harness import pid_alive
+
+pytestmark = pytest.mark.timeout(30)
+
+CTX = TaskContext(workflow_id="w", task="t", attempt=1, idempotency_key="k")
+
+
+async def until_gone(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while pid_alive(pid):
+        assert time.monotonic() < deadline, f"process {pid} is still running"
+        await asyncio.sleep(0.02)
+
+
+async def test_one_process_runs_task_after_task() -> None:
+    pool = TaskPool(4)
+    try:
+        pids = {(await pool.run("tests.sample_tasks:pid", {}, CTX, None)).output for _ in range(20)}
+    finally:
+        await pool.close()
+    assert len(pids) == 1 and os.getpid() not in pids
+    assert pool.started == 1
+
+
+async def test_tasks_running_at_once_get_a_process_each_up_to_the_pool_size() -> None:
+    pool = TaskPool(3)
+    try:
+        outcomes = await asyncio.gather(
+            *(
+                pool.run("tests.sample_tasks:async_pid", {"seconds": 0.3}, CTX, None)
+                for _ in range(6)
+            )
+        )
+    finally:
+        await pool.close()
+    assert all(o.ok for o in outcomes)
+    assert len({o.output for o in outcomes}) == 3
+    assert pool.started == 3
+
+
+async def test_a_cancelled_task_has_its_process_killed_and_the_next_task_a_new_one(
+    tmp_path: Path,
+) -> None:
+    pool = TaskPool(1)
+    marker = tmp_path / "pid"
+    try:
+        running = asyncio.create_task(
+            pool.run("tests.sample_tasks:pid_then_sleep", [str(marker), 60], CTX, None)
+        )
+        while not marker.exists() or not marker.read_text():
+            await asyncio.sleep(0.02)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        await until_gone(int(marker.read_text()))
+        after = await pool.run("tests.sample_tasks:pid", {}, CTX, None)
+    finally:
+        await pool.close()
+    assert after.ok and after.output != int(marker.read_text())
+
+
+async def test_a_timed_out_task_has_its_process_killed(tmp_path: Path) -> None:
+    pool = TaskPool(1)
+    marker = tmp_path / "pid"
+    try:
+        outcome = await pool.run("tests.sample_tasks:pid_then_sleep", [str(marker), 60], CTX, 0.5)
+        await until_gone(int(marker.read_text()))
+        after = await pool.run("tests.sample_tasks:pid", {}, CTX, 5)
+    finally:
+        await pool.close()
+    assert outcome.error == "timed out after 0.5s; its process was killed"
+    assert after.ok
+
+
+async def test_closing_the_pool_ends_every_process(tmp_path: Path) -> None:
+    pool = TaskPool(2)
+    marker = tmp_path / "pid"
+    idle = (await pool.run("tests.sample_tasks:pid", {}, CTX, None)).output
+    busy = asyncio.create_task(
+        pool.run("tests.sample_tasks:pid_then_sleep", [str(marker), 60], CTX, None)
+    )
+    while not marker.exists() or not marker.read_text():
+        await asyncio.sleep(0.02)
+    await asyncio.wait_for(pool.close(), 10)
+    await until_gone(idle)
+    await until_gone(int(marker.read_text()))
+    assert (await busy).ok is False
+
+
+async def test_a_directory_added_to_the_import_path_later_reaches_the_processes(
+    tmp_path: Path,
+) -> None:
+    pool = TaskPool(1)
+    try:
+        pool.warm()
+        first = await pool.run("late_module:answer", {}, CTX, None)
+        (tmp_path / "late_module.py").write_text("def answer():\n    return 42\n")
+        add_import_paths([str(tmp_path)])
+        second = await pool.run("late_module:answer", {}, CTX, None)
+    finally:
+        await pool.close()
+    assert "cannot import 'late_module:answer'" in (first.error or "")
+    assert second.output == 42
+
+
+async def test_cancelling_a_workflow_kills_the_process_of_its_running_python_task(
+    tmp_path: Path,
+) -> None:
+    store = open_memory_store()
+    runner = LocalRunner(store, workers=2)
+    marker = tmp_path / "pid"
+    task = {
+        "name": "sleepy",
+        "call": "tests.sample_tasks:pid_then_sleep",
+        "args": [str(marker), 60],
+    }
+    await runner.submit(definition([task]), params={}, workflow_id="w")
+
+    async def cancel_when_running(plan: object, st: object) -> None:
+        if marker.exists() and marker.read_text() and not cancelled:
+            cancelled.append(True)
+            await request_cancel(store, "w", "enough")
+
+    cancelled: list[bool] = []
+    status = await asyncio.wait_for(runner.drive(cancel_when_running), 20)
+
+    assert status == "cancelled"
+    assert (await load_view(store, "w")).tasks[0].status == "cancelled"
+    await until_gone(int(marker.read_text()))
+
+
+async def test_a_process_that_died_is_noticed_though_its_own_child_holds_its_pipes(
+    tmp_path: Path,
+) -> None:
+    pool = TaskPool(1)
+    marker = tmp_path / "pid"
+    try:
+        outcome = await asyncio.wait_for(
+            pool.run("tests.sample_tasks:fork_then_crash", [str(marker)], CTX, None), 10
+        )
+    finally:
+        await pool.close()
+    assert outcome.error == "its Python process was killed by signal SIGSEGV while running it"
+    await until_gone(int(marker.read_text()))  # what the task started is killed too
