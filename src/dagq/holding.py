@@ -80,15 +80,18 @@ def message_of(task: TaskMessage) -> OutgoingMessage:
     return OutgoingMessage(encode_task(task), id=attempt_id(task))
 
 
-async def give_back(store: Store, queue: str, tasks: Sequence[TaskMessage], size: int) -> None:
-    """Put tasks this worker will not start back on the queue (bundled again).
+async def give_back(
+    store: Store, queue: str, tasks: Sequence[TaskMessage], size: int, *, delay_s: float = 0.0
+) -> None:
+    """Put tasks this worker will not start back on the queue (bundled again), visible
+    again after ``delay_s``.
 
     The new messages get fresh ids: theirs may be that of the message still held,
     which a store that deduplicates by id would take for a duplicate and drop.
     """
     if tasks:
         messages = bundle([message_of(t) for t in tasks], size)
-        await store.queues.send(queue, [OutgoingMessage(m.body) for m in messages])
+        await store.queues.send(queue, [OutgoingMessage(m.body, delay_s=delay_s) for m in messages])
 
 
 async def split(store: Store, message: Message, tasks: Sequence[TaskMessage]) -> None:

@@ -110,6 +110,7 @@ class LocalRunner:
                 import_paths=self.import_paths,
                 shutdown_grace_s=5.0,
                 poll_interval_s=0.05,  # delayed retries become visible without a send
+                workflows=frozenset({self.submitted.workflow_id}),
             ),
         )
         tasks = [asyncio.create_task(worker.run(self.stop), name="dagq-worker")]

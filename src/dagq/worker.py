@@ -60,6 +60,9 @@ _REPORTING_PER_SLOT = 4
 #: A background task (heartbeats, the outbox) failing this many times in a row stops
 #: the worker: it is broken, and tasks held without heartbeats would run twice.
 MAX_BACKGROUND_FAILURES = 4
+#: How long a task of a workflow this worker does not serve stays out of sight after
+#: it gives it back (so it does not take it again at once).
+FOREIGN_DELAY_S = 0.5
 #: After the grace period, how long the last reports may still take to go out.
 _CLOSE_S = 2.0
 
@@ -92,6 +95,12 @@ class WorkerOptions:
     #: "thread" (the worker's own threads: for trusted code only, as a crash takes the
     #: worker down and a sync task past its timeout cannot be stopped).
     isolation: Literal["process", "thread"] = "process"
+    #: Run only the tasks of these workflows (None: of every workflow). The others go
+    #: back to the queue, visible again after ``FOREIGN_DELAY_S``, for the workers
+    #: that serve them: ``dagq run`` runs its own workflow's tasks only, as another
+    #: run's Python tasks may need another import path (or a module of the same name
+    #: may mean another function here).
+    workflows: frozenset[str] | None = None
 
 
 @dataclass(eq=False)
@@ -283,6 +292,14 @@ class Worker:
         if len(tasks) > 1 and message.dequeue_count > 1:
             await split(self.store, message, tasks)
             return 0
+        served = self.options.workflows
+        if served is not None:
+            foreign = [t for t in tasks if t.workflow_id not in served]
+            if foreign:
+                await give_back(
+                    self.store, message.queue, foreign, self._bundle_size, delay_s=FOREIGN_DELAY_S
+                )
+                tasks = [t for t in tasks if t.workflow_id in served]
         room = max(room, 0)
         spare = max(0, self._backlog_limit - len(self._backlog))
         kept, rest = tasks[: room + spare], tasks[room + spare :]

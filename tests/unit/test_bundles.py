@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -294,3 +295,28 @@ async def test_a_shutdown_during_a_backlog_give_back_loses_no_task() -> None:
     assert sorted(t.task for m in back for t in decode_tasks(m.body)) == [0, 1]
     depth = await store.queues.depth("default")
     assert (depth.visible, depth.invisible) == (0, len(back))  # the bundle itself is gone
+
+
+async def test_a_worker_serving_some_workflows_gives_the_others_tasks_back_unrun() -> None:
+    """``dagq run`` runs only its own workflow's tasks: another run's Python task may
+    need another import path, or a module of the same name may mean another function."""
+    ours = [task(i) for i in range(3)]
+    theirs = [msgspec.structs.replace(task(i), workflow_id="other") for i in range(3, 5)]
+    store = await bundled(ours + theirs)
+    stop = asyncio.Event()
+    worker = Worker(
+        store, WorkerOptions(concurrency=4, poll_interval_s=0.05, workflows=frozenset({"w"}))
+    )
+    serving = asyncio.create_task(worker.run(stop))
+    events = await finished(store, 3)
+    assert sorted(e.task for e in events) == [0, 1, 2]
+    assert {e.workflow_id for e in events} == {"w"}
+    # The other workflow's tasks are back on the queue, not run, whoever takes them.
+    stop.set()
+    await serving
+    depth = await store.queues.depth("default")
+    assert depth.visible + depth.invisible >= 1
+    await until(lambda: visible_is(store, depth.visible + depth.invisible))
+    left = await store.queues.receive("default", max_messages=10, visibility_timeout_s=60)
+    assert sorted(t.task for m in left for t in decode_tasks(m.body)) == [3, 4]
+    assert {t.workflow_id for m in left for t in decode_tasks(m.body)} == {"other"}

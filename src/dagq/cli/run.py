@@ -149,7 +149,8 @@ async def _note_others(console: Console, store: Store, workflow_id: str) -> None
         shown = ", ".join(others[:3]) + (" …" if len(others) > 3 else "")
         console.print(
             f"[yellow]note: {len(others)} other unfinished workflow(s) in this store will "
-            f"advance too: {shown}[/]"
+            f"advance too: {shown} (their tasks run in their own `dagq run --id` or in "
+            "`dagq worker`s)[/]"
         )
 
 
