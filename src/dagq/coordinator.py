@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from dagq import keys, machine, payloads, quarantine
+from dagq import garbage, keys, machine, payloads, quarantine
 from dagq.cache import Entry, WorkflowCache
 from dagq.containment import Held, WorkflowFault, step
 from dagq.dispatching import Outgoing, bundle, task_message
@@ -47,8 +47,8 @@ from dagq.messages import (
     TaskStarted,
     decode_events,
 )
-from dagq.offload import Offload, heavy
-from dagq.persistence import Staged, off_loop, read_state, stage_state
+from dagq.offload import LARGE_TASKS, Offload, heavy
+from dagq.persistence import OFF_LOOP_BYTES, Staged, off_loop, read_state, stage_state
 from dagq.persistence import settle as settle_state
 from dagq.plan import Plan, compile_plan
 from dagq.state import (
@@ -281,6 +281,11 @@ class Coordinator:
         ids = list(grouped)
         if len(ids) > 1:  # load concurrently; one event trickling in skips gather's tasks
             await asyncio.gather(*(self._prefetch(i) for i in ids))
+        with garbage.paused(self._heavy(ids)):
+            return await self._advance_loaded(grouped, receipts)
+
+    async def _advance_loaded(self, grouped: dict[str, list[Event]], receipts: list[str]) -> bool:
+        ids = list(grouped)
         now = self.clock()
         batch = self.store.batch()
         flushes: list[_Flush] = []
@@ -308,6 +313,11 @@ class Coordinator:
         for flush in flushes:
             await self._settle_contained(flush, etags)
         return True
+
+    def _heavy(self, ids: Iterable[str]) -> bool:
+        """Is any of these (cached) workflows heavy (:func:`dagq.offload.heavy`)?"""
+        entries = (self._cache.peek(i) for i in ids)
+        return any(e is not None and heavy(e.plan, e.state) for e in entries)
 
     async def _prefetch(self, workflow_id: str) -> None:
         """Load a workflow ahead of its turn; a failure shows again when it is used."""
@@ -343,6 +353,11 @@ class Coordinator:
         True also when the events were kept for a quarantined workflow, or dropped
         because the workflow no longer exists.
         """
+        await self._prefetch(workflow_id)
+        with garbage.paused(self._heavy([workflow_id])):
+            return await self._advance_one(workflow_id, events)
+
+    async def _advance_one(self, workflow_id: str, events: list[Event]) -> bool:
         for _ in range(_CAS_ATTEMPTS):
             batch = self.store.batch()
             try:
@@ -665,6 +680,8 @@ class Coordinator:
 
     def remember_plan(self, fingerprint: str, plan: Plan) -> None:
         """Keep a compiled plan for workflows with this definition and params."""
+        if len(plan.tasks) > LARGE_TASKS and fingerprint not in self._plans:
+            garbage.freeze()  # long-lived and huge: full collections need not walk it
         self._plans[fingerprint] = plan
         while len(self._plans) > 64:
             self._plans.popitem(last=False)
@@ -734,11 +751,12 @@ class Coordinator:
         if definition is None:
             return None
         size = len(definition.data)  # a large one is decoded and compiled off the loop
-        submitted = await off_loop(size, msgspec.json.decode, definition.data, type=Submitted)
-        plan = self._plans.get(submitted.fingerprint)
-        if plan is None:
-            plan = await off_loop(size, compile_plan, submitted.definition, submitted.params)
-            self.remember_plan(submitted.fingerprint, plan)
+        with garbage.paused(size > OFF_LOOP_BYTES):  # it builds a great many objects at once
+            submitted = await off_loop(size, msgspec.json.decode, definition.data, type=Submitted)
+            plan = self._plans.get(submitted.fingerprint)
+            if plan is None:
+                plan = await off_loop(size, compile_plan, submitted.definition, submitted.params)
+                self.remember_plan(submitted.fingerprint, plan)
         found = await read_state(self.store, workflow_id, plan)
         if found is None:
             return None
@@ -900,9 +918,10 @@ class Coordinator:
             await self._resolve_refs(entry, entry.replay)
         off_loop = heavy(entry.plan, st)
         batch = self.store.batch()
-        flush = await self.offload.run(st.workflow_id, off_loop, self._swept, batch, entry, now)
-        if flush is not None:
-            await self._settle(flush, await self._commit(batch))
+        with garbage.paused(off_loop):
+            flush = await self.offload.run(st.workflow_id, off_loop, self._swept, batch, entry, now)
+            if flush is not None:
+                await self._settle(flush, await self._commit(batch))
         if entry.index_owed and self._index_due(entry):  # counts that moved since
             self.lease.check()
             await self.store.index.upsert(index_row(entry))
