@@ -79,11 +79,8 @@ async def inproc(definition: WorkflowDef, count: int, workers: int, url: str) ->
         pending = {wid for wid, _ in runs}
         while pending:
             coordinator.changed.clear()
-            pending = {
-                w
-                for w in pending
-                if (s := coordinator.state_of(w)) is None or s.status not in WORKFLOW_TERMINAL
-            }
+            settled = [(w, await coordinator.settled_state(w)) for w in pending]
+            pending = {w for w, s in settled if s is None or s.status not in WORKFLOW_TERMINAL}
             if pending:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(coordinator.changed.wait(), 0.2)

@@ -61,9 +61,17 @@ class Entry:
 class WorkflowCache:
     """Entries by workflow id (least recently used first) and the active ids."""
 
-    def __init__(self, size: int, *, due: Callable[[Entry], float]) -> None:
+    def __init__(
+        self,
+        size: int,
+        *,
+        due: Callable[[Entry], float],
+        busy: Callable[[str], bool] = lambda _: False,
+    ) -> None:
         self.size = max(1, size)
         self._due = due
+        #: Workflows whose working copy a thread is changing: never evicted meanwhile.
+        self._busy = busy
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         #: Every active workflow this coordinator advances, cached or not, with the
         #: time an evicted one must be reloaded for a sweep (ignored while cached).
@@ -151,7 +159,7 @@ class WorkflowCache:
             for workflow_id in list(self._entries):
                 if excess <= 0:
                     return
-                if workflow_id == newest:
+                if workflow_id == newest or self._busy(workflow_id):
                     continue
                 entry = self._entries[workflow_id]
                 active = workflow_id in self._active

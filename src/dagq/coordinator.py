@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from dagq import keys, machine, payloads, quarantine
+from dagq import garbage, keys, machine, payloads, quarantine
 from dagq.cache import Entry, WorkflowCache
 from dagq.containment import Held, WorkflowFault, step
 from dagq.dispatching import Outgoing, bundle, task_message
@@ -47,7 +47,8 @@ from dagq.messages import (
     TaskStarted,
     decode_events,
 )
-from dagq.persistence import Staged, off_loop, read_state, stage_state
+from dagq.offload import LARGE_TASKS, Offload, heavy
+from dagq.persistence import OFF_LOOP_BYTES, Staged, off_loop, read_state, stage_state
 from dagq.persistence import settle as settle_state
 from dagq.plan import Plan, compile_plan
 from dagq.state import (
@@ -147,7 +148,9 @@ class Coordinator:
         )
         self.stats = Stats()
         self.changed = asyncio.Event()
-        self._cache = WorkflowCache(self.options.cache_size, due=self._due)
+        #: Large workflows' steps run in threads; readers wait for them (:mod:`dagq.offload`).
+        self.offload = Offload()
+        self._cache = WorkflowCache(self.options.cache_size, due=self._due, busy=self.offload.busy)
         self._plans: OrderedDict[str, Plan] = OrderedDict()
         #: Workflows this coordinator quarantined or found quarantined, with the reason.
         self._quarantined: dict[str, str] = {}
@@ -278,6 +281,11 @@ class Coordinator:
         ids = list(grouped)
         if len(ids) > 1:  # load concurrently; one event trickling in skips gather's tasks
             await asyncio.gather(*(self._prefetch(i) for i in ids))
+        with garbage.paused(self._heavy(ids)):
+            return await self._advance_loaded(grouped, receipts)
+
+    async def _advance_loaded(self, grouped: dict[str, list[Event]], receipts: list[str]) -> bool:
+        ids = list(grouped)
         now = self.clock()
         batch = self.store.batch()
         flushes: list[_Flush] = []
@@ -305,6 +313,11 @@ class Coordinator:
         for flush in flushes:
             await self._settle_contained(flush, etags)
         return True
+
+    def _heavy(self, ids: Iterable[str]) -> bool:
+        """Is any of these (cached) workflows heavy (:func:`dagq.offload.heavy`)?"""
+        entries = (self._cache.peek(i) for i in ids)
+        return any(e is not None and heavy(e.plan, e.state) for e in entries)
 
     async def _prefetch(self, workflow_id: str) -> None:
         """Load a workflow ahead of its turn; a failure shows again when it is used."""
@@ -340,6 +353,11 @@ class Coordinator:
         True also when the events were kept for a quarantined workflow, or dropped
         because the workflow no longer exists.
         """
+        await self._prefetch(workflow_id)
+        with garbage.paused(self._heavy([workflow_id])):
+            return await self._advance_one(workflow_id, events)
+
+    async def _advance_one(self, workflow_id: str, events: list[Event]) -> bool:
         for _ in range(_CAS_ATTEMPTS):
             batch = self.store.batch()
             try:
@@ -406,6 +424,23 @@ class Coordinator:
             await self._resolve_refs(entry, events)
         st = entry.state
         starting = st.status == "pending"
+        return await self.offload.run(
+            workflow_id,
+            heavy(entry.plan, st),
+            self._apply_staged,
+            batch,
+            entry,
+            events,
+            now,
+            starting=starting,
+        )
+
+    def _apply_staged(
+        self, batch: Batch, entry: Entry, events: list[Event], now: float, *, starting: bool
+    ) -> _Flush | None:
+        """Apply events and stage the writes: the CPU part of a step (in a thread for a
+        heavy workflow, see :mod:`dagq.offload`)."""
+        st = entry.state
         fx = machine.Effects()
         with step("apply"):
             for event in events:
@@ -497,13 +532,6 @@ class Coordinator:
             self.stats.finished_workflows += 1
             log.info("workflow %s %s", st.workflow_id, st.status)
         self.changed.set()
-
-    async def _flush(self, entry: Entry, fx: machine.Effects) -> None:
-        """Make one workflow's new state durable (a batch of its own)."""
-        batch = self.store.batch()
-        flush = self._stage(batch, entry, fx)
-        if flush is not None:
-            await self._settle(flush, await self._commit(batch))
 
     async def _send(self, entry: Entry, pending: list[tuple[machine.Dispatch, Outgoing]]) -> None:
         """Send task messages; a failure keeps them for the next sweep (state is durable)."""
@@ -631,9 +659,19 @@ class Coordinator:
         return len(self._cache)
 
     def state_of(self, workflow_id: str) -> RunState | None:
-        """The cached working state of a workflow (read-only for callers)."""
+        """The cached working state of a workflow (read-only for callers).
+
+        A large workflow's state may be changing in a thread right now: code running
+        beside the coordinator reads it through :meth:`settled_state` instead.
+        """
         entry = self._cache.peek(workflow_id)
         return entry.state if entry else None
+
+    async def settled_state(self, workflow_id: str) -> RunState | None:
+        """The cached working state, once no thread is changing it: what a reader on the
+        coordinator's loop (progress display, ``dagq run``) may read until its next await."""
+        await self.offload.idle(workflow_id)
+        return self.state_of(workflow_id)
 
     def plan_of(self, workflow_id: str) -> Plan | None:
         """The cached plan of a workflow."""
@@ -642,6 +680,8 @@ class Coordinator:
 
     def remember_plan(self, fingerprint: str, plan: Plan) -> None:
         """Keep a compiled plan for workflows with this definition and params."""
+        if len(plan.tasks) > LARGE_TASKS and fingerprint not in self._plans:
+            garbage.freeze()  # long-lived and huge: full collections need not walk it
         self._plans[fingerprint] = plan
         while len(self._plans) > 64:
             self._plans.popitem(last=False)
@@ -711,11 +751,12 @@ class Coordinator:
         if definition is None:
             return None
         size = len(definition.data)  # a large one is decoded and compiled off the loop
-        submitted = await off_loop(size, msgspec.json.decode, definition.data, type=Submitted)
-        plan = self._plans.get(submitted.fingerprint)
-        if plan is None:
-            plan = await off_loop(size, compile_plan, submitted.definition, submitted.params)
-            self.remember_plan(submitted.fingerprint, plan)
+        with garbage.paused(size > OFF_LOOP_BYTES):  # it builds a great many objects at once
+            submitted = await off_loop(size, msgspec.json.decode, definition.data, type=Submitted)
+            plan = self._plans.get(submitted.fingerprint)
+            if plan is None:
+                plan = await off_loop(size, compile_plan, submitted.definition, submitted.params)
+                self.remember_plan(submitted.fingerprint, plan)
         found = await read_state(self.store, workflow_id, plan)
         if found is None:
             return None
@@ -751,8 +792,8 @@ class Coordinator:
             return known is None or (task, item, undo) in known
 
         sent: list[tuple[float, machine.Dispatch]] = []
-        for i, code in enumerate(st.task_status):
-            if code == TaskStatus.READY and st.dispatched_at[i] != UNSET and maybe_unsent(i):
+        for i in st.indexes(TaskStatus.READY):
+            if st.dispatched_at[i] != UNSET and maybe_unsent(i):
                 sent.append((st.dispatched_at[i], machine.Dispatch(i, st.attempt[i])))
         for i, undo in st.undo_status.items():  # a compensation in flight
             if undo == UNDO_SENT and maybe_unsent(i, undo=True):
@@ -777,7 +818,7 @@ class Coordinator:
                 e.task for e in events if isinstance(e, TaskStarted) and not e.undo and e.item < 0
             ]
         else:
-            started = [i for i, c in enumerate(st.task_status) if c == TaskStatus.RUNNING]
+            started = st.indexes(TaskStatus.RUNNING)
         for i in started:
             if not 0 <= i < len(plan.tasks) or st.task_status[i] != TaskStatus.RUNNING:
                 continue
@@ -872,12 +913,33 @@ class Coordinator:
             await self._keep_alone(workflow_id, [], fault=fault)
 
     async def _sweep_one(self, entry: Entry, now: float) -> None:
-        st, plan = entry.state, entry.plan
-        fx = machine.Effects()
+        st = entry.state
         if entry.replay:  # released from quarantine while no event came: apply its kept ones
             await self._resolve_refs(entry, entry.replay)
-            for event in entry.replay:
-                machine.apply(plan, st, event, now, fx)
+        off_loop = heavy(entry.plan, st)
+        batch = self.store.batch()
+        with garbage.paused(off_loop):
+            flush = await self.offload.run(st.workflow_id, off_loop, self._swept, batch, entry, now)
+            if flush is not None:
+                await self._settle(flush, await self._commit(batch))
+        if entry.index_owed and self._index_due(entry):  # counts that moved since
+            self.lease.check()
+            await self.store.index.upsert(index_row(entry))
+            self._indexed(entry)
+        repairing = off_loop and bool(entry.repairs or entry.unsent)
+        pending = await self.offload.run(st.workflow_id, repairing, self._repairs_due, entry, now)
+        if pending:
+            log.info("re-sending %d task message(s) of %s", len(pending), st.workflow_id)
+            await self._send(entry, pending)
+
+    def _swept(self, batch: Batch, entry: Entry, now: float) -> _Flush | None:
+        """What a sweep finds due (kept events, deadlines, timeouts, timers, cancel
+        grace), applied and staged: the CPU part of a sweep."""
+        st, plan = entry.state, entry.plan
+        fx = machine.Effects()
+        for event in entry.replay:
+            machine.apply(plan, st, event, now, fx)
+        if entry.replay:
             self._track_deadlines(entry, entry.replay)
             entry.replay = []
         if plan.deadline_s and st.status == "running" and now > st.created_at + plan.deadline_s:
@@ -900,14 +962,10 @@ class Coordinator:
         if entry.confirm_owed:  # its sends went out: the stored state may say so now
             st.dirty = True
         _track_timers(entry, fx.timers)
-        await self._flush(entry, fx)
-        if entry.index_owed and self._index_due(entry):  # counts that moved since
-            self.lease.check()
-            await self.store.index.upsert(index_row(entry))
-            self._indexed(entry)
-        await self._repair(entry, now)
+        return self._stage(batch, entry, fx)
 
-    async def _repair(self, entry: Entry, now: float) -> None:
+    def _repairs_due(self, entry: Entry, now: float) -> list[tuple[machine.Dispatch, Outgoing]]:
+        """The task messages to send again now: failed sends and repairs that are due."""
         st = entry.state
         pending = [(d, o) for d, o in entry.unsent if _still_sent(st, d)]
         entry.unsent = []
@@ -915,9 +973,7 @@ class Coordinator:
             _, _, dispatch = heapq.heappop(entry.repairs)
             if _still_sent(st, dispatch):
                 pending.append((dispatch, task_message(entry.plan, st, dispatch)))
-        if pending:
-            log.info("re-sending %d task message(s) of %s", len(pending), st.workflow_id)
-            await self._send(entry, pending)
+        return pending
 
     async def rescan(self) -> None:
         """Pick up active workflows this coordinator does not know (startup, lost submits)."""

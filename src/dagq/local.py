@@ -88,9 +88,10 @@ class LocalRunner:
         return self.submitted
 
     async def current_state(self) -> RunState:
-        """The freshest state: the coordinator's copy here, else the store's."""
+        """The freshest state: the coordinator's copy here (once no thread changes it:
+        read it before the next await), else the store's."""
         assert self.submitted is not None
-        cached = self.coordinator.state_of(self.submitted.workflow_id)
+        cached = await self.coordinator.settled_state(self.submitted.workflow_id)
         if cached is not None:
             return cached
         found = await read_checked(self.store, self.submitted.workflow_id, self.submitted.plan)

@@ -229,7 +229,7 @@ async def settle(store: Store, state: RunState, staged: Staged, etags: list[str]
         # Readers may still follow the previous header: keep what it names too.
         await _forget(store, state.workflow_id, keep=written.parts() | previous.parts())
     if written.base is not None and written.folding is None and _compact(written):
-        written.folding = _fold(state, written)
+        written.folding = await _fold(state, written)
     return written
 
 
@@ -244,9 +244,13 @@ def _compact(stored: Stored) -> bool:
     return len(stored.deltas) >= MAX_DELTAS or stored.delta_bytes > stored.base_bytes
 
 
-def _fold(state: RunState, written: Stored) -> Folding:
-    """Begin encoding a new base, in a thread, from ``state`` as just committed."""
-    columns = snapshots.copy_tasks(state)  # the state moves on; the copy does not
+async def _fold(state: RunState, written: Stored) -> Folding:
+    """Begin encoding a new base, in a thread, from ``state`` as just committed.
+
+    The copy is taken in a thread too (100,000 tasks' columns take tens of
+    milliseconds); the caller changes the state only once this returns."""
+    # The state moves on once this returns; the copy does not.
+    columns = await asyncio.to_thread(snapshots.copy_tasks, state)
     data = asyncio.get_running_loop().run_in_executor(None, snapshots.encode_copy, columns)
     data.add_done_callback(_retrieve)
     key = keys.state_part(state.workflow_id, f"base-{_token()}")

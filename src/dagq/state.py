@@ -196,6 +196,17 @@ class RunState:
         """The status of one task."""
         return TaskStatus(self.task_status[task])
 
+    def indexes(self, status: TaskStatus) -> list[int]:
+        """The tasks with this status, in index order (found by a scan in C: a
+        100,000-task state with a few of them costs microseconds, not a Python loop)."""
+        found: list[int] = []
+        column, code = self.task_status, int(status)
+        i = column.find(code)
+        while i >= 0:
+            found.append(i)
+            i = column.find(code, i + 1)
+        return found
+
     def set_status(self, task: int, status: TaskStatus) -> None:
         """Change a task's status, keeping the per-status counts right."""
         old = self.task_status[task]

@@ -1,0 +1,175 @@
+"""A heavy workflow's step runs off the event loop; readers wait for it; GC stays out."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from typing import Any
+
+import pytest
+
+from dagq import garbage
+from dagq.coordinator import Coordinator, CoordinatorOptions
+from dagq.offload import LARGE_TASKS, Offload, heavy
+from dagq.plan import compile_plan
+from dagq.state import RunState, TaskStatus
+from dagq.stores.base import Store
+from dagq.stores.memory import open_memory_store
+from dagq.submission import submit
+from tests.conformance.conftest import FakeClock
+from tests.helpers import definition
+from tests.unit.test_coordinator import finished, post, take_tasks
+
+
+def fan_out(n: int) -> Any:
+    tasks = [{"name": "root"}] + [{"name": f"t{i}", "depends_on": ["root"]} for i in range(n)]
+    return definition(tasks)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(clock: FakeClock) -> Store:
+    return open_memory_store(clock=clock)
+
+
+class Threads:
+    """Records which thread each step's CPU part (apply + stage) ran in."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.main: list[bool] = []
+        inner = coordinator._apply_staged
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            self.main.append(threading.current_thread() is threading.main_thread())
+            return inner(*args, **kwargs)
+
+        coordinator._apply_staged = spy  # type: ignore[method-assign]
+
+
+async def test_a_large_workflows_steps_run_in_a_thread(store: Store, clock: FakeClock) -> None:
+    coordinator = Coordinator(store, CoordinatorOptions(), clock=clock)
+    threads = Threads(coordinator)
+    await submit(store, fan_out(LARGE_TASKS + 10), workflow_id="big", clock=clock)
+    await coordinator.step()
+    (root,) = await take_tasks(store)
+    await post(store, finished(root, clock))
+    await coordinator.step()
+    assert threads.main == [False, False]
+    assert coordinator.offload.count == 2
+    assert len(await take_tasks(store, "default")) == 1000  # the fan-out went out (one page)
+
+
+async def test_a_small_workflows_steps_stay_on_the_loop(store: Store, clock: FakeClock) -> None:
+    coordinator = Coordinator(store, CoordinatorOptions(), clock=clock)
+    threads = Threads(coordinator)
+    await submit(store, fan_out(20), workflow_id="small", clock=clock)
+    await coordinator.step()
+    assert threads.main == [True]
+    assert coordinator.offload.count == 0
+
+
+def test_a_small_workflow_with_a_foreach_still_to_expand_is_heavy() -> None:
+    plan = compile_plan(
+        definition(
+            [
+                {"name": "list", "call": "m:f"},
+                {
+                    "name": "each",
+                    "call": "m:g",
+                    "depends_on": ["list"],
+                    "foreach": "inputs.list",
+                },
+            ]
+        ),
+        {},
+    )
+    st = RunState("w", 2, 0.0)
+    assert heavy(plan, st)
+    st.task_status[1] = TaskStatus.COMPLETED
+    assert not heavy(plan, st)
+
+
+async def test_the_loop_keeps_turning_while_a_large_step_runs(
+    store: Store, clock: FakeClock
+) -> None:
+    coordinator = Coordinator(store, CoordinatorOptions(), clock=clock)
+    await submit(store, fan_out(20_000), workflow_id="big", clock=clock)
+    await coordinator.step()
+    (root,) = await take_tasks(store)
+    await post(store, finished(root, clock))
+    ticks_while_busy = 0
+    stepping = asyncio.ensure_future(coordinator.step())
+    while not stepping.done():  # a step on the loop would let this run only after it
+        await asyncio.sleep(0)
+        ticks_while_busy += coordinator.offload.busy("big")
+    await stepping
+    assert ticks_while_busy >= 1
+
+
+async def test_readers_wait_until_the_thread_is_done() -> None:
+    offload = Offload()
+    release = threading.Event()
+    running = asyncio.ensure_future(offload.run("w", True, release.wait, 30))
+    while not offload.busy("w"):
+        await asyncio.sleep(0)
+    reader = asyncio.ensure_future(offload.idle("w"))
+    await asyncio.sleep(0.01)
+    assert not reader.done()
+    release.set()
+    await asyncio.wait_for(reader, 10)
+    assert await running is True
+    assert not offload.busy("w")
+
+
+async def test_a_cancelled_step_keeps_its_workflow_busy_until_its_thread_ends() -> None:
+    offload = Offload()
+    release = threading.Event()
+    running = asyncio.ensure_future(offload.run("w", True, release.wait, 30))
+    while not offload.busy("w"):
+        await asyncio.sleep(0)
+    running.cancel()
+    await asyncio.sleep(0.01)
+    assert offload.busy("w")  # the thread still changes the working copy
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(running, 10)
+    await asyncio.wait_for(offload.idle("w"), 10)
+
+
+async def test_work_that_is_not_heavy_runs_inline() -> None:
+    offload = Offload()
+    assert await offload.run("w", False, threading.current_thread) is threading.main_thread()
+    assert offload.count == 0
+
+
+async def test_an_error_in_the_thread_reaches_the_caller() -> None:
+    def boom() -> None:
+        raise ValueError("bad state")
+
+    with pytest.raises(ValueError, match="bad state"):
+        await Offload().run("w", True, boom)
+
+
+def test_collection_is_paused_until_the_last_pause_ends() -> None:
+    assert gc.isenabled()
+    with garbage.paused():
+        with garbage.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with garbage.paused(active=False):
+        assert gc.isenabled()
+
+
+def test_indexes_finds_the_tasks_with_a_status() -> None:
+    st = RunState("w", 10, 0.0)
+    for i in (0, 3, 9):
+        st.set_status(i, TaskStatus.RUNNING)
+    assert st.indexes(TaskStatus.RUNNING) == [0, 3, 9]
+    assert st.indexes(TaskStatus.PENDING) == [1, 2, 4, 5, 6, 7, 8]
+    assert st.indexes(TaskStatus.FAILED) == []
