@@ -38,6 +38,7 @@ from dagq.messages import (
 from dagq.outbox import Outbox
 from dagq.payloads import cut
 from dagq.runners import Outcome, TaskContext
+from dagq.runners.child import describe
 from dagq.runners.pool import TaskPool
 from dagq.runners.python import add_import_paths, run_python
 from dagq.runners.shell import run_shell
@@ -700,6 +701,8 @@ class Worker:
                 self._controls.clear()
             cached = self._controls[task.workflow_id] = (now, control)
         control = cached[1]
+        if control is _DAMAGED:
+            return "the workflow's control document is damaged"
         if task.epoch <= control.stop_through:
             return "the workflow was cancelled or has ended"
         if control.tasks.get(str(task.task)) == task.attempt:
@@ -715,16 +718,21 @@ class _Control(msgspec.Struct, frozen=True):
     tasks: dict[str, int] = msgspec.field(default_factory=dict)
 
 
+#: What an unreadable control document says: stop everything (it may have said so),
+#: for that reason.
+_DAMAGED = _Control(stop_through=2**31)
+
+
 def _read_control(data: bytes) -> _Control:
     try:
         return msgspec.json.decode(data, type=_Control)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return _Control(stop_through=2**31)  # unreadable: err on the side of stopping
+        return _DAMAGED  # unreadable: err on the side of stopping
 
 
 def _brief(exc: BaseException) -> str:
     """``ExceptionType: message``, the message cut to a few lines."""
-    return cut(f"{type(exc).__name__}: {exc}", 500)
+    return cut(describe(exc), 500)
 
 
 def _failure_event(report: TaskFinished, exc: BaseException) -> TaskFinished:
