@@ -31,6 +31,7 @@ from dagq.state import (
     BAD,
     QUARANTINED,
     TERMINAL,
+    UNDO_FAILED,
     UNSET,
     WORKFLOW_ACTIVE,
     WORKFLOW_TERMINAL,
@@ -339,9 +340,7 @@ class Client:
         doc = await self.store.documents.get(key)
         if doc is not None:
             return doc.data.decode("utf-8", "replace")
-        if item < 0 and not undo and number == st.attempt[i]:
-            return st.errors.get(i)  # short enough to be kept whole in the state
-        return None
+        return _kept_error(st, i, number, item=item, undo=undo)
 
     async def events(self, workflow_id: str) -> builtins.list[HistoryEntry]:
         """The run's history, oldest first."""
@@ -561,6 +560,20 @@ def _attempt(
     if number < 1 or number > st.attempt[i]:
         raise UsageError(f"task '{echo(task)}' has no attempt {number} (it has {st.attempt[i]})")
     return i, number
+
+
+def _kept_error(st: RunState, i: int, number: int, *, item: int, undo: bool) -> str | None:
+    """The error of the latest attempt as the state keeps it (whole, being short), if
+    ``number`` is that attempt and it failed: of the task, one instance, or its undo."""
+    if undo:
+        failed = st.undo_status.get(i) == UNDO_FAILED and number == st.undo_attempt.get(i)
+        return st.errors.get(i) if failed else None
+    if item >= 0:
+        group = st.groups.get(i)
+        if group is None or number != max(group.attempt[item], 1):
+            return None
+        return group.errors.get(item)
+    return st.errors.get(i) if number == st.attempt[i] else None
 
 
 def _variant_attempt(st: RunState, i: int, task: str, *, item: int, undo: bool) -> int:
