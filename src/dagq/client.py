@@ -210,16 +210,20 @@ class Client:
         A quarantined run shows ``quarantined`` with the reason as its error (from its
         index row when its state cannot be read).
         """
-        held = await quarantine.read(self.store, workflow_id)
-        record = held[0] if held is not None and held[0].released_at is None else None
-        if record is None:
-            submitted, plan, st = await load_run(self.store, workflow_id)
-            return workflow_status(submitted.definition.name, plan, st)
-        error = f"quarantined: {record.reason}"
+        try:
+            held = await quarantine.read(self.store, workflow_id)
+        except DamagedData as exc:  # still quarantined: the record says what to do
+            reason, at = str(exc), time.time()
+        else:
+            if held is None or held[0].released_at is not None:
+                submitted, plan, st = await load_run(self.store, workflow_id)
+                return workflow_status(submitted.definition.name, plan, st)
+            reason, at = held[0].reason, held[0].at
+        error = f"quarantined: {reason}"
         try:
             submitted, plan, st = await load_run(self.store, workflow_id)
         except DamagedData:
-            return await self._quarantined_status(workflow_id, record.at, error)
+            return await self._quarantined_status(workflow_id, at, error)
         found = workflow_status(submitted.definition.name, plan, st)
         return msgspec.structs.replace(found, status=QUARANTINED, error=error)
 
@@ -247,7 +251,7 @@ class Client:
     async def release(self, workflow_id: str) -> QuarantineInfo:
         """Let the coordinator try a quarantined workflow again (after fixing the cause);
         its kept events are applied first."""
-        return quarantine.info(await quarantine.release(self.store, workflow_id))
+        return await quarantine.release(self.store, workflow_id)
 
     async def list(
         self,
