@@ -37,6 +37,7 @@ from dagq.messages import (
 )
 from dagq.outbox import Outbox
 from dagq.payloads import cut
+from dagq.persistence import off_loop
 from dagq.runners import Outcome, TaskContext
 from dagq.runners.child import describe
 from dagq.runners.pool import TaskPool
@@ -598,7 +599,7 @@ class Worker:
         doc = await self.store.documents.get(task.previous_ref)
         if doc is None:
             raise DagqError(f"{task.previous_ref} is missing")
-        return payloads.decode_json(doc.data, task.previous_ref)
+        return await off_loop(len(doc.data), payloads.decode_json, doc.data, task.previous_ref)
 
     async def _inputs(self, task: TaskMessage) -> dict[str, Any]:
         inputs = dict(task.inputs)
@@ -616,7 +617,9 @@ class Worker:
         doc = await self.store.documents.get(key)
         if doc is None:
             raise DagqError(f"{what} ({key}) is missing")
-        value = payloads.decode_json(doc.data, f"{what} ({key})")
+        # An output may weigh up to payloads.MAX_OUTPUT_BYTES: a large one is decoded
+        # in a thread.
+        value = await off_loop(len(doc.data), payloads.decode_json, doc.data, f"{what} ({key})")
         if len(doc.data) <= DOCUMENT_CACHE_BYTES:
             if len(self._documents) >= 16:
                 self._documents.pop(next(iter(self._documents)))

@@ -1,7 +1,7 @@
 """Bugs found by the independent review of issue 11 (failure containment).
 
-Each test runs the real ``dagq`` command as a user would, on a scratch SQLite store,
-and is marked ``xfail(strict=True)``: it fails today and must pass once fixed.
+Each test runs the real ``dagq`` command as a user would, on a scratch SQLite store.
+A bug not fixed yet has its test marked ``xfail(strict=True)``: it fails until fixed.
 """
 
 from __future__ import annotations
