@@ -104,3 +104,14 @@ def fork_then_crash(path: str) -> None:
     with open(path, "w") as f:
         f.write(str(child))
     os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class Unprintable(Exception):
+    """An exception whose text cannot be made: its ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str fails")
+
+
+def unprintable() -> None:
+    raise Unprintable()

@@ -31,6 +31,7 @@ from dagq.state import (
     BAD,
     QUARANTINED,
     TERMINAL,
+    UNDO_FAILED,
     UNSET,
     WORKFLOW_ACTIVE,
     WORKFLOW_TERMINAL,
@@ -209,16 +210,20 @@ class Client:
         A quarantined run shows ``quarantined`` with the reason as its error (from its
         index row when its state cannot be read).
         """
-        held = await quarantine.read(self.store, workflow_id)
-        record = held[0] if held is not None and held[0].released_at is None else None
-        if record is None:
-            submitted, plan, st = await load_run(self.store, workflow_id)
-            return workflow_status(submitted.definition.name, plan, st)
-        error = f"quarantined: {record.reason}"
+        try:
+            held = await quarantine.read(self.store, workflow_id)
+        except DamagedData as exc:  # still quarantined: the record says what to do
+            reason, at = str(exc), time.time()
+        else:
+            if held is None or held[0].released_at is not None:
+                submitted, plan, st = await load_run(self.store, workflow_id)
+                return workflow_status(submitted.definition.name, plan, st)
+            reason, at = held[0].reason, held[0].at
+        error = f"quarantined: {reason}"
         try:
             submitted, plan, st = await load_run(self.store, workflow_id)
         except DamagedData:
-            return await self._quarantined_status(workflow_id, record.at, error)
+            return await self._quarantined_status(workflow_id, at, error)
         found = workflow_status(submitted.definition.name, plan, st)
         return msgspec.structs.replace(found, status=QUARANTINED, error=error)
 
@@ -246,7 +251,7 @@ class Client:
     async def release(self, workflow_id: str) -> QuarantineInfo:
         """Let the coordinator try a quarantined workflow again (after fixing the cause);
         its kept events are applied first."""
-        return quarantine.info(await quarantine.release(self.store, workflow_id))
+        return await quarantine.release(self.store, workflow_id)
 
     async def list(
         self,
@@ -339,9 +344,7 @@ class Client:
         doc = await self.store.documents.get(key)
         if doc is not None:
             return doc.data.decode("utf-8", "replace")
-        if item < 0 and not undo and number == st.attempt[i]:
-            return st.errors.get(i)  # short enough to be kept whole in the state
-        return None
+        return _kept_error(st, i, number, item=item, undo=undo)
 
     async def events(self, workflow_id: str) -> builtins.list[HistoryEntry]:
         """The run's history, oldest first."""
@@ -561,6 +564,20 @@ def _attempt(
     if number < 1 or number > st.attempt[i]:
         raise UsageError(f"task '{echo(task)}' has no attempt {number} (it has {st.attempt[i]})")
     return i, number
+
+
+def _kept_error(st: RunState, i: int, number: int, *, item: int, undo: bool) -> str | None:
+    """The error of the latest attempt as the state keeps it (whole, being short), if
+    ``number`` is that attempt and it failed: of the task, one instance, or its undo."""
+    if undo:
+        failed = st.undo_status.get(i) == UNDO_FAILED and number == st.undo_attempt.get(i)
+        return st.errors.get(i) if failed else None
+    if item >= 0:
+        group = st.groups.get(i)
+        if group is None or number != max(group.attempt[item], 1):
+            return None
+        return group.errors.get(item)
+    return st.errors.get(i) if number == st.attempt[i] else None
 
 
 def _variant_attempt(st: RunState, i: int, task: str, *, item: int, undo: bool) -> int:

@@ -853,7 +853,7 @@ class Coordinator:
         doc = await self.store.documents.get(ref)
         if doc is None:  # stored before the request was sent: only damage removes it
             raise DamagedData(f"{what} ({ref}) is missing")
-        return payloads.decode_json(doc.data, what)
+        return await off_loop(len(doc.data), payloads.decode_json, doc.data, what)
 
     async def _resolve_all(self, entry: Entry) -> None:
         for i, ref in list(entry.state.output_refs.items()):
@@ -864,8 +864,8 @@ class Coordinator:
         if ref in st.resolved:
             return
         doc = await self.store.documents.get(ref)
-        if doc is not None:
-            st.resolved[ref] = payloads.decode_json(doc.data, ref)
+        if doc is not None:  # an output: up to 64 MiB, so a large one in a thread
+            st.resolved[ref] = await off_loop(len(doc.data), payloads.decode_json, doc.data, ref)
 
     # --- sweeps ---------------------------------------------------------------------
 

@@ -4,6 +4,10 @@ The coordinator writes one chunk per state flush (``history/{id}/{seq}``), with 
 sequence number taken from the state it is flushing. A flush that loses its race is
 re-applied and rewrites the same chunk, so the history never holds events the state
 does not.
+
+A chunk that cannot be decoded (a damaged document) does not hide the rest: it is
+read as one entry of kind :data:`DAMAGED` naming the chunk, and reading goes on. The
+history is a record for people; the run's state does not depend on it.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import msgspec
 
 from dagq import keys
+from dagq.payloads import cut
 from dagq.stores.base import Store
 
 
@@ -23,6 +28,9 @@ class HistoryEntry(msgspec.Struct, frozen=True, array_like=True):
     attempt: int = 0
     detail: str | None = None
 
+
+#: The kind of the entry that stands for a chunk that cannot be decoded.
+DAMAGED = "damaged"
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list[HistoryEntry])
@@ -43,7 +51,25 @@ async def read_history(store: Store, workflow_id: str) -> list[HistoryEntry]:
         for name in names:
             doc = await store.documents.get(name)
             if doc is not None:
-                entries.extend(_decoder.decode(doc.data))
+                entries.extend(_decode_chunk(name, doc.data, entries[-1].at if entries else None))
         if len(names) < 1000:
-            return entries
+            return _dated(entries)
         start = names[-1]
+
+
+def _decode_chunk(key: str, data: bytes, at: float | None) -> list[HistoryEntry]:
+    """The entries of one chunk; a damaged chunk is one :data:`DAMAGED` entry, dated
+    like the entry before it (``at`` None: like the entry after it, see _dated)."""
+    try:
+        return _decoder.decode(data)
+    except msgspec.DecodeError as exc:  # ValidationError included
+        detail = f"history chunk {key} is damaged ({cut(str(exc), 200)}): its events are lost"
+        return [HistoryEntry(at=-1.0 if at is None else at, kind=DAMAGED, detail=detail)]
+
+
+def _dated(entries: list[HistoryEntry]) -> list[HistoryEntry]:
+    """Damaged entries at the very start take the time of the first readable entry."""
+    first = next((e.at for e in entries if e.at >= 0), 0.0)
+    if entries and entries[0].at < 0:
+        return [msgspec.structs.replace(e, at=first) if e.at < 0 else e for e in entries]
+    return entries

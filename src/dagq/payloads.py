@@ -13,7 +13,8 @@ The limits, and what happens above them (README.md, "Limits", says the same):
 ==========================  ==============================  ================================
 payload                     inline (above: by reference)    hard bound (above: refused)
 ==========================  ==============================  ================================
-task output                 OUTPUT_INLINE_BYTES             MAX_DEPTH (the attempt fails)
+task output                 OUTPUT_INLINE_BYTES             MAX_OUTPUT_BYTES, MAX_DEPTH
+                                                            (the attempt fails)
 upstream inputs             INPUTS_INLINE_BYTES             —
 a loop's previous output    PREVIOUS_INLINE_BYTES           —
 foreach items               ``group.INLINE_ITEMS_LIMIT``    MAX_DEPTH (as an output)
@@ -45,6 +46,12 @@ MAX_DEPTH = 100
 #: An output larger than this (encoded as JSON) is stored as a document and passed
 #: by reference.
 OUTPUT_INLINE_BYTES = 32 * 1024
+#: The most a task's output may weigh (as JSON; for a shell task, the file
+#: ``$DAGQ_OUTPUT``). Above it the attempt fails for good, with one line naming the
+#: bound, and no more than the bound is ever read: a task cannot exhaust a worker's
+#: memory by writing (or linking ``$DAGQ_OUTPUT`` to) something endless. Outputs this
+#: large belong in files or object storage; the output should say where they are.
+MAX_OUTPUT_BYTES = 64 * 1024 * 1024
 #: Upstream outputs above this total travel as a document instead of in the message.
 INPUTS_INLINE_BYTES = 24 * 1024
 #: A loop's previous output rides in the task message up to this size, else by reference.
@@ -117,6 +124,13 @@ def encode_json(value: Any, what: str, *, max_bytes: int | None = None) -> bytes
     return encoded
 
 
+def output_too_large(size: int, limit: int, what: str = "the output (as JSON)") -> str:
+    """The error of an attempt whose output weighs ``size`` bytes, over ``limit`` (the
+    bound the caller checked: ``MAX_OUTPUT_BYTES``)."""
+    mib = f" ({limit // 2**20} MiB)" if limit % 2**20 == 0 else ""
+    return f"{what} is {size} bytes, over the limit of {limit} bytes{mib} for a task's output"
+
+
 def decode_json(data: bytes, what: str) -> Any:
     """A stored JSON document, decoded; DamagedData naming ``what`` if it cannot be
     (malformed, or nested so deep that decoding would exhaust the stack)."""
@@ -146,5 +160,10 @@ def cut(text: str, limit: int = ERROR_INLINE_CHARS, *, note: str = "") -> str:
 
 
 def echo(name: str, limit: int = NAME_ECHO_CHARS) -> str:
-    """A name as an error message may repeat it: whole if short, else its start."""
-    return name if len(name) <= limit else f"{name[:limit]}… ({len(name)} characters)"
+    """A name as an error message may repeat it: whole if short, else its start, with
+    control and other unprintable characters escaped (``\\n``, ``\\x1b``, ``\\u202e``) so
+    the message stays one line and cannot steer a terminal."""
+    shown = name if len(name) <= limit else name[:limit]
+    if not shown.isprintable():
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in shown)
+    return shown if len(name) <= limit else f"{shown}… ({len(name)} characters)"

@@ -18,6 +18,12 @@ Once the cause is fixed, :func:`release` marks the record released and wakes the
 coordinator, which loads the workflow afresh, applies the kept events first, and
 deletes the record in the same write as the new state. If it fails again, it is
 quarantined again with the new reason and every event still kept.
+
+A record that cannot be decoded hides nothing else: :func:`listing` shows it as
+damaged beside the others, and every error about it says what to do. Releasing it
+deletes it (the events it kept cannot be read; they are lost either way), and the
+coordinator loads the workflow as if it had never been quarantined — quarantining it
+again, with a readable record, if it still cannot be advanced.
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ class QuarantineInfo(msgspec.Struct, frozen=True, kw_only=True):
     since: float
     kept_events: int
     released: bool
+    #: The record itself cannot be decoded (``reason`` says what to do).
+    damaged: bool = False
 
 
 def reason_of(step: str, exc: BaseException) -> str:
@@ -80,11 +88,20 @@ def encode(record: Record) -> bytes:
 
 
 def decode(data: bytes, workflow_id: str) -> Record:
-    """A record from its stored form; DamagedData if it is not one."""
+    """A record from its stored form; DamagedData, saying what to do, if it is not one."""
     try:
         return msgspec.msgpack.decode(data, type=Record)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise DamagedData(f"the quarantine record of {workflow_id} is damaged: {exc}") from exc
+        raise DamagedData(damaged_reason(workflow_id, exc)) from exc
+
+
+def damaged_reason(workflow_id: str, exc: BaseException) -> str:
+    """One line: the record of ``workflow_id`` is damaged, and what to do about it."""
+    return (
+        f"the quarantine record of {workflow_id} is damaged ({cut(str(exc), 120)}); "
+        f"dagq quarantine release {workflow_id} deletes it (the events it kept are lost) "
+        f"and the coordinator loads the workflow again, or dagq purge {workflow_id} --force"
+    )
 
 
 async def read(store: Store, workflow_id: str) -> tuple[Record, str] | None:
@@ -178,7 +195,11 @@ async def listing(store: Store, *, limit: int = 1000) -> list[QuarantineInfo]:
     while len(found) < limit:
         page = await store.index.query(status=[QUARANTINED], limit=500, cursor=cursor)
         for row in page.rows:
-            got = await read(store, row.id)
+            try:
+                got = await read(store, row.id)
+            except DamagedData as exc:  # shown as such; the others are still listed
+                found.append(_damaged_info(row, exc))
+                continue
             if got is not None:
                 found.append(info(got[0]))
         cursor = page.cursor
@@ -187,20 +208,49 @@ async def listing(store: Store, *, limit: int = 1000) -> list[QuarantineInfo]:
     return found[:limit]
 
 
-async def release(store: Store, workflow_id: str, *, now: float | None = None) -> Record:
+def _damaged_info(row: IndexRow, exc: DamagedData) -> QuarantineInfo:
+    return QuarantineInfo(
+        id=row.id,
+        reason=str(exc),
+        step="?",
+        since=row.updated_at,
+        kept_events=0,
+        released=False,
+        damaged=True,
+    )
+
+
+async def release(store: Store, workflow_id: str, *, now: float | None = None) -> QuarantineInfo:
     """Let the coordinator try a quarantined workflow again (after the cause is fixed).
 
-    Marks the record released, shows the workflow as running again in the index (the
-    coordinator corrects the row once it has loaded the state) and wakes the
-    coordinator. Its kept events are applied before anything newer. Safe to repeat.
+    Marks the record released (deletes it if it is damaged: what it kept cannot be
+    read), shows the workflow as running again in the index (the coordinator corrects
+    the row once it has loaded the state) and wakes the coordinator. Its kept events
+    are applied before anything newer. Safe to repeat. Returns the released record.
     """
     check_workflow_id(workflow_id)
     now = now or time.time()
     for _ in range(_RELEASE_ATTEMPTS):
-        got = await read(store, workflow_id)
-        if got is None:
+        doc = await store.documents.get(keys.quarantine(workflow_id))
+        if doc is None:
             raise UsageError(f"workflow '{workflow_id}' is not quarantined in {store.url}")
-        record, etag = got
+        try:
+            record, etag = decode(doc.data, workflow_id), doc.etag
+        except DamagedData as exc:
+            try:  # the coordinator may be replacing it with a readable one meanwhile
+                await store.documents.delete(keys.quarantine(workflow_id), if_match=doc.etag)
+            except ConflictError:
+                continue
+            released = QuarantineInfo(
+                id=workflow_id,
+                reason=str(exc),
+                step="?",
+                since=now,
+                kept_events=0,
+                released=True,
+                damaged=True,
+            )
+            break
         if record.released_at is None:
             record.released_at = now
             try:
@@ -209,6 +259,7 @@ async def release(store: Store, workflow_id: str, *, now: float | None = None) -
                 )
             except ConflictError:  # the coordinator kept another event meanwhile
                 continue
+        released = info(record)
         break
     else:
         raise ConflictError(f"the quarantine record of {workflow_id} kept changing; try again")
@@ -228,4 +279,4 @@ async def release(store: Store, workflow_id: str, *, now: float | None = None) -
         )
     wake = encode_events([SubmitRequested(workflow_id=workflow_id)])
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(wake)])
-    return record
+    return released

@@ -5,7 +5,10 @@ A worker turns a runner's :class:`~dagq.runners.Outcome` into a small
 
 * the log tail is stored as a document (``keys.log``), never sent;
 * an output above the inline limit is stored as a document and sent by reference; an
-  output that is not JSON, or is nested too deep, fails the attempt with a clear error;
+  output that is not JSON, is nested too deep or weighs more than
+  ``payloads.MAX_OUTPUT_BYTES`` fails the attempt with a clear error (runners that
+  have the output as JSON already — pool processes, shell tasks — check it there, off
+  the event loop, and hand over the encoding);
 * an error text above the inline limit is cut (head and tail kept) for the event, and
   the whole text is stored under ``keys.error`` (``dagq logs`` and ``Client.error``
   show it).
@@ -22,7 +25,7 @@ from typing import Any
 import msgspec
 
 from dagq import keys, payloads
-from dagq.errors import DagqError
+from dagq.errors import DagqError, PayloadTooLarge
 from dagq.messages import TaskFinished, TaskMessage
 from dagq.runners import Outcome
 from dagq.stores.base import Documents
@@ -49,9 +52,9 @@ async def finished(
         puts.append((key, outcome.log))
     output, output_ref, error = outcome.output, None, outcome.error
     ok, retryable = outcome.ok, outcome.retryable
-    if ok and output is not None:
+    if ok and (output is not None or outcome.output_json is not None):
         try:
-            encoded = payloads.encode_json(output, "the output")
+            encoded = _encoded_output(outcome)
         except DagqError as exc:
             ok, retryable, output, error = False, False, None, str(exc)
         else:
@@ -85,6 +88,16 @@ async def finished(
         duration_s=now - started,
         worker=worker,
     )
+
+
+def _encoded_output(outcome: Outcome) -> bytes:
+    """The output as JSON, within the bounds (DagqError naming the one it breaks)."""
+    if outcome.output_json is not None:  # encoded and checked by the runner
+        return outcome.output_json
+    encoded = payloads.encode_json(outcome.output, "the output")
+    if len(encoded) > payloads.MAX_OUTPUT_BYTES:
+        raise PayloadTooLarge(payloads.output_too_large(len(encoded), payloads.MAX_OUTPUT_BYTES))
+    return encoded
 
 
 def _too_large_inline(output: Any, encoded: bytes) -> bool:

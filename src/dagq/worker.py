@@ -37,7 +37,9 @@ from dagq.messages import (
 )
 from dagq.outbox import Outbox
 from dagq.payloads import cut
+from dagq.persistence import off_loop
 from dagq.runners import Outcome, TaskContext
+from dagq.runners.child import describe
 from dagq.runners.pool import TaskPool
 from dagq.runners.python import add_import_paths, run_python
 from dagq.runners.shell import run_shell
@@ -614,7 +616,7 @@ class Worker:
         doc = await self.store.documents.get(task.previous_ref)
         if doc is None:
             raise DagqError(f"{task.previous_ref} is missing")
-        return payloads.decode_json(doc.data, task.previous_ref)
+        return await off_loop(len(doc.data), payloads.decode_json, doc.data, task.previous_ref)
 
     async def _inputs(self, task: TaskMessage) -> dict[str, Any]:
         inputs = dict(task.inputs)
@@ -632,7 +634,9 @@ class Worker:
         doc = await self.store.documents.get(key)
         if doc is None:
             raise DagqError(f"{what} ({key}) is missing")
-        value = payloads.decode_json(doc.data, f"{what} ({key})")
+        # An output may weigh up to payloads.MAX_OUTPUT_BYTES: a large one is decoded
+        # in a thread.
+        value = await off_loop(len(doc.data), payloads.decode_json, doc.data, f"{what} ({key})")
         if len(doc.data) <= DOCUMENT_CACHE_BYTES:
             if len(self._documents) >= 16:
                 self._documents.pop(next(iter(self._documents)))
@@ -717,6 +721,8 @@ class Worker:
                 self._controls.clear()
             cached = self._controls[task.workflow_id] = (now, control)
         control = cached[1]
+        if control is _DAMAGED:
+            return "the workflow's control document is damaged"
         if task.epoch <= control.stop_through:
             return "the workflow was cancelled or has ended"
         if control.tasks.get(str(task.task)) == task.attempt:
@@ -732,16 +738,21 @@ class _Control(msgspec.Struct, frozen=True):
     tasks: dict[str, int] = msgspec.field(default_factory=dict)
 
 
+#: What an unreadable control document says: stop everything (it may have said so),
+#: for that reason.
+_DAMAGED = _Control(stop_through=2**31)
+
+
 def _read_control(data: bytes) -> _Control:
     try:
         return msgspec.json.decode(data, type=_Control)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return _Control(stop_through=2**31)  # unreadable: err on the side of stopping
+        return _DAMAGED  # unreadable: err on the side of stopping
 
 
 def _brief(exc: BaseException) -> str:
     """``ExceptionType: message``, the message cut to a few lines."""
-    return cut(f"{type(exc).__name__}: {exc}", 500)
+    return cut(describe(exc), 500)
 
 
 def _failure_event(report: TaskFinished, exc: BaseException) -> TaskFinished:

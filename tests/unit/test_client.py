@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dagq import Workflow
+from dagq import Workflow, keys
 from dagq.client import (
     Client,
     Submission,
@@ -27,7 +27,7 @@ from dagq.client import (
 )
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.errors import UsageError, WorkflowExists, WorkflowNotFound
-from dagq.history import HistoryEntry
+from dagq.history import DAMAGED, HistoryEntry
 from dagq.messages import OUTPUT_INLINE_LIMIT
 from dagq.stores import open_store
 from dagq.stores.base import OutgoingMessage, Store
@@ -440,3 +440,53 @@ async def test_dead_letters_are_described_replayed_and_purged(client: Client, st
         await client.purge_dead_letters([first.key])
     assert await client.purge_dead_letters([second.key]) == 1
     assert await client.dead_letters() == []
+
+
+async def test_events_show_a_damaged_history_chunk_as_one_entry_and_go_on(
+    client: Client, finished: str, store: Store
+) -> None:
+    chunks = await store.documents.list(keys.history_prefix(finished))
+    assert len(chunks) >= 3
+    whole = await client.events(finished)
+    await store.documents.put(chunks[0], b"\x00")
+    await store.documents.put(chunks[1], b"\xc1 not msgpack")
+
+    events = await client.events(finished)
+
+    damaged = [e for e in events if e.kind == DAMAGED]
+    assert [e.detail.split(" is damaged")[0] for e in damaged if e.detail] == [
+        f"history chunk {chunks[0]}",
+        f"history chunk {chunks[1]}",
+    ]
+    assert events[-1] == whole[-1]  # the chunks after them are all there
+    assert all(e.at > 0 for e in events)  # dated like their readable neighbours
+    assert (await client.status(finished)).status == "completed"
+
+
+async def test_the_whole_error_of_a_failed_undo_and_of_a_failed_item_is_kept(
+    client: Client, cluster: None
+) -> None:
+    await client.submit(
+        definition(
+            [
+                {"name": "a", "compensate": {"cmd": "echo bad undo >&2; exit 3", "num_retries": 0}},
+                {"name": "b", "cmd": "exit 1", "depends_on": ["a"], "num_retries": 0},
+                {"name": "f", "foreach": "[1, 2]", "cmd": "test $DAGQ_ITEM = 1", "num_retries": 0},
+            ]
+        ),
+        workflow_id="saga",
+    )
+    status = await client.wait("saga", timeout_s=10)
+    assert status.status == "compensation_failed", status
+
+    undo = await client.error("saga", "a", undo=True)
+    assert undo == "its compensation failed: exit code 3; stderr: bad undo"
+    assert await client.error("saga", "f", item=1) == "exit code 1"
+    assert await client.error("saga", "f", item=0) is None
+    assert await client.error("saga", "b") == "exit code 1"
+
+
+async def test_a_name_with_a_newline_is_echoed_escaped(client: Client, finished: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        await client.logs(finished, "no\nsuch")
+    assert "\n" not in str(caught.value) and "no\\nsuch" in str(caught.value)

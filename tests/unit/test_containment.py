@@ -304,3 +304,34 @@ async def test_read_state_still_works_for_the_healthy_ones_after_a_quarantine(
     assert found is not None and found[0].status == "completed"
     doc = await store.documents.get(keys.state("bad"))
     assert doc is not None and doc.data == b"zdamaged"
+
+
+async def test_a_damaged_quarantine_record_is_listed_as_such_and_release_deletes_it(
+    store: Store, clock: FakeClock
+) -> None:
+    for wid in ("bad", "other"):
+        await submit(store, chain(), workflow_id=wid, clock=clock)
+    coord = Coordinator(store, clock=clock)
+    await coord.step()
+    for wid in ("bad", "other"):
+        await store.documents.put(keys.state(wid), b"zdamaged")
+    coord = Coordinator(store, clock=clock)
+    await drive(coord, store, clock)
+    assert sorted(q.id for q in await Client(store).quarantined()) == ["bad", "other"]
+    await store.documents.put(keys.quarantine("bad"), b"\xff\x00\xff")
+
+    listed = {q.id: q for q in await Client(store).quarantined()}
+    assert (listed["bad"].damaged, listed["other"].damaged) == (True, False)
+    assert "dagq quarantine release bad deletes it" in listed["bad"].reason
+    shown = await Client(store).status("bad")
+    assert shown.status == QUARANTINED
+    assert "the quarantine record of bad is damaged" in (shown.error or "")
+
+    released = await Client(store).release("bad")
+    assert (released.damaged, released.released) == (True, True)
+    assert await store.documents.get(keys.quarantine("bad")) is None
+    await drive(coord, store, clock)  # loaded again: its state is still damaged
+
+    held = await quarantine.read(store, "bad")
+    assert held is not None and held[0].reason.startswith("load failed")
+    assert await status(store, "bad") == QUARANTINED

@@ -37,7 +37,11 @@ from dagq.messages import (
     encode_task,
 )
 from dagq.plan import compile_plan, parse_param, resolve_params
-from dagq.runners import Outcome
+from dagq.runners import Outcome, TaskContext, child
+from dagq.runners import shell as shell_runner
+from dagq.runners.pool import TaskPool
+from dagq.runners.python import run_python
+from dagq.runners.shell import run_shell
 from dagq.state import RunState, TaskStatus
 from dagq.stores.base import MAX_MESSAGE_BYTES, OutgoingMessage
 from dagq.stores.memory import open_memory_store
@@ -595,3 +599,109 @@ async def test_a_definition_stored_before_the_bounds_is_damaged_data_not_a_recur
     await store.documents.put(keys.definition("wf"), deep)
     with pytest.raises(DamagedData, match="nested too deep"):
         await Client(store).status("wf")
+
+
+# --- names echoed, outputs over the hard bound, exceptions that cannot be printed ------
+
+
+def test_echo_escapes_control_characters_so_an_error_stays_one_line() -> None:
+    assert payloads.echo("charge\nrefund") == "charge\\nrefund"
+    assert payloads.echo("a\x1b[31mred\tb\u202ec") == "a\\x1b[31mred\\tb\\u202ec"
+    assert payloads.echo("naïve é") == "naïve é"
+    long = payloads.echo("\n" * 200)
+    assert "\n" not in long and long.endswith("… (200 characters)")
+
+
+async def test_an_output_over_the_hard_bound_fails_the_attempt_naming_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(payloads, "MAX_OUTPUT_BYTES", 1000)
+    _, event = await report(Outcome(ok=True, output="o" * 1000))
+    assert (event.ok, event.retryable, event.output, event.output_ref) == (False, False, None, None)
+    assert event.error.startswith("the output (as JSON) is 1002 bytes, over the limit of 1000")
+
+
+def test_a_python_output_over_the_bound_is_refused_where_it_is_encoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(child, "MAX_OUTPUT_BYTES", 1000)
+    reply = child.encode_output(["x" * 500, "y" * 500])
+    assert (reply.ok, reply.retryable, reply.output) == (False, False, b"")
+    assert reply.error is not None and "1007 bytes, over the limit of 1000 bytes" in reply.error
+    assert child.encode_output("x" * 900).ok
+
+
+SHELL = TaskContext(workflow_id="wf", task="t", attempt=1, idempotency_key="k")
+
+
+async def shell(cmd: str, tmp_path: Path) -> Outcome:
+    return await asyncio.wait_for(
+        run_shell(TaskSpec(kind="shell", cmd=cmd), SHELL, work_dir=str(tmp_path)), 20
+    )
+
+
+@pytest.mark.parametrize(
+    ("cmd", "kind"),
+    [
+        ('rm -f "$DAGQ_OUTPUT"; mkfifo "$DAGQ_OUTPUT"', "a FIFO"),
+        ('ln -sf /dev/zero "$DAGQ_OUTPUT"', "a character device"),
+        ('rm -f "$DAGQ_OUTPUT"; mkdir "$DAGQ_OUTPUT"', "a directory"),
+    ],
+)
+async def test_a_dagq_output_that_is_not_a_regular_file_fails_only_its_attempt(
+    cmd: str, kind: str, tmp_path: Path
+) -> None:
+    outcome = await shell(cmd, tmp_path)
+    assert (outcome.ok, outcome.retryable) == (False, False)
+    assert outcome.error == f"$DAGQ_OUTPUT is not a regular file ({kind})"
+
+
+async def test_a_dagq_output_over_the_bound_is_refused_without_being_read(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(shell_runner, "MAX_OUTPUT_BYTES", 1000)
+    outcome = await shell('truncate -s 5G "$DAGQ_OUTPUT"', tmp_path)
+    assert (outcome.ok, outcome.retryable) == (False, False)
+    assert outcome.error is not None
+    assert outcome.error.startswith("$DAGQ_OUTPUT is 5368709120 bytes, over the limit of 1000")
+    # Over the bound once encoded (1e5 is 100000.0), though the file is not: refused too.
+    numbers = ",".join(["1e5"] * 200)
+    outcome = await shell(f"""echo '[{numbers}]' > "$DAGQ_OUTPUT\"""", tmp_path)
+    assert outcome.error == (
+        "the output (as JSON) is 1801 bytes, over the limit of 1000 bytes for a task's output"
+    )
+
+
+async def test_a_dagq_output_within_the_bounds_is_handed_over_encoded(tmp_path: Path) -> None:
+    outcome = await shell("""printf '{ "a" : [1, 2] }\\n' > "$DAGQ_OUTPUT\"""", tmp_path)
+    assert (outcome.ok, outcome.output) == (True, {"a": [1, 2]})
+    assert outcome.output_json == b'{"a":[1,2]}'
+    assert (await shell("true", tmp_path)).output_json is None
+
+
+async def test_in_thread_mode_too_an_output_over_the_bound_fails_its_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(child, "MAX_OUTPUT_BYTES", 1000)
+    spec = TaskSpec(kind="python", call="tests.sample_tasks:big", timeout_s=10)
+    outcome = await run_python(spec, SHELL, {"size": 2000})
+    assert (outcome.ok, outcome.retryable) == (False, False)
+    assert outcome.error is not None and "2002 bytes, over the limit of 1000" in outcome.error
+    small = await run_python(spec, SHELL, {"size": 10})
+    assert (small.ok, small.output, small.output_json) == (True, "x" * 10, b'"' + b"x" * 10 + b'"')
+
+
+async def test_an_exception_that_cannot_be_printed_is_reported_by_its_type() -> None:
+    spec = TaskSpec(kind="python", call="tests.sample_tasks:unprintable", timeout_s=10)
+    outcome = await run_python(spec, SHELL, None)  # thread mode
+    assert outcome.error == "Unprintable: <unprintable: str() raised RuntimeError: str fails>"
+    assert outcome.error_type == "Unprintable"
+    assert b"Traceback (most recent call last)" in outcome.log and b"in unprintable" in outcome.log
+    pool = TaskPool(1)
+    try:
+        pooled = await pool.run("tests.sample_tasks:unprintable", None, SHELL, 10)
+        after = await pool.run("tests.sample_tasks:pid", {}, SHELL, 10)
+    finally:
+        await pool.close()
+    assert pooled.error == outcome.error and b"in unprintable" in pooled.log
+    assert after.ok and pool.started == 1  # the process survived it

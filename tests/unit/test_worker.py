@@ -245,3 +245,21 @@ async def test_a_large_items_list_reaches_instances_through_a_document(store: St
     assert status == "completed"
     assert (await outputs(store))["reduce"] == 3000
     assert await store.documents.get(keys.foreach_items("w", 1)) is not None
+
+
+async def test_a_damaged_control_document_stops_the_task_saying_so(store: Store) -> None:
+    runner = LocalRunner(store, workers=2)
+    await runner.submit(
+        definition([{"name": "sleepy", "cmd": "sleep 60", "num_retries": 0}]),
+        params={},
+        workflow_id="w",
+    )
+
+    async def damage_when_running(plan: Any, st: Any) -> None:
+        if st.status == "running" and st.counts[2]:
+            await store.documents.put(keys.control("w"), b"\xff not json")
+
+    status = await asyncio.wait_for(runner.drive(damage_when_running), 20)
+    assert status == "failed"
+    row = task(await load_view(store, "w"), "sleepy")
+    assert row.error == "stopped: the workflow's control document is damaged"

@@ -22,7 +22,9 @@ def run_list(store_url: str, *, as_json: bool) -> int:
         table.add_row(
             item.id,
             when(item.since),
-            item.step + (" (released)" if item.released else ""),
+            "damaged record"
+            if item.damaged
+            else item.step + (" (released)" if item.released else ""),
             str(item.kept_events),
             first_line(item.reason, 200),
         )
@@ -33,6 +35,13 @@ def run_list(store_url: str, *, as_json: bool) -> int:
 def run_release(store_url: str, workflow_id: str) -> int:
     """``dagq quarantine release ID``: the coordinator tries the workflow again."""
     released = with_client(store_url, lambda c: c.release(workflow_id))
+    if released.damaged:
+        console().print(
+            f"released {workflow_id}: its damaged quarantine record was deleted (the events "
+            "it kept could not be read); the coordinator loads it again; if it fails again "
+            "it is quarantined again (see dagq status)"
+        )
+        return EXIT_OK
     console().print(
         f"released {workflow_id}: the coordinator loads it again and applies its "
         f"{released.kept_events} kept event(s) first; if it fails again it is quarantined "

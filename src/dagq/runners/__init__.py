@@ -33,6 +33,10 @@ class Outcome:
 
     ok: bool
     output: Any = None
+    #: The output already encoded as JSON and checked against the bounds, when the
+    #: runner has it (a pool process, a shell task's file): reporting then neither
+    #: encodes it again nor needs ``output`` decoded when it goes by reference.
+    output_json: bytes | None = None
     error: str | None = None
     retryable: bool = True
     retry_after_s: float | None = None

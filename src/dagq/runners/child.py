@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from dagq.errors import NonRetryable, RetryAfter
-from dagq.payloads import MAX_DEPTH, too_deep
+from dagq.payloads import MAX_DEPTH, MAX_OUTPUT_BYTES, output_too_large, too_deep
 from dagq.runners import TaskContext
 
 #: What the engine passes to a function whose signature names it (never via **kwargs).
@@ -97,7 +97,7 @@ def resolve(call: str) -> tuple[Callable[..., Any], bool, frozenset[str]]:
         for part in attribute.split("."):
             target = getattr(target, part)
     except Exception as exc:
-        raise ImportFailed(f"cannot import '{call}': {type(exc).__name__}: {exc}") from exc
+        raise ImportFailed(f"cannot import '{call}': {describe(exc)}") from exc
     if not callable(target):
         raise ImportFailed(f"'{call}' is not callable")
     parameters = inspect.signature(target).parameters
@@ -140,8 +140,9 @@ def call_task(call: str, args: Any, ctx: TaskContext) -> Reply:
 
 def failure(exc: BaseException) -> Reply:
     """The reply for an exception a task raised: its type and message as the error, its
-    traceback for the log."""
-    trace = "".join(traceback.format_exception(exc))
+    traceback for the log (as far as it can be formatted: the exception is the task's
+    own code, and its ``__str__`` may raise too)."""
+    trace = formatted_traceback(exc)
     if isinstance(exc, NonRetryable):
         return Reply(ok=False, error=describe(exc), retryable=False, log=trace)
     if isinstance(exc, RetryAfter):
@@ -150,13 +151,42 @@ def failure(exc: BaseException) -> Reply:
 
 
 def describe(exc: BaseException) -> str:
-    """``ExceptionType: message`` (no traceback: that goes to the attempt's log)."""
-    message = str(exc)
+    """``ExceptionType: message`` (no traceback: that goes to the attempt's log).
+
+    An exception whose ``__str__`` fails is ``ExceptionType: <unprintable: ...>``.
+    """
+    message = printable(exc)
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
+def printable(exc: BaseException) -> str:
+    """``str(exc)``, or what went wrong making it (never an exception)."""
+    try:
+        return str(exc)
+    except Exception as inner:
+        try:
+            why = f"{type(inner).__name__}: {inner}"
+        except Exception:
+            why = type(inner).__name__
+        return f"<unprintable: str() raised {why}>"
+
+
+def formatted_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` for a log; if it cannot be formatted whole (a broken
+    ``__str__`` is handled by :mod:`traceback`, other oddities may not be), its frames."""
+    try:
+        return "".join(traceback.format_exception(exc))
+    except Exception:
+        try:
+            frames = "".join(traceback.format_tb(exc.__traceback__))
+        except Exception:
+            frames = ""
+        return f"Traceback (most recent call last):\n{frames}{describe(exc)}\n"
+
+
 def encode_output(result: Any) -> Reply:
-    """A task's return value as JSON, or the reason it cannot be an output."""
+    """A task's return value as JSON, or the reason it cannot be an output (not JSON,
+    nested too deep, or over ``MAX_OUTPUT_BYTES``)."""
     if too_deep(result):
         return Reply(
             ok=False,
@@ -164,9 +194,13 @@ def encode_output(result: Any) -> Reply:
             retryable=False,
         )
     try:
-        return Reply(ok=True, output=msgspec.json.encode(result))
+        encoded = msgspec.json.encode(result)
     except (TypeError, ValueError, OverflowError, RecursionError, msgspec.EncodeError) as exc:
         return Reply(ok=False, error=f"the output is not JSON-serialisable: {exc}", retryable=False)
+    if len(encoded) > MAX_OUTPUT_BYTES:  # refused here: it never crosses the pipe
+        error = output_too_large(len(encoded), MAX_OUTPUT_BYTES)
+        return Reply(ok=False, error=error, retryable=False)
+    return Reply(ok=True, output=encoded)
 
 
 def _arguments(args: Any) -> tuple[list[Any], dict[str, Any]]:
@@ -277,7 +311,10 @@ def main(argv: list[str]) -> None:
             sys.path[:] = request.paths
             importlib.invalidate_caches()
             resolve.cache_clear()
-        reply = call_task(request.call, request.args, request.ctx)
+        try:
+            reply = call_task(request.call, request.args, request.ctx)
+        except Exception as exc:  # a fault here fails this task, not the process
+            reply = Reply(ok=False, error=f"the pool process failed it: {describe(exc)}")
         sys.stdout.flush()
         sys.stderr.flush()
         try:

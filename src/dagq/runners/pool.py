@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 
 import dagq
+from dagq.payloads import OUTPUT_INLINE_BYTES
 from dagq.runners import Outcome, TaskContext
 from dagq.runners.child import HEADER, Reply, Request
 
@@ -388,13 +389,23 @@ class TaskPool:
 
 
 def _outcome(reply: Reply) -> Outcome:
-    output = msgspec.json.decode(reply.output) if reply.ok else None
+    """The outcome a reply says; an output is decoded only if it may travel inline
+    (a larger one goes by reference as the JSON it came as, never decoded here)."""
     return Outcome(
         ok=reply.ok,
-        output=output,
+        output=output_value(reply.output) if reply.ok else None,
+        output_json=reply.output if reply.ok else None,
         error=reply.error,
         retryable=reply.retryable,
         retry_after_s=reply.retry_after_s,
         error_type=reply.error_type,
         log=reply.log.encode("utf-8", "replace"),
     )
+
+
+def output_value(encoded: bytes) -> Any:
+    """A task's output from its JSON, if it is small enough to travel inline; else None
+    (reporting sends it by reference as it is)."""
+    if len(encoded) > OUTPUT_INLINE_BYTES:
+        return None
+    return msgspec.json.decode(encoded)

@@ -20,14 +20,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from typing import Any
 
 from dagq.messages import TaskSpec
 from dagq.runners import Outcome, TaskContext
-from dagq.runners.child import ImportFailed, Reply, failure, prepare, resolve
-from dagq.runners.pool import TaskPool
+from dagq.runners.child import ImportFailed, Reply, encode_output, failure, prepare, resolve
+from dagq.runners.pool import TaskPool, output_value
 
 __all__ = ["ImportFailed", "add_import_paths", "resolve", "run_python"]
 
@@ -65,18 +65,29 @@ async def _run_in_thread(
     try:
         if is_async:
             result = await asyncio.wait_for(function(*positional, **keywords), spec.timeout_s)
+            # Encoding a large output takes time: not on the event loop.
+            reply = await asyncio.to_thread(encode_output, result)
         else:
-            call = functools.partial(function, *positional, **keywords)
+            # The output is encoded (and checked) in the task's own thread.
+            call = functools.partial(_call_and_encode, function, positional, keywords)
             future = asyncio.get_running_loop().run_in_executor(executor, call)
-            result = await asyncio.wait_for(future, spec.timeout_s)
+            reply = await asyncio.wait_for(future, spec.timeout_s)
     except TimeoutError:
         return Outcome(ok=False, error=f"timed out after {spec.timeout_s:g}s")
     except Exception as exc:  # a task's own failure becomes its error
-        return _outcome(failure(exc))
-    return Outcome(ok=True, output=result)
+        reply = failure(exc)
+    return _outcome(reply)
+
+
+def _call_and_encode(
+    function: Callable[..., Any], positional: list[Any], keywords: dict[str, Any]
+) -> Reply:
+    return encode_output(function(*positional, **keywords))
 
 
 def _outcome(reply: Reply) -> Outcome:
+    if reply.ok:
+        return Outcome(ok=True, output=output_value(reply.output), output_json=reply.output)
     return Outcome(
         ok=False,
         error=reply.error,

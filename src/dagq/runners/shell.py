@@ -5,6 +5,10 @@ The task sees ``DAGQ_WORKFLOW_ID``, ``DAGQ_TASK``, ``DAGQ_ATTEMPT``,
 parent name) and ``DAGQ_OUTPUT`` (JSON written there becomes the output;
 ``JOBQ_OUTPUT_FILE`` names the same file for ai4s-jobq scripts). Upstream outputs
 are never pasted into the command text.
+
+The output file is read in a thread, never on the event loop, and only if it is a
+regular file no larger than ``payloads.MAX_OUTPUT_BYTES``: a task that replaces it
+with a FIFO, a device or a huge file fails its own attempt, with one line saying so.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import tempfile
 from pathlib import Path
 
+from dagq.errors import DagqError
 from dagq.messages import TaskSpec
-from dagq.payloads import MAX_DEPTH
+from dagq.payloads import MAX_DEPTH, MAX_OUTPUT_BYTES, encode_json, output_too_large
 from dagq.runners import Outcome, TaskContext, tail
 
 #: How much of stdout and of stderr is kept, from the end.
@@ -82,7 +88,7 @@ async def run_shell(spec: TaskSpec, ctx: TaskContext, *, work_dir: str | None = 
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-        return _outcome(process.returncode or 0, spec, output_file, stdout, stderr)
+        return await _outcome(process.returncode or 0, spec, output_file, stdout, stderr)
 
 
 async def _spawn(spec: TaskSpec, env: dict[str, str]) -> asyncio.subprocess.Process:
@@ -99,7 +105,9 @@ async def _spawn(spec: TaskSpec, env: dict[str, str]) -> asyncio.subprocess.Proc
     return await asyncio.create_subprocess_shell(spec.cmd or "", **common)  # type: ignore[arg-type]
 
 
-def _outcome(code: int, spec: TaskSpec, output_file: Path, stdout: _Tail, stderr: _Tail) -> Outcome:
+async def _outcome(
+    code: int, spec: TaskSpec, output_file: Path, stdout: _Tail, stderr: _Tail
+) -> Outcome:
     log = _log(stdout, stderr)
     if code != 0:
         if code < 0:
@@ -108,28 +116,83 @@ def _outcome(code: int, spec: TaskSpec, output_file: Path, stdout: _Tail, stderr
             reason = f"exit code {code}"
         retryable = code not in spec.non_retryable_exit_codes
         return Outcome(ok=False, error=reason + _stderr_note(stderr), retryable=retryable, log=log)
+    # A thread: reading and parsing (up to the bound) must not hold up the event loop.
+    return await asyncio.to_thread(_output, output_file, log)
+
+
+def _output(output_file: Path, log: bytes) -> Outcome:
+    """The outcome of a command that succeeded: what it wrote to $DAGQ_OUTPUT."""
+
+    def failed(error: str) -> Outcome:
+        return Outcome(ok=False, error=error, retryable=False, log=log)
+
     try:
-        text = output_file.read_text() if output_file.exists() else ""
-    except (OSError, UnicodeDecodeError) as exc:
-        return Outcome(ok=False, error=f"cannot read $DAGQ_OUTPUT: {exc}", retryable=False, log=log)
+        data = _read_output(output_file)
+    except _Refused as exc:
+        return failed(str(exc))
+    except OSError as exc:
+        return failed(f"cannot read $DAGQ_OUTPUT: {exc}")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        return failed(f"cannot read $DAGQ_OUTPUT: {exc}")
     if not text.strip():
         return Outcome(ok=True, output=None, log=log)
     try:
-        return Outcome(ok=True, output=json.loads(text), log=log)
+        output = json.loads(text)
     except RecursionError:  # deeper than any parser's stack: over the bound in any case
-        return Outcome(
-            ok=False,
-            error=f"the output is nested more than {MAX_DEPTH} levels deep ($DAGQ_OUTPUT)",
-            retryable=False,
-            log=log,
-        )
+        return failed(f"the output is nested more than {MAX_DEPTH} levels deep ($DAGQ_OUTPUT)")
     except ValueError as exc:
-        return Outcome(
-            ok=False,
-            error=f"the task wrote invalid JSON to $DAGQ_OUTPUT: {exc}",
-            retryable=False,
-            log=log,
-        )
+        return failed(f"the task wrote invalid JSON to $DAGQ_OUTPUT: {exc}")
+    try:
+        encoded = encode_json(output, "the output")
+    except DagqError as exc:
+        return failed(str(exc))
+    if len(encoded) > MAX_OUTPUT_BYTES:  # re-encoded, it can weigh more than the file
+        return failed(output_too_large(len(encoded), MAX_OUTPUT_BYTES))
+    return Outcome(ok=True, output=output, output_json=encoded, log=log)
+
+
+class _Refused(Exception):
+    """$DAGQ_OUTPUT is not something an output is read from."""
+
+
+def _read_output(output_file: Path) -> bytes:
+    """The bytes of $DAGQ_OUTPUT (none if it is missing), never more than the bound.
+
+    Opened without blocking (a FIFO with no writer would block the open), then refused
+    unless it is a regular file: a FIFO or a device could be read from forever.
+    """
+    try:
+        fd = os.open(output_file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return b""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _Refused(f"$DAGQ_OUTPUT is not a regular file ({_file_kind(info.st_mode)})")
+        if info.st_size > MAX_OUTPUT_BYTES:
+            raise _Refused(output_too_large(info.st_size, MAX_OUTPUT_BYTES, "$DAGQ_OUTPUT"))
+        data = bytearray()
+        while len(data) <= MAX_OUTPUT_BYTES:  # it may have grown since fstat
+            chunk = os.read(fd, min(1024 * 1024, MAX_OUTPUT_BYTES + 1 - len(data)))
+            if not chunk:
+                return bytes(data)
+            data += chunk
+    finally:
+        os.close(fd)
+    raise _Refused(output_too_large(len(data), MAX_OUTPUT_BYTES, "$DAGQ_OUTPUT (at least)"))
+
+
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a file")
 
 
 async def _kill_group(process: asyncio.subprocess.Process) -> None:
