@@ -1,7 +1,6 @@
 """Bugs found by the independent review of issue 11 (failure containment).
 
 Each test runs the real ``dagq`` command as a user would, on a scratch SQLite store.
-A bug not fixed yet has its test marked ``xfail(strict=True)``: it fails until fixed.
 """
 
 from __future__ import annotations
@@ -163,12 +162,6 @@ def test_a_python_output_over_the_bound_fails_its_task_in_one_line(tmp_path: Pat
     assert rows["other"]["status"] == "completed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="local.py drive(): a dagq run's worker serves the plan's queues for every "
-    "workflow of the store, so it takes the other run's Python tasks, cannot import "
-    "their module (its import path is its own directory) and fails them for good",
-)
 def test_two_dagq_runs_from_different_directories_both_finish(tmp_path: Path) -> None:
     procs = []
     store = f"sqlite:///{tmp_path}/dagq.db"
