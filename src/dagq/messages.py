@@ -24,7 +24,9 @@ INPUTS_INLINE_LIMIT = payloads.INPUTS_INLINE_BYTES
 class TaskSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     """What a worker needs to run a task, with params already rendered in."""
 
-    kind: Literal["shell", "python"]
+    #: ``processor``: a task that says what to run only through ``kwargs`` (an
+    #: ai4s-jobq form): the worker's processor runs it with ``args`` (those kwargs).
+    kind: Literal["shell", "python", "processor"]
     cmd: str | list[str] | None = None
     call: str | None = None
     args: Any = None
@@ -36,6 +38,13 @@ class TaskSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     cwd: str | None = None
     timeout_s: float | None = None
     non_retryable_exit_codes: list[int] = msgspec.field(default_factory=list)
+    #: The task runs under ai4s-jobq semantics (docs/architecture.md §5): a failed
+    #: attempt keeps the output it wrote, invalid JSON in the output file completes the
+    #: task with no output and a warning, and the ai4s-jobq environment contract applies.
+    jobq: bool = False
+    #: ai4s-jobq's ``bg_dirsync_to``: where the task's files are copied while it runs
+    #: and once at the end (a directory, or an azure:// blob prefix on the azure store).
+    dirsync_to: str | None = None
 
 
 class TaskMessage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
@@ -109,6 +118,9 @@ class TaskFinished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=Tr
     undo: bool = False
     #: The event reports on one instance (item index) of a foreach task.
     item: int = -1
+    #: Something the user should know about an attempt that still counts as done
+    #: (ai4s-jobq semantics: invalid JSON in the output file), kept in the history.
+    warning: str | None = None
 
 
 class SubmitRequested(msgspec.Struct, frozen=True, tag="submit", kw_only=True):
