@@ -7,6 +7,7 @@ Loading and validation live in :mod:`dagq.loading` and :mod:`dagq.validation`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -19,6 +20,11 @@ ResultPolicy = Literal["all_sinks_succeed", "all_tasks_succeed"]
 RESERVED_TASK_FIELDS = ("priority",)
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, description="A duration in seconds (> 0).")]
+#: A task's time limit; 0 means none (as ai4s-jobq files write it).
+Timeout = Annotated[
+    float, msgspec.Meta(ge=0, description="A time limit in seconds; 0 means no limit.")
+]
+Semantics = Literal["jobq", "dagq"]
 Command = str | list[str]
 
 
@@ -113,10 +119,22 @@ class TaskDef(_Strict, frozen=True, kw_only=True):
     depends_on: list[str] = msgspec.field(default_factory=list)
     queue: str | None = None
     dep_policy: DepPolicyName | Annotated[int, msgspec.Meta(ge=1)] = "all"
-    timeout_s: Seconds | None = None
+    timeout_s: Timeout | None = None
     num_retries: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
     condition: str | None = None
-    kwargs: ShellKwargs | None = None
+    kwargs: (
+        Annotated[
+            dict[str, Any],
+            msgspec.Meta(
+                description=(
+                    "ai4s-jobq's free mapping: with 'cmd', a shell task ('cmd', 'env', "
+                    "'cwd', 'bg_dirsync_to'); without, the arguments of the worker's "
+                    "processor (dagq worker --processor)."
+                )
+            ),
+        ]
+        | None
+    ) = None
     cmd: Command | None = None
     call: (
         Annotated[
@@ -160,7 +178,7 @@ class Defaults(_Strict, frozen=True, kw_only=True):
     """Settings applied to every task that does not set them itself."""
 
     queue: str | None = None
-    timeout_s: Seconds | None = None
+    timeout_s: Timeout | None = None
     num_retries: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
     retry: RetryPolicy | None = None
 
@@ -172,12 +190,89 @@ class WorkflowDef(_Strict, frozen=True, kw_only=True):
     tasks: list[TaskDef]
     version: str | int | None = None
     default_queue: str = "default"
-    default_task_timeout_s: Seconds | None = None
+    default_task_timeout_s: Timeout | None = None
     max_parallelism: Annotated[int, msgspec.Meta(ge=1)] | None = None
     result_policy: ResultPolicy = "all_sinks_succeed"
     params: dict[str, Any] = msgspec.field(default_factory=dict)
     deadline_s: Seconds | None = None
     defaults: Defaults | None = None
+    semantics: (
+        Annotated[
+            Semantics,
+            msgspec.Meta(
+                description="The rule set: ai4s-jobq's or dagq's (default: chosen by the form)."
+            ),
+        ]
+        | None
+    ) = None
+    #: The JSON Schema an editor checks the file against: accepted, never used.
+    schema_url: str | None = msgspec.field(default=None, name="$schema")
+
+
+#: The fields of ai4s-jobq's workflow format; a definition that uses any other field
+#: (``$schema`` and ``semantics`` aside) is dagq-native.
+JOBQ_WORKFLOW_FIELDS = (
+    "name",
+    "tasks",
+    "default_queue",
+    "default_task_timeout_s",
+    "max_parallelism",
+    "result_policy",
+)
+JOBQ_TASK_FIELDS = (
+    "name",
+    "kwargs",
+    "depends_on",
+    "queue",
+    "dep_policy",
+    "timeout_s",
+    "num_retries",
+    "condition",
+)
+_NOT_JOBQ = {
+    "workflow": tuple(
+        f
+        for f in WorkflowDef.__struct_fields__
+        if f not in JOBQ_WORKFLOW_FIELDS and f not in ("semantics", "schema_url")
+    ),
+    "task": tuple(f for f in TaskDef.__struct_fields__ if f not in JOBQ_TASK_FIELDS),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    """Which semantics a definition runs with (docs/architecture.md §5), and why."""
+
+    jobq: bool
+    reason: str
+
+    def describe(self) -> str:
+        """One line for people: the rule set and the reason."""
+        return f"{'ai4s-jobq' if self.jobq else 'dagq'} semantics: {self.reason}"
+
+
+def rule_set(definition: WorkflowDef) -> RuleSet:
+    """ai4s-jobq semantics for a definition in ai4s-jobq's form (every task says what to
+    run through ``kwargs``, or not at all, and no dagq-only field is used), dagq's for
+    every other; ``semantics: jobq | dagq`` decides instead when given."""
+    if definition.semantics is not None:
+        return RuleSet(
+            definition.semantics == "jobq", f"the workflow sets 'semantics: {definition.semantics}'"
+        )
+    for field in _NOT_JOBQ["workflow"]:
+        if _used(getattr(definition, field)):
+            return RuleSet(False, f"the workflow uses '{field}', which ai4s-jobq does not have")
+    fields = _NOT_JOBQ["task"]
+    for task in definition.tasks:
+        for field in fields:
+            if _used(getattr(task, field)):
+                return RuleSet(False, f"task '{task.name}' uses '{field}' (a dagq-only field)")
+    return RuleSet(True, "every task runs through kwargs and no dagq-only field is used")
+
+
+def _used(value: Any) -> bool:
+    """Is a field set to something other than "nothing" (its default)?"""
+    return value is not None and value is not False and value != {}
 
 
 def to_builtins(definition: WorkflowDef) -> dict[str, Any]:

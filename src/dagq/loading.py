@@ -22,7 +22,6 @@ from dagq.definition import (
     Defaults,
     Loop,
     RetryPolicy,
-    ShellKwargs,
     TaskDef,
     WaitFor,
     WorkflowDef,
@@ -35,10 +34,9 @@ PathPart = str | int
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: ~10x faster
 
 _FIELDS: dict[str, tuple[str, ...]] = {
-    "workflow": WorkflowDef.__struct_fields__,
+    "workflow": WorkflowDef.__struct_encode_fields__,
     "task": TaskDef.__struct_fields__,
     "retry": RetryPolicy.__struct_fields__,
-    "kwargs": ShellKwargs.__struct_fields__,
     "defaults": Defaults.__struct_fields__,
     "wait_for": WaitFor.__struct_fields__,
     "loop": Loop.__struct_fields__,
@@ -300,7 +298,8 @@ def _check_fields(report: _Reporter) -> None:
                     "by this version of dagq yet"
                 )
         report.unknown(task, "task", ["tasks", i])
-        for sub in ("retry", "kwargs", "wait_for", "loop", "compensate"):
+        # kwargs is ai4s-jobq's free mapping: what a shell task ignores is a warning
+        for sub in ("retry", "wait_for", "loop", "compensate"):
             if isinstance(task.get(sub), Mapping):
                 report.unknown(task[sub], sub, ["tasks", i, sub])
 

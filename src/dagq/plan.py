@@ -12,8 +12,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from dagq import expression
-from dagq.definition import Compensate, Loop, RetryPolicy, TaskDef, WaitFor, WorkflowDef
+from dagq.definition import (
+    Compensate,
+    Loop,
+    RetryPolicy,
+    ShellKwargs,
+    TaskDef,
+    WaitFor,
+    WorkflowDef,
+    rule_set,
+)
 from dagq.errors import PayloadTooLarge, ValidationError
 from dagq.messages import TaskSpec
 from dagq.payloads import MAX_DEPTH, check_depth, echo
@@ -81,6 +92,12 @@ class Plan:
     deadline_s: float | None
     params: Mapping[str, Any]
     queues: frozenset[str]
+    #: The run follows ai4s-jobq's rules (docs/architecture.md §5): a skipped parent
+    #: counts as done, a condition that cannot be evaluated is false, conditions and
+    #: task inputs see every direct parent (a failed one's output too).
+    jobq: bool = False
+    #: Why that rule set applies, for ``validate``, ``graph`` and ``explain``.
+    semantics: str = ""
 
 
 def resolve_params(definition: WorkflowDef, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,12 +134,19 @@ def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:
     by_name = {task.name: i for i, task in enumerate(definition.tasks)}
     children: list[list[int]] = [[] for _ in definition.tasks]
     for i, task in enumerate(definition.tasks):
-        for dep in task.depends_on:
+        for dep in _parents(task):
             children[by_name[dep]].append(i)
     env = {"params": dict(params)}
+    rules = rule_set(definition)
     tasks = tuple(
         _compile_task(
-            definition, task, index=i, by_name=by_name, children=tuple(children[i]), env=env
+            definition,
+            task,
+            index=i,
+            by_name=by_name,
+            children=tuple(children[i]),
+            env=env,
+            jobq=rules.jobq,
         )
         for i, task in enumerate(definition.tasks)
     )
@@ -137,7 +161,15 @@ def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:
         deadline_s=definition.deadline_s,
         params=env["params"],
         queues=frozenset(t.queue for t in tasks),
+        jobq=rules.jobq,
+        semantics=rules.describe(),
     )
+
+
+def _parents(task: TaskDef) -> list[str]:
+    """A task's parents, each once (ai4s-jobq files may list one twice)."""
+    deps = task.depends_on
+    return deps if len(set(deps)) == len(deps) else list(dict.fromkeys(deps))
 
 
 def _compile_task(
@@ -148,11 +180,15 @@ def _compile_task(
     by_name: Mapping[str, int],
     children: tuple[int, ...],
     env: Mapping[str, Any],
+    jobq: bool,
 ) -> PlanTask:
     defaults = definition.defaults
     queue = task.queue or (defaults.queue if defaults else None) or definition.default_queue
-    timeout = task.timeout_s or (defaults.timeout_s if defaults else None)
-    timeout = timeout or definition.default_task_timeout_s
+    timeout = _timeout(
+        task.timeout_s,
+        defaults.timeout_s if defaults else None,
+        definition.default_task_timeout_s,
+    )
     retries = task.num_retries
     if retries is None:
         retries = (defaults.num_retries if defaults else None) or 0
@@ -162,7 +198,7 @@ def _compile_task(
         condition = expression.parse(
             task.condition, where=f"task '{task.name}': condition", names=_CONDITION_ROOTS
         )
-    spec = _spec(task, env, timeout, retry)
+    spec = _spec(task, env, timeout, retry, jobq=jobq)
     sleep: float | expression.Expr | None = None
     if isinstance(task.sleep_s, str):
         sleep = expression.parse(
@@ -179,7 +215,7 @@ def _compile_task(
     return PlanTask(
         index=index,
         name=task.name,
-        parents=tuple(by_name[d] for d in task.depends_on),
+        parents=tuple(by_name[d] for d in _parents(task)),
         children=children,
         policy=task.dep_policy if isinstance(task.dep_policy, int) else _POLICIES[task.dep_policy],
         condition=condition,
@@ -208,32 +244,96 @@ def _compile_task(
     )
 
 
+def _timeout(*choices: float | None) -> float | None:
+    """The first timeout given (task, defaults, workflow default); 0 means none."""
+    for choice in choices:
+        if choice is not None:
+            return choice or None
+    return None
+
+
 def _spec(
-    task: TaskDef | Compensate, env: Mapping[str, Any], timeout: float | None, retry: RetryPolicy
+    task: TaskDef | Compensate,
+    env: Mapping[str, Any],
+    timeout: float | None,
+    retry: RetryPolicy,
+    *,
+    jobq: bool = False,
 ) -> TaskSpec:
     codes = list(retry.non_retryable_exit_codes)
     if task.call is not None:
-        return _python_spec(task, env, timeout, codes)
+        spec = _python_spec(task, env, timeout, codes)
+        return msgspec.structs.replace(spec, jobq=True) if jobq else spec
+    if isinstance(task, TaskDef) and task.cmd is None:
+        if task.kwargs is None or "cmd" not in task.kwargs:
+            # ai4s-jobq's form of a custom task: the worker's processor runs its kwargs
+            return TaskSpec(kind="processor", args=task.kwargs or {}, timeout_s=timeout, jobq=jobq)
+        return _jobq_shell_spec(task.kwargs, env, timeout, codes, jobq=jobq)
     kwargs = task.kwargs
-    command = task.cmd if task.cmd is not None else (kwargs.cmd if kwargs else "")
-    if isinstance(command, str):
-        rendered: str | list[str] = _text(
-            expression.render(command, env, roots=_PARAMS, quote=_shell_quote)
-        )
+    command: Any
+    if isinstance(kwargs, ShellKwargs):
+        command, variables, cwd = kwargs.cmd, dict(kwargs.env), kwargs.cwd
     else:
-        rendered = [_text(expression.render(part, env, roots=_PARAMS)) for part in command]
-    variables = {
-        key: _text(expression.render(value, env, roots=_PARAMS))
-        for key, value in (kwargs.env.items() if kwargs else ())
-    }
+        command, variables, cwd = task.cmd, {}, None
     return TaskSpec(
         kind="shell",
-        cmd=rendered,
-        env=variables,
-        cwd=kwargs.cwd if kwargs else None,
+        cmd=_command(command, env),
+        env={key: _text(expression.render(v, env, roots=_PARAMS)) for key, v in variables.items()},
+        cwd=cwd,
         timeout_s=timeout,
         non_retryable_exit_codes=codes,
+        jobq=jobq,
     )
+
+
+def _jobq_shell_spec(
+    kwargs: Mapping[str, Any],
+    env: Mapping[str, Any],
+    timeout: float | None,
+    codes: list[int],
+    *,
+    jobq: bool,
+) -> TaskSpec:
+    """A shell task in ai4s-jobq's form: ``kwargs`` with cmd, env, cwd, bg_dirsync_to.
+
+    Environment values become text as ai4s-jobq makes them (``str(v)``: 5 is "5", true
+    is "True", null is "None"); lists and mappings become JSON. Under ai4s-jobq
+    semantics the command and values are used as written; under dagq's they are
+    templates, like every command.
+    """
+    variables = {key: _env_text(value) for key, value in (kwargs.get("env") or {}).items()}
+    command = kwargs["cmd"]
+    if not jobq:
+        command = _command(command, env)
+        variables = {
+            key: _text(expression.render(value, env, roots=_PARAMS))
+            for key, value in variables.items()
+        }
+    return TaskSpec(
+        kind="shell",
+        cmd=command,
+        env=variables,
+        cwd=kwargs.get("cwd"),
+        timeout_s=timeout,
+        non_retryable_exit_codes=codes,
+        jobq=jobq,
+        dirsync_to=kwargs.get("bg_dirsync_to"),
+    )
+
+
+def _command(command: Any, env: Mapping[str, Any]) -> str | list[str]:
+    """A command with its params rendered in (quoted, in shell text)."""
+    if isinstance(command, str):
+        return _text(expression.render(command, env, roots=_PARAMS, quote=_shell_quote))
+    return [_text(expression.render(part, env, roots=_PARAMS)) for part in command]
+
+
+def _env_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list | dict):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)  # ai4s-jobq's coercion: True, 5, 0.5, None
 
 
 def _undo(task: TaskDef, env: Mapping[str, Any], queue: str) -> Undo | None:

@@ -14,11 +14,18 @@ from typing import Any
 import msgspec
 
 from dagq import expression
-from dagq.definition import TaskDef, WorkflowDef
+from dagq.definition import TaskDef, WorkflowDef, rule_set
 from dagq.errors import PayloadTooLarge, ValidationError
+from dagq.expression.values import kind_of
 from dagq.payloads import MAX_PARAMS_BYTES, NAME_ECHO_CHARS, check_depth, echo, encode_json
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/:@+=]*\Z")
+#: A task name: as free as ai4s-jobq's (spaces, '/', punctuation, any letters), but
+#: starting with a letter, digit or '_', not ending in a space, and without '#', '[' or
+#: ']' (keys.attempt_name marks instances and undos with them) or control characters.
+NAME_PATTERN = re.compile(r"^\w[^#\[\]\x00-\x1f\x7f-\x9f\u00a0\u2028\u2029\ufeff]*(?<!\s)\Z")
+#: The kwargs a shell task (one whose kwargs have 'cmd') uses, as ai4s-jobq's shell
+#: worker does; other keys are ignored, with a warning.
+SHELL_KWARGS = ("cmd", "env", "cwd", "bg_dirsync_to")
 QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 PARAM_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}\Z")
 MAX_TASKS = 1_000_000
@@ -49,9 +56,43 @@ def validate(definition: WorkflowDef) -> None:
         _check_queue("defaults.queue", definition.defaults.queue)
     names = _check_names(definition)
     check_values(definition)
+    verbatim = rule_set(definition).jobq
     for task in definition.tasks:
-        _check_task(task, names, definition.params)
+        _check_task(task, names, definition.params, verbatim=verbatim)
     _check_acyclic(definition)
+
+
+def warnings(definition: WorkflowDef) -> list[str]:
+    """What a valid definition says that has no effect, one line each, naming the task
+    and field: a parent listed twice (it counts once), kwargs a shell task ignores, a
+    null environment value (passed as the text 'None', as ai4s-jobq does)."""
+    found: list[str] = []
+    for task in definition.tasks:
+        where = f"task '{echo(task.name)}'"
+        seen: set[str] = set()
+        for dep in task.depends_on:
+            if dep in seen:
+                found.append(f"{where}: depends_on: '{echo(dep)}' is listed twice; it counts once")
+            seen.add(dep)
+        kwargs = task.kwargs
+        if not kwargs or "cmd" not in kwargs:
+            continue
+        ignored = [key for key in kwargs if key not in SHELL_KWARGS]
+        if ignored:
+            shown = ", ".join(f"kwargs.{echo(k)}" for k in ignored[:10])
+            found.append(
+                f"{where}: {shown} ignored: a shell task uses only "
+                f"{', '.join(SHELL_KWARGS)} (a task without 'cmd' goes to a processor)"
+            )
+        env = kwargs.get("env")
+        if isinstance(env, Mapping):
+            for key, value in env.items():
+                if value is None:
+                    found.append(
+                        f"{where}: kwargs.env.{echo(str(key))} is null: it is set to the "
+                        "text 'None', as ai4s-jobq does"
+                    )
+    return found
 
 
 def check_values(definition: WorkflowDef) -> None:
@@ -69,6 +110,7 @@ def check_values(definition: WorkflowDef) -> None:
     for task in definition.tasks:
         where = f"task '{echo(task.name)}'"
         check_depth(task.args, f"{where}: args")
+        check_depth(task.kwargs, f"{where}: kwargs")
         if task.compensate is not None:
             check_depth(task.compensate.args, f"{where}: compensate.args")
 
@@ -90,10 +132,11 @@ def _check_queue(where: str, queue: str) -> None:
 def _check_names(definition: WorkflowDef) -> dict[str, TaskDef]:
     names: dict[str, TaskDef] = {}
     for i, task in enumerate(definition.tasks):
-        if not NAME_PATTERN.match(task.name):
+        if not NAME_PATTERN.match(task.name) or not task.name.isprintable():
             raise ValidationError(
-                f"tasks[{i}]: '{echo(task.name)}' is not a valid task name (use letters, digits "
-                "and _ . - / : @ + =, starting with a letter, digit or '_')"
+                f"tasks[{i}]: '{echo(task.name)}' is not a valid task name (start with a "
+                "letter, digit or '_', do not end with a space, and use no '#', '[', ']' "
+                "or control characters)"
             )
         if task.name in names:
             raise ValidationError(f"tasks[{i}]: duplicate task name '{echo(task.name)}'")
@@ -101,7 +144,10 @@ def _check_names(definition: WorkflowDef) -> dict[str, TaskDef]:
     return names
 
 
-def _check_task(task: TaskDef, names: Mapping[str, TaskDef], params: Mapping[str, Any]) -> None:
+def _check_task(
+    task: TaskDef, names: Mapping[str, TaskDef], params: Mapping[str, Any], *, verbatim: bool
+) -> None:
+    """``verbatim``: kwargs are passed as written (ai4s-jobq semantics), not templates."""
     where = f"task '{echo(task.name)}'"
     _check_dependencies(task, names, where)
     _check_kind(task, where)
@@ -122,10 +168,16 @@ def _check_task(task: TaskDef, names: Mapping[str, TaskDef], params: Mapping[str
     if task.loop is not None:
         expr = expression.parse(task.loop.until, where=f"{where}: loop.until", names=LOOP_ROOTS)
         _check_refs(expr, parents, params, f"{where}: loop.until")
-    command = task.cmd if task.cmd is not None else (task.kwargs.cmd if task.kwargs else None)
-    _check_templates(command, frozenset(), params, f"{where}: cmd", _PARAM_ROOTS)
-    if task.kwargs is not None:
-        _check_templates(task.kwargs.env, frozenset(), params, f"{where}: kwargs.env", _PARAM_ROOTS)
+    _check_templates(task.cmd, frozenset(), params, f"{where}: cmd", _PARAM_ROOTS)
+    if task.kwargs is not None and "cmd" in task.kwargs and not verbatim:
+        for field in ("cmd", "env"):
+            _check_templates(
+                task.kwargs.get(field),
+                frozenset(),
+                params,
+                f"{where}: kwargs.{field}",
+                _PARAM_ROOTS,
+            )
     _check_templates(task.args, parents, params, f"{where}: args", _CONDITION_ROOTS)
     size = len(msgspec.json.encode([task.cmd, task.kwargs, task.call, task.args]))
     if size > MAX_TASK_SPEC_BYTES:
@@ -136,44 +188,38 @@ def _check_task(task: TaskDef, names: Mapping[str, TaskDef], params: Mapping[str
 
 
 def _check_dependencies(task: TaskDef, names: Mapping[str, TaskDef], where: str) -> None:
-    seen: set[str] = set()
     for dep in task.depends_on:
         if dep == task.name:
             raise ValidationError(f"{where}: depends_on: a task cannot depend on itself")
         if dep not in names:
             raise ValidationError(f"{where}: depends_on: no task is named '{echo(dep)}'")
-        if dep in seen:
-            raise ValidationError(f"{where}: depends_on: '{echo(dep)}' is listed twice")
-        seen.add(dep)
     policy = task.dep_policy
-    if isinstance(policy, int) and policy > len(task.depends_on):
+    n_parents = len(set(task.depends_on))  # a parent listed twice counts once (a warning)
+    if isinstance(policy, int) and policy > n_parents:
         raise ValidationError(
             f"{where}: dep_policy: {policy} parents must complete, but the task has only "
-            f"{len(task.depends_on)} in depends_on"
+            f"{n_parents} in depends_on"
         )
 
 
 def _check_kind(task: TaskDef, where: str) -> None:
+    """One way to run, at most: none (or kwargs without 'cmd') is a processor task."""
     kinds = [
         k
         for k, v in (
             ("cmd", task.cmd),
-            ("kwargs", task.kwargs),
+            ("kwargs", task.kwargs is not None),
             ("call", task.call),
             ("sleep_s", task.sleep_s is not None),
             ("wait_for", task.wait_for),
         )
         if v
     ]
-    if not kinds:
-        raise ValidationError(
-            f"{where}: says nothing to run: give 'cmd' (a shell command), "
-            "'kwargs: {cmd: ...}', 'call' (a Python function 'module:function'), "
-            "'sleep_s' (a durable timer) or 'wait_for' (a signal)"
-        )
     if len(kinds) > 1:
         raise ValidationError(f"{where}: give only one of {' / '.join(kinds)}")
-    if kinds[0] in ("sleep_s", "wait_for"):
+    if task.kwargs is not None and "cmd" in task.kwargs:
+        _check_shell_kwargs(task.kwargs, where)
+    if kinds and kinds[0] in ("sleep_s", "wait_for"):
         _check_engine_task(task, kinds[0], where)
     _check_fan_out(task, where)
     if task.cancel_remaining and task.dep_policy in ("all", "all_settled"):
@@ -186,11 +232,46 @@ def _check_kind(task: TaskDef, where: str) -> None:
             f"{where}: args: only Python tasks ('call') take args; a shell task reads its "
             "upstream outputs from the JSON file named by $DAGQ_INPUTS"
         )
-    command = task.cmd if task.cmd is not None else (task.kwargs.cmd if task.kwargs else None)
+    _check_command(task.cmd, f"{where}: cmd")
+
+
+def _check_command(command: Any, where: str) -> None:
     if isinstance(command, list) and not command:
-        raise ValidationError(f"{where}: cmd: an empty argument list runs nothing")
+        raise ValidationError(f"{where}: an empty argument list runs nothing")
     if isinstance(command, str) and not command.strip():
-        raise ValidationError(f"{where}: cmd: the command is empty")
+        raise ValidationError(f"{where}: the command is empty")
+
+
+def _check_shell_kwargs(kwargs: Mapping[str, Any], where: str) -> None:
+    """The kwargs ai4s-jobq's shell worker reads must have the types it needs."""
+    command = kwargs["cmd"]
+    if not isinstance(command, str) and not (
+        isinstance(command, list) and all(isinstance(part, str) for part in command)
+    ):
+        raise ValidationError(
+            f"{where}: kwargs.cmd: expected a command (a string, or a list of strings), "
+            f"got {kind_of(command)}"
+        )
+    _check_command(command, f"{where}: kwargs.cmd")
+    env = kwargs.get("env")
+    if env is not None:
+        if not isinstance(env, Mapping):
+            raise ValidationError(
+                f"{where}: kwargs.env: expected a mapping of variable names to values, "
+                f"got {kind_of(env)}"
+            )
+        for key in env:
+            if not key or "=" in key or "\x00" in key:
+                raise ValidationError(
+                    f"{where}: kwargs.env: '{echo(str(key))}' is not an environment variable name"
+                )
+    for field in ("cwd", "bg_dirsync_to"):
+        value = kwargs.get(field)
+        if value is not None and not (isinstance(value, str) and value):
+            raise ValidationError(
+                f"{where}: kwargs.{field}: expected a path (a non-empty string), "
+                f"got {kind_of(value)}"
+            )
 
 
 def _check_engine_task(task: TaskDef, kind: str, where: str) -> None:

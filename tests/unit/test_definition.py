@@ -72,7 +72,7 @@ def test_wrong_type_names_the_field() -> None:
             " {name: c, cmd: x, depends_on: [a], condition: inputs.b.ok}]",
             "refers to inputs of 'b', which is not a parent",
         ),
-        ("[{name: a}]", "says nothing to run"),
+        ("[{name: a, kwargs: {cmd: ' '}}]", "kwargs.cmd: the command is empty"),
         ("[{name: a, cmd: x, call: 'm:f'}]", "give only one of cmd / call"),
         ("[{name: a, cmd: 'echo {{ inputs.b.x }}'}]", "pastes an upstream output into a command"),
         ("[{name: a, cmd: 'echo {{ params.nope }}'}]", "params.nope, which is not declared"),
