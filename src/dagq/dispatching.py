@@ -154,11 +154,19 @@ def _inputs(
     dispatch: Dispatch,
     documents: list[tuple[str, bytes]],
 ) -> tuple[dict[str, Any], dict[str, str], str | None]:
-    """Upstream outputs inline, by reference, or (if too many) as one document."""
+    """Upstream outputs inline, by reference, or (if too many) as one document.
+
+    Under dagq's rules a task sees its completed parents; under ai4s-jobq's, every
+    direct parent: a failed one's output too, and None where there is none (so the
+    worker can write ai4s-jobq's upstream-refs file).
+    """
     inputs: dict[str, Any] = {}
     refs: dict[str, str] = {}
     for p in sources:
-        if state.task_status[p] != TaskStatus.COMPLETED:
+        status = state.task_status[p]
+        if status != TaskStatus.COMPLETED and not (plan.jobq and status == TaskStatus.FAILED):
+            if plan.jobq:
+                inputs[plan.tasks[p].name] = None
             continue
         name = plan.tasks[p].name
         ref = state.output_refs.get(p)

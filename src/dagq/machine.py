@@ -288,20 +288,29 @@ def _on_finished(plan: Plan, state: RunState, event: Any, now: float, fx: Effect
     if state.started_at[i] == UNSET:
         state.started_at[i] = event.at - event.duration_s
     state.updated_at = now
+    if event.warning is not None:  # e.g. an output file that is not JSON (ai4s-jobq)
+        fx.note(event.at, "warning", task.name, event.attempt, event.warning)
+    if event.ok or plan.jobq:  # ai4s-jobq: a failed attempt keeps the output it left
+        _keep_output(state, i, event)
     if event.ok:
         state.errors.pop(i, None)
-        state.outputs.pop(i, None)
-        state.output_refs.pop(i, None)
-        if event.output_ref is not None:
-            state.output_refs[i] = event.output_ref
-        elif event.output is not None:
-            state.outputs[i] = event.output
         if task.loop is None or _loop_done(plan, state, event, now, fx):
             fx.note(event.at, "completed", task.name, event.attempt)
             finish(plan, state, i, event.at, fx, status=TaskStatus.COMPLETED)
     else:
         _on_failure(plan, state, event, now, fx)
     settle(plan, state, now, fx)
+
+
+def _keep_output(state: RunState, i: int, event: TaskFinished) -> None:
+    """The attempt's output (inline, or the key of the document holding it) replaces
+    what an earlier attempt left."""
+    state.outputs.pop(i, None)
+    state.output_refs.pop(i, None)
+    if event.output_ref is not None:
+        state.output_refs[i] = event.output_ref
+    elif event.output is not None:
+        state.outputs[i] = event.output
 
 
 def _instance(state: RunState, event: TaskStarted | TaskFinished) -> Group | None:

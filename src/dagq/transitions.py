@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from dagq import keys
-from dagq.expression import ExpressionError, truthy
+from dagq.expression import ExpressionError, describe_reads, truthy
 from dagq.group import INLINE_ITEMS_LIMIT, Group
 from dagq.history import HistoryEntry
 from dagq.messages import OUTPUT_INLINE_LIMIT
@@ -132,9 +132,14 @@ def decide(plan: Plan, state: RunState, task: int, now: float, fx: Effects) -> N
 def evaluate(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
     """Start a pending task, or say which terminal status it must take (None: not now)."""
     task = plan.tasks[i]
-    decision = verdict(
-        task.policy, len(task.parents), state.n_done[i], state.n_skip[i], state.n_bad[i]
-    )
+    if plan.jobq:  # ai4s-jobq: a skipped parent is a done one, for every policy
+        decision = verdict(
+            task.policy, len(task.parents), state.n_done[i] + state.n_skip[i], 0, state.n_bad[i]
+        )
+    else:
+        decision = verdict(
+            task.policy, len(task.parents), state.n_done[i], state.n_skip[i], state.n_bad[i]
+        )
     if decision == WAIT:
         return None
     if decision == SKIP:
@@ -146,13 +151,9 @@ def evaluate(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> Ta
         fx.note(now, "upstream_failed", task.name, detail=state.errors[i])
         return TaskStatus.UPSTREAM_FAILED
     if task.condition is not None:
-        try:
-            go = truthy(task.condition.evaluate(inputs_env(plan, state, i)))
-        except ExpressionError as exc:
-            return fail_now(state, task, now, fx, f"condition could not be evaluated: {exc}")
-        if not go:
-            fx.note(now, "skipped", task.name, detail="condition is false")
-            return TaskStatus.SKIPPED
+        decided = _condition(plan, state, task, now, fx)
+        if decided is not None:
+            return decided
     outcome = start(plan, state, i, now, fx)
     if task.cancel_remaining:
         if outcome is not None:  # done at once: settle it before the losers' cascade runs
@@ -160,6 +161,41 @@ def evaluate(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> Ta
             outcome = None
         _cancel_losers(plan, state, i, now, fx)
     return outcome
+
+
+def _condition(
+    plan: Plan, state: RunState, task: PlanTask, now: float, fx: Effects
+) -> TaskStatus | None:
+    """Evaluate a task's condition: None (true: go on) or the status it decides.
+
+    Every evaluation leaves a ``condition`` entry in the history: the expression, what
+    it read and its result or error. One that cannot be evaluated fails the task under
+    dagq's rules, and is false (the task skipped, the reason kept) under ai4s-jobq's.
+    """
+    condition = task.condition
+    assert condition is not None
+    env: dict[str, Any] = {}
+    try:
+        env = inputs_env(plan, state, task.index)
+        go = truthy(condition.evaluate(env))
+    except ExpressionError as exc:
+        reads = describe_reads(condition, env)
+        fx.note(now, "condition", task.name, detail=f"error: {exc}; {reads}")
+        if not plan.jobq:
+            return fail_now(state, task, now, fx, f"condition could not be evaluated: {exc}")
+        state.errors[task.index] = (
+            f"skipped: the condition could not be evaluated, so it counts as false "
+            f"(ai4s-jobq semantics): {exc}"
+        )
+        fx.note(now, "skipped", task.name, detail=state.errors[task.index])
+        return TaskStatus.SKIPPED
+    reads = describe_reads(condition, env)
+    result = "true" if go else "false"
+    fx.note(now, "condition", task.name, detail=f"{condition.text!r} is {result}; {reads}")
+    if not go:
+        fx.note(now, "skipped", task.name, detail="condition is false")
+        return TaskStatus.SKIPPED
+    return None
 
 
 def start(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
@@ -267,8 +303,28 @@ def fail_now(state: RunState, task: PlanTask, now: float, fx: Effects, error: st
 
 
 def inputs_env(plan: Plan, state: RunState, i: int) -> dict[str, Any]:
-    """What a task's expressions see: its completed parents' outputs and the params."""
+    """What a task's expressions see: its parents' outputs and the params.
+
+    Under dagq's rules, the completed parents'; under ai4s-jobq's, every direct
+    parent's (:func:`parent_outputs`).
+    """
+    if plan.jobq:
+        return {"inputs": parent_outputs(plan, state, i), "params": plan.params}
     return {"inputs": completed_outputs(plan, state, i), "params": plan.params}
+
+
+def parent_outputs(plan: Plan, state: RunState, i: int) -> dict[str, Any]:
+    """Every direct parent of task ``i`` by name (ai4s-jobq semantics): the output of a
+    completed or failed parent (a failed task keeps what it wrote), None for the rest
+    (unfinished, skipped, upstream_failed, cancelled, or with no output)."""
+    inputs: dict[str, Any] = {}
+    for p in plan.tasks[i].parents:
+        status = state.task_status[p]
+        if status in (TaskStatus.COMPLETED, TaskStatus.FAILED):
+            inputs[plan.tasks[p].name] = output_of(plan, state, p)
+        else:
+            inputs[plan.tasks[p].name] = None
+    return inputs
 
 
 def completed_outputs(plan: Plan, state: RunState, i: int) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from dagq.expression.nodes import (
 )
 from dagq.expression.nodes import GLOB_ROOT as GLOB_ROOT
 from dagq.expression.nodes import Step as Step
+from dagq.expression.reads import brief, describe_reads
 from dagq.expression.templates import render, template_expressions
 from dagq.expression.values import truthy
 
@@ -64,6 +65,8 @@ __all__ = [
     "Path",
     "Refs",
     "Unary",
+    "brief",
+    "describe_reads",
     "parse",
     "references",
     "render",
