@@ -5,7 +5,6 @@ Given task states (a running or finished workflow), each node shows its state.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,14 +34,16 @@ class Node:
     state: str | None = None
 
 
-def render(nodes: Sequence[Node], fmt: str) -> str:
-    """The graph in the chosen format."""
+def render(nodes: Sequence[Node], fmt: str, *, note: str | None = None) -> str:
+    """The graph in the chosen format; ``note`` (one line, such as the rule set the
+    workflow runs with) heads it, as a comment in mermaid and dot."""
     if fmt == "mermaid":
-        return _mermaid(nodes)
+        drawn = _mermaid(nodes)
+        return drawn if note is None else drawn.replace("\n", f"\n  %% {note}\n", 1)
     if fmt == "dot":
-        return _dot(nodes)
+        return _dot(nodes) if note is None else f"// {note}\n{_dot(nodes)}"
     if fmt == "text":
-        return _text(nodes)
+        return _text(nodes) if note is None else f"{note}\n{_text(nodes)}"
     raise ValueError(f"unknown graph format {fmt!r} (known: {', '.join(FORMATS)})")
 
 
@@ -54,8 +55,8 @@ def _mermaid(nodes: Sequence[Node]) -> str:
     ids = _ids(nodes)
     lines = ["flowchart TD"]
     for node in nodes:
-        label = node.name + (f"<br/><i>{node.state}</i>" if node.state else "")
-        lines.append(f"  {ids[node.name]}[{json.dumps(label)}]")
+        label = _mermaid_text(node.name) + (f"<br/><i>{node.state}</i>" if node.state else "")
+        lines.append(f'  {ids[node.name]}["{label}"]')
     for node in nodes:
         for parent in node.parents:
             arrow = "-.->" if node.condition else "-->"
@@ -66,6 +67,14 @@ def _mermaid(nodes: Sequence[Node]) -> str:
         members = ",".join(ids[n.name] for n in nodes if n.state == state)
         lines.append(f"  class {members} {state}")
     return "\n".join(lines)
+
+
+def _mermaid_text(text: str) -> str:
+    """Text for a quoted mermaid label, which reads HTML and ends at a '"': those
+    characters as mermaid's entity codes ('#' never appears in a task name)."""
+    for char, code in (("&", "#amp;"), ('"', "#quot;"), ("<", "#lt;"), (">", "#gt;")):
+        text = text.replace(char, code)
+    return text
 
 
 def _dot(nodes: Sequence[Node]) -> str:

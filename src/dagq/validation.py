@@ -80,9 +80,10 @@ def warnings(definition: WorkflowDef) -> list[str]:
         ignored = [key for key in kwargs if key not in SHELL_KWARGS]
         if ignored:
             shown = ", ".join(f"kwargs.{echo(k)}" for k in ignored[:10])
+            verb = "is" if len(ignored) == 1 else "are"
             found.append(
-                f"{where}: {shown} ignored: a shell task uses only "
-                f"{', '.join(SHELL_KWARGS)} (a task without 'cmd' goes to a processor)"
+                f"{where}: {shown} {verb} ignored: a shell task uses only cmd, env, cwd and "
+                "bg_dirsync_to (a task whose kwargs have no 'cmd' runs on a processor)"
             )
         env = kwargs.get("env")
         if isinstance(env, Mapping):

@@ -87,15 +87,24 @@ def run(
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 def validate(*, file: Path) -> None:
-    """Check a workflow FILE and report the first problem found."""
+    """Check a workflow FILE and report the first problem found.
+
+    A valid file also gets the rule set it runs with (ai4s-jobq's or dagq's, and why)
+    and a warning for each thing it says that has no effect (exit 0 all the same).
+    """
     from dagq.cli.run import load_definition
+    from dagq.definition import rule_set
     from dagq.errors import DagqError
+    from dagq.validation import warnings
 
     try:
         definition = load_definition(file)
     except DagqError as exc:
         fail(str(exc))
+    for warning in warnings(definition):
+        click.echo(f"warning: {file}: {warning}", err=True)
     click.echo(f"{file}: ok — workflow '{definition.name}', {len(definition.tasks)} tasks")
+    click.echo(f"  {rule_set(definition).describe()}")
 
 
 @main.command()

@@ -10,7 +10,7 @@ from dagq import graph
 from dagq.cli.inspect import EXIT_OK, console, print_json, with_client
 from dagq.cli.run import load_definition
 from dagq.client import Client
-from dagq.definition import WorkflowDef
+from dagq.definition import WorkflowDef, rule_set
 from dagq.errors import PayloadTooLarge, UsageError
 from dagq.payloads import MAX_DEPTH
 from dagq.plan import parse_param
@@ -78,24 +78,27 @@ def run_graph(store_url: str, target: str, fmt: str) -> int:
     """``dagq graph``: a file is drawn as defined; an id with its task states."""
     path = Path(target)
     if path.suffix in (".yaml", ".yml", ".json", ".py"):  # a missing file says so
-        nodes = _nodes(load_definition(path), None)
+        definition = load_definition(path)
+        nodes = _nodes(definition, None)
     else:
-        nodes = with_client(store_url, lambda c: _submitted_nodes(c, target))
-    print(graph.render(nodes, fmt))
+        definition, nodes = with_client(store_url, lambda c: _submitted_nodes(c, target))
+    print(graph.render(nodes, fmt, note=rule_set(definition).describe()))
     return EXIT_OK
 
 
-async def _submitted_nodes(client: Client, workflow_id: str) -> list[graph.Node]:
+async def _submitted_nodes(
+    client: Client, workflow_id: str
+) -> tuple[WorkflowDef, list[graph.Node]]:
     submitted, _, st = await load_run(client.store, workflow_id)
     states = [TaskStatus(code).label for code in st.task_status]
-    return _nodes(submitted.definition, states)
+    return submitted.definition, _nodes(submitted.definition, states)
 
 
 def _nodes(definition: WorkflowDef, states: list[str] | None) -> list[graph.Node]:
     return [
         graph.Node(
             name=task.name,
-            parents=task.depends_on,
+            parents=list(dict.fromkeys(task.depends_on)),  # a parent listed twice: one edge
             policy=str(task.dep_policy),
             condition=task.condition,
             state=states[i] if states else None,
