@@ -62,12 +62,17 @@ def test_a_url_names_the_account_and_the_prefix() -> None:
     )
 
 
+def test_a_prefix_is_case_insensitive_as_azure_names_are() -> None:
+    target = parse_azure_url("azure://devstoreaccount1/Tutorial")
+    assert (target.prefix, target.url) == ("tutorial", "azure://devstoreaccount1/tutorial")
+
+
 @pytest.mark.parametrize(
     ("url", "complaint"),
     [
         ("azure://devstoreaccount1/ab", "prefix 'ab'"),
         ("azure://devstoreaccount1/" + "a" * 25, "3-24"),
-        ("azure://devstoreaccount1/Dagq", "lowercase"),
+        ("azure://devstoreaccount1/Da.gq", "prefix 'Da.gq'"),
         ("azure://devstoreaccount1/da_gq", "prefix 'da_gq'"),
         ("azure://devstoreaccount1/-dagq", "starting and ending"),
         ("azure://devstoreaccount1/da--gq", "single hyphens"),
@@ -183,6 +188,24 @@ def test_queue_names_follow_azure_rules_and_never_collide() -> None:
 
 
 # --- queues on the emulator ---------------------------------------------------------
+
+
+async def test_a_prefix_with_capitals_names_the_same_store_as_in_lowercase(
+    azurite: object,
+) -> None:
+    prefix = azure_prefix()
+    upper = open_azure_store(f"azure://devstoreaccount1/T{prefix}", environ={})
+    lower = open_azure_store(f"azure://devstoreaccount1/t{prefix}", environ={})
+    try:
+        await upper.documents.put("definitions/x", b"data")
+        await upper.queues.send("cpu", [OutgoingMessage(b"task", id="m1")])
+        document = await lower.documents.get("definitions/x")
+        assert document is not None and document.data == b"data"
+        (message,) = await lower.queues.receive("cpu", max_messages=1, visibility_timeout_s=30)
+        assert message.body == b"task"
+    finally:
+        await upper.close()
+        await lower.close()
 
 
 async def test_a_message_of_the_size_limit_with_a_long_id_round_trips(store: Store) -> None:

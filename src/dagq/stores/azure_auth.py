@@ -83,11 +83,14 @@ def parse_azure_url(url: str) -> AzureTarget:
             f"store URL {url!r}: account {account!r} is not a storage account name "
             "(3-24 lowercase letters and digits)"
         )
-    if not _PREFIX.match(prefix):
+    # Container, queue and table names are lowercase (or case-blind) in Azure, so a
+    # prefix is too: ai4s-jobq's tutorial writes 'Tutorial'.
+    if not _PREFIX.match(prefix.lower()):
         raise ValidationError(
-            f"store URL {url!r}: prefix {prefix!r} must be 3-24 lowercase letters, digits "
-            "and single hyphens, starting and ending with a letter or digit"
+            f"store URL {url!r}: prefix {prefix!r} must be 3-24 letters, digits and single "
+            "hyphens, starting and ending with a letter or digit (case does not matter)"
         )
+    prefix = prefix.lower()
     return AzureTarget(url=f"azure://{account}/{prefix}", account=account, prefix=prefix)
 
 
