@@ -184,8 +184,7 @@ def _condition(
         if not plan.jobq:
             return fail_now(state, task, now, fx, f"condition could not be evaluated: {exc}")
         state.errors[task.index] = (
-            f"skipped: the condition could not be evaluated, so it counts as false "
-            f"(ai4s-jobq semantics): {exc}"
+            f"condition could not be evaluated (false under ai4s-jobq semantics): {exc}"
         )
         fx.note(now, "skipped", task.name, detail=state.errors[task.index])
         return TaskStatus.SKIPPED

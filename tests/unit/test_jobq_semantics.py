@@ -161,7 +161,7 @@ def test_jobq_condition_error_skips_the_task_and_records_the_reason(
     sim.finish("a", output=output)
     assert sim.status("b") == "skipped"
     reason = sim.state.errors[sim.index("b")]
-    assert reason.startswith("skipped: the condition could not be evaluated, so it counts as false")
+    assert reason.startswith("condition could not be evaluated (false under ai4s-jobq semantics)")
     assert error in reason
     (record,) = history(sim, "condition", "b")
     assert record.startswith(f"error: {error}")
