@@ -176,6 +176,10 @@ class Workflow:
         if data.get("result_policy") == "all_sinks_succeed":
             del data["result_policy"]
         data["tasks"] = [dict(t) for t in self._tasks]
+        if data["tasks"] and all("kwargs" in t for t in data["tasks"]):
+            # Only shell tasks with env or cwd look like an ai4s-jobq file; a workflow
+            # built in Python keeps dagq's rules (docs/architecture.md §5).
+            data["semantics"] = "dagq"
         return data
 
     def to_yaml(self) -> str:

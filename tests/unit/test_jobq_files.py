@@ -216,3 +216,14 @@ def test_message_ids_of_spaced_names_stay_unambiguous() -> None:
     assert keys.message_id("wf", keys.attempt_name("train model", item=2), 3) == (
         "wf/train model[2]/3"
     )
+
+
+def test_a_workflow_built_in_python_keeps_dagqs_rules_even_in_jobqs_form() -> None:
+    from dagq.builder import Workflow
+
+    flow = Workflow("py")
+    first = flow.shell("a", "true", env={"X": "1"})
+    flow.shell("b", "true", cwd="/tmp", depends_on=[first])
+    assert rule_set(flow.to_definition()).describe() == (
+        "dagq semantics: the workflow sets 'semantics: dagq'"
+    )
