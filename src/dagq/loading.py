@@ -324,6 +324,7 @@ def _convert_error(exc: msgspec.ValidationError, report: _Reporter) -> Validatio
 _CHOICES = {
     "dep_policy": "one of all, any, all_settled, or how many parents must complete",
     "result_policy": "one of all_sinks_succeed, all_tasks_succeed",
+    "semantics": "jobq (for ai4s-jobq's rules) or dagq",
 }
 
 _TYPE_WORDS = {

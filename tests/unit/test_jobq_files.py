@@ -93,7 +93,9 @@ def test_schema_line_is_accepted_in_json_and_yaml_and_in_dagqs_own_schema() -> N
 
 
 def test_semantics_accepts_only_jobq_or_dagq() -> None:
-    with pytest.raises(ValidationError, match="semantics"):
+    with pytest.raises(
+        ValidationError, match=r"semantics: Invalid enum value 'airflow' \(use jobq"
+    ):
         load_text("name: w\nsemantics: airflow\ntasks: [{name: a}]\n")
 
 
