@@ -262,7 +262,7 @@ def _check_shell_kwargs(kwargs: Mapping[str, Any], where: str) -> None:
                 f"got {kind_of(env)}"
             )
         for key in env:
-            if not key or "=" in key or "\x00" in key:
+            if not isinstance(key, str) or not key or "=" in key or "\x00" in key:
                 raise ValidationError(
                     f"{where}: kwargs.env: '{echo(str(key))}' is not an environment variable name"
                 )

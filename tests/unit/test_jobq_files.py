@@ -171,6 +171,7 @@ def test_extra_kwargs_of_a_shell_task_and_null_env_values_are_warnings() -> None
         ({"cmd": []}, "kwargs.cmd: an empty argument list runs nothing"),
         ({"cmd": "x", "env": ["A=1"]}, "kwargs.env: expected a mapping"),
         ({"cmd": "x", "env": {"A=B": "1"}}, "'A=B' is not an environment variable name"),
+        ({"cmd": "x", "env": {1: "1"}}, "'1' is not an environment variable name"),
         ({"cmd": "x", "cwd": 3}, "kwargs.cwd: expected a path"),
         ({"cmd": "x", "bg_dirsync_to": ""}, "kwargs.bg_dirsync_to: expected a path"),
     ],
