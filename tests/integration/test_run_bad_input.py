@@ -98,9 +98,9 @@ CASES = {
         "name: x\ntasks:\n  - {name: a, cmd: 'true', num_retries: many}\n",
         ("wf.yaml", "line 3", "'a'", "num_retries"),
     ),
-    "nothing-to-run": Case(
-        "name: x\ntasks:\n  - {name: a}\n",
-        ("wf.yaml", "task 'a'", "cmd"),
+    "command-not-text": Case(
+        "name: x\ntasks:\n  - {name: a, kwargs: {cmd: 5}}\n",
+        ("wf.yaml", "task 'a'", "kwargs.cmd"),
     ),
     "undeclared-param-in-cmd": Case(
         "name: x\ntasks:\n  - {name: a, cmd: 'echo {{ params.nope }}'}\n",
