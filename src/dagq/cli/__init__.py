@@ -40,8 +40,21 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dagq")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """dagq: durable workflows of tasks, from one laptop to a fleet."""
+    if ctx.invoked_subcommand == "config":  # it reads (or replaces) a broken file itself
+        return
+    from dagq import config
+    from dagq.cli.settings import default_map
+    from dagq.errors import DagqError
+
+    try:
+        overridden = config.load().overridden()
+    except DagqError as exc:
+        fail(str(exc))
+    if overridden:
+        ctx.default_map = default_map(main, overridden)
 
 
 @main.command()
@@ -605,3 +618,34 @@ def signal(*, workflow_id: str, name: str, data: str | None, store_url: str) -> 
     from dagq.cli.control import run_signal
 
     _exit(lambda: run_signal(store_url, workflow_id, name, data))
+
+
+@main.group(name="config")
+def config_group() -> None:
+    """The configuration file: store URL and defaults of run and worker."""
+
+
+@config_group.command("init")
+@click.option("--user", is_flag=True, help="Write the user's file, not ./dagq.yaml.")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+@click.option(
+    "--store",
+    "store_url",
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="The store URL to write into the file.",
+)
+def config_init(*, user: bool, force: bool, store_url: str) -> None:
+    """Write a commented configuration file with the store URL and the defaults."""
+    from dagq.cli.settings import run_init
+
+    _exit(lambda: run_init(user=user, force=force, store=store_url))
+
+
+@config_group.command("show")
+@json_option
+def config_show(*, as_json: bool) -> None:
+    """The effective settings and where each comes from (default, a file, env)."""
+    from dagq.cli.settings import run_show
+
+    _exit(lambda: run_show(as_json=as_json))
