@@ -95,7 +95,13 @@ class WorkflowDefinition:
         """YAML text that :meth:`from_yaml` loads back to an equal definition."""
         import yaml
 
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+        data = self.to_dict()
+        text: str = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+        # PyYAML writes a few line-break characters (NEL) in a form it reads back changed;
+        # escaped, every character survives.
+        if yaml.safe_load(text) != data:
+            text = yaml.safe_dump(data, sort_keys=False, allow_unicode=False)
+        return text
 
     # --- a value ------------------------------------------------------------------------
 
