@@ -371,14 +371,14 @@ class Client:
         from dagq.explanation import Facts, explain
 
         reason = await self._quarantine_reason(workflow_id)
-        _, plan, st = await load_run(self.store, workflow_id)
+        submitted, plan, st = await load_run(self.store, workflow_id)
         i = _task_index(plan, workflow_id, task)
         history = await read_history(self.store, workflow_id)
         facts = Facts(
             now=time.time(),
             quarantine=reason,
             coordinator=await self._coordinator_alive() if st.status in WORKFLOW_ACTIVE else None,
-            semantics=_semantics(plan),
+            semantics=_semantics(plan, submitted.definition),
             **await self._queue_facts(plan, st, i),
         )
         return explain(plan, st, history, i, facts)
@@ -726,10 +726,12 @@ def _check_state(state: str | None) -> None:
         raise UsageError(f"unknown task state {state!r} (known: {known})")
 
 
-def _semantics(plan: Plan) -> str | None:
-    """The rule set a plan runs under, if this version's plans say (issue 12)."""
-    value = getattr(plan, "semantics", None)
-    return value if isinstance(value, str) else None
+def _semantics(plan: Plan, definition: WorkflowDef) -> str:
+    """The rule set a run follows: "jobq" (ai4s-jobq semantics) or "dagq"."""
+    for value in (getattr(plan, "semantics", None), getattr(definition, "semantics", None)):
+        if value in ("jobq", "dagq"):
+            return str(value)
+    return "jobq" if any(task.spec.jobq for task in plan.tasks) else "dagq"
 
 
 def _carried(body: bytes) -> set[tuple[str, str, int]]:

@@ -48,7 +48,7 @@ class Facts:
     quarantine: str | None = None
     #: Whether a live coordinator holds the store's lease (None: not checked).
     coordinator: bool | None = None
-    #: The rule set the workflow runs under ("dagq" or "jobq"), when the plan says.
+    #: The rule set the workflow runs under: "dagq" or "jobq" (ai4s-jobq semantics).
     semantics: str | None = None
 
 
@@ -173,7 +173,7 @@ def explain(
         queue=ctx.task.queue,
         semantics=facts.semantics,
         error=st.errors.get(task),
-        dependencies=dependencies(plan, st, task),
+        dependencies=dependencies(plan, st, task, facts.semantics),
         condition=condition(ctx),
         retries=_retries(ctx),
         waiting_for=waits,
@@ -201,8 +201,10 @@ def _counts_as(status: TaskStatus) -> str:
     return "open"
 
 
-def dependencies(plan: Plan, st: RunState, i: int) -> Dependencies:
-    """The task's policy, its parents' standing, and whether they satisfy it."""
+def dependencies(plan: Plan, st: RunState, i: int, semantics: str | None = None) -> Dependencies:
+    """The task's policy, its parents' standing, and whether they satisfy it (under
+    ai4s-jobq semantics a skipped parent counts as done for every policy; under dagq's,
+    for ``all`` only)."""
     task = plan.tasks[i]
     parents = [
         Parent(
@@ -232,7 +234,7 @@ def dependencies(plan: Plan, st: RunState, i: int) -> Dependencies:
         policy=policy,
         parents=parents,
         satisfied=satisfied,
-        summary=_policy_summary(task, parents, satisfied),
+        summary=_policy_summary(task, parents, satisfied, semantics),
     )
 
 
@@ -243,8 +245,11 @@ def _tally(parents: list[Parent]) -> str:
     return ", ".join(f"{counts[k]} {words[k]}" for k in order if counts[k])
 
 
-def _policy_summary(task: PlanTask, parents: list[Parent], satisfied: bool | None) -> str:
+def _policy_summary(
+    task: PlanTask, parents: list[Parent], satisfied: bool | None, semantics: str | None
+) -> str:
     n = len(parents)
+    skipped_counts = semantics == "jobq" or task.policy == POLICY_ALL
     every = "its parent" if n == 1 else f"all {n} parents"
     need = {
         POLICY_ALL: f"{every} to succeed (completed or skipped)",
@@ -257,7 +262,8 @@ def _policy_summary(task: PlanTask, parents: list[Parent], satisfied: bool | Non
         shown = ", ".join(open_[:5]) + (f" and {len(open_) - 5} more" if len(open_) > 5 else "")
         return f"needs {need}; so far {tally}" + (f" (waiting for {shown})" if open_ else "")
     if satisfied:
-        by = [p.name for p in parents if p.counts_as in ("done", "skipped")]
+        counted = ("done", "skipped") if skipped_counts else ("done",)
+        by = [p.name for p in parents if p.counts_as in counted]
         shown = ", ".join(by[:5]) + (f" and {len(by) - 5} more" if len(by) > 5 else "")
         return f"needs {need}: satisfied by {shown or 'its parents'} ({tally})"
     return f"needs {need}: cannot be satisfied ({tally})"
@@ -359,7 +365,8 @@ def _waits(ctx: _Context) -> list[Wait]:
     if status is TaskStatus.PENDING and not ctx.task.parents:
         waits.append(Wait(kind="start", detail="the workflow has not been started yet"))
     elif status is TaskStatus.PENDING:
-        waits.append(Wait(kind="parents", detail=dependencies(ctx.plan, st, ctx.i).summary))
+        deps = dependencies(ctx.plan, st, ctx.i, facts.semantics)
+        waits.append(Wait(kind="parents", detail=deps.summary))
     elif status is TaskStatus.READY:
         waits += _ready_waits(ctx)
     elif status is TaskStatus.RUNNING:
