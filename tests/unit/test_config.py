@@ -124,3 +124,45 @@ def test_the_template_is_a_valid_file_of_the_defaults(tmp_path: Path) -> None:
     assert found.value("store") == "memory://"
     assert found.value("worker.queues") == ["default"]
     assert found.value("run.workers") == 4
+
+
+def test_settings_become_the_defaults_of_the_commands_that_take_them() -> None:
+    import click
+
+    from dagq.cli.settings import default_map
+
+    @click.group()
+    def main() -> None: ...
+
+    @main.command()
+    @click.option("--store", "store_url")
+    @click.option("--workers")
+    @click.option("--processor")
+    def run(**_: object) -> None: ...
+
+    @main.command()
+    @click.option("--store", "store_url")
+    @click.option("-q", "--queue", "queues", multiple=True)
+    def worker(**_: object) -> None: ...
+
+    @main.group()
+    def dlq() -> None: ...
+
+    @dlq.command("list")
+    @click.option("--store", "store_url")
+    def dlq_list(**_: object) -> None: ...
+
+    @main.command()
+    def validate() -> None: ...
+
+    overridden = {
+        "store": "memory://",
+        "run.processor": "pkg.mod:fn",
+        "worker.queues": ["cpu"],
+        "worker.concurrency": 3,  # no such option here: left out
+    }
+    assert default_map(main, overridden) == {
+        "run": {"store_url": "memory://", "processor": "pkg.mod:fn"},
+        "worker": {"store_url": "memory://", "queues": ["cpu"]},
+        "dlq": {"list": {"store_url": "memory://"}},
+    }

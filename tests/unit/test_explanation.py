@@ -50,6 +50,24 @@ def test_a_satisfied_policy_names_the_parents_that_satisfied_it() -> None:
     assert "satisfied by a, b" in found.dependencies.summary
 
 
+def test_under_jobq_semantics_a_skipped_parent_satisfies_any_policy() -> None:
+    sim = Sim(
+        [
+            {"name": "a"},
+            {"name": "b", "depends_on": ["a"], "condition": "inputs.a.ok"},
+            {"name": "c"},
+            {"name": "d", "depends_on": ["b", "c"], "dep_policy": "any"},
+        ]
+    )
+    sim.start()
+    sim.finish("a", output={"ok": False})
+    sim.finish("c")
+    assert "satisfied by c (" in why(sim, "d").dependencies.summary
+    jobq = why(sim, "d", semantics="jobq")
+    assert jobq.semantics == "jobq"
+    assert "satisfied by b, c (" in jobq.dependencies.summary
+
+
 def test_an_upstream_failed_task_says_its_policy_cannot_be_satisfied_and_by_whom() -> None:
     sim = Sim([{"name": "a"}, {"name": "b", "depends_on": ["a"]}])
     sim.start()

@@ -35,6 +35,7 @@ def explanation_view(found: Explanation) -> Group:
             (found.status, STYLES.get(found.status, "bold")),
             "  ",
             (f"workflow {found.workflow_id} ({found.workflow_status})", "dim"),
+            (f"  {found.semantics} semantics" if found.semantics else "", "dim"),
         ),
         Text(found.summary),
     ]
