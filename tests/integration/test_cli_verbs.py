@@ -225,7 +225,7 @@ def test_tasks_across_workflows_filter_by_prefix_queue_state_and_limit(
         ("across", "prep-2"),
     }
     assert len(cluster.json("tasks", "--queue", "gpu", "--limit", "2")) == 2
-    failed = cluster.json("tasks", "--state", "failed")
+    failed = cluster.json("tasks", "--status", "failed")  # ai4s-jobq's name for --state
     assert ("explained", "c") in {(t["workflow"], t["name"]) for t in failed}
     both = cluster.json("tasks", "across", finished_id, "--prefix", "a")
     assert {t["workflow"] for t in both} == {finished_id}

@@ -404,7 +404,7 @@ def list_(
 
 @main.command()
 @click.argument("workflow_ids", nargs=-1, metavar="[ID]...")
-@click.option("--state", default=None, help="Only tasks in this state.")
+@click.option("--state", "--status", "state", default=None, help="Only tasks in this state.")
 @click.option("--queue", default=None, help="Only tasks of this queue.")
 @click.option("--prefix", default=None, help="Only tasks whose name starts with this.")
 @click.option(
