@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from dagq.definition import WorkflowDef
     from dagq.loading import load_file
     from dagq.runners import TaskContext
+    from dagq.workflow_definition import WorkflowDefinition
 
 __all__ = [
     "Client",
@@ -26,6 +27,7 @@ __all__ = [
     "ValidationError",
     "Workflow",
     "WorkflowDef",
+    "WorkflowDefinition",
     "load_file",
 ]
 
@@ -36,6 +38,7 @@ _LAZY = {
     "WorkflowDef": "dagq.definition",
     "load_file": "dagq.loading",
     "TaskContext": "dagq.runners",
+    "WorkflowDefinition": "dagq.workflow_definition",
 }
 
 

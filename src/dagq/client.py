@@ -13,7 +13,7 @@ import functools
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -21,9 +21,10 @@ from dagq import dead_letters, keys, quarantine
 from dagq.builder import Workflow, load_python_file
 from dagq.dead_letters import DeadLetterInfo
 from dagq.definition import WorkflowDef
-from dagq.errors import DamagedData, UsageError
+from dagq.errors import DamagedData, UsageError, WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
 from dagq.loading import load_file
+from dagq.messages import decode_tasks
 from dagq.payloads import decode_json, echo
 from dagq.plan import Plan
 from dagq.quarantine import QuarantineInfo
@@ -47,10 +48,16 @@ from dagq.submission import (
     request_signal,
     submit,
 )
-from dagq.views import load_run
+from dagq.views import LayerSummary, layer_summary, load_run
+
+if TYPE_CHECKING:
+    from dagq.explanation import Explanation
 
 T = TypeVar("T")
 WORKFLOW_STATUSES = WORKFLOW_ACTIVE | WORKFLOW_TERMINAL | {QUARANTINED}
+#: How many workflows ``find_tasks`` looks through when no ids are given: the unfinished
+#: ones first, then the finished ones, newest first.
+SCAN_WORKFLOWS = 1000
 _UNDO_LABELS = {1: "queued", 2: "sent", 3: "done", 4: "failed"}
 _TERMINAL_LABELS = frozenset(s.label for s in TERMINAL)
 
@@ -114,6 +121,12 @@ class WorkflowSummary(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: float
     tenant: str
     error: str | None
+
+
+class WorkflowTask(TaskInfo, frozen=True, kw_only=True):
+    """A task found across workflows: a :class:`TaskInfo` with its workflow's id."""
+
+    workflow: str
 
 
 class Submission(msgspec.Struct, frozen=True, kw_only=True):
@@ -283,12 +296,125 @@ class Client:
 
     async def tasks(self, workflow_id: str, *, state: str | None = None) -> builtins.list[TaskInfo]:
         """Every task of a run (or those in one state)."""
-        if state is not None and state.upper() not in TaskStatus.__members__:
-            known = ", ".join(s.label for s in TaskStatus)
-            raise UsageError(f"unknown task state {state!r} (known: {known})")
+        _check_state(state)
         _, plan, st = await load_run(self.store, workflow_id)
         infos = [task_info(plan, st, i) for i in range(st.n_tasks)]
         return [t for t in infos if state is None or t.status == state]
+
+    async def find_tasks(
+        self,
+        workflow_ids: builtins.list[str] | None = None,
+        *,
+        state: str | None = None,
+        queue: str | None = None,
+        prefix: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[WorkflowTask]:
+        """Tasks across workflows, filtered by state, queue and name prefix; at most
+        ``limit`` (0: no limit).
+
+        Without ``workflow_ids``, the workflows of the index are looked through, the
+        unfinished ones first, then the finished ones, each newest first, at most
+        :data:`SCAN_WORKFLOWS` of them; a workflow whose state cannot be read is passed
+        over.
+        """
+        _check_state(state)
+        found: builtins.list[WorkflowTask] = []
+        explicit = workflow_ids is not None
+        ids = workflow_ids if explicit else await self._scan_ids()
+        for workflow_id in ids or []:
+            try:
+                _, plan, st = await load_run(self.store, workflow_id)
+            except (DamagedData, WorkflowNotFound):
+                if explicit:
+                    raise
+                continue
+            if queue is not None and queue not in plan.queues:
+                continue
+            for i, task in enumerate(plan.tasks):
+                if prefix is not None and not task.name.startswith(prefix):
+                    continue
+                if queue is not None and task.queue != queue:
+                    continue
+                if state is not None and TaskStatus(st.task_status[i]).label != state:
+                    continue
+                info = task_info(plan, st, i)
+                found.append(WorkflowTask(workflow=workflow_id, **msgspec.structs.asdict(info)))
+                if limit and len(found) >= limit:
+                    return found
+        return found
+
+    async def _scan_ids(self) -> builtins.list[str]:
+        """Unfinished workflows first, then finished ones, newest first; a bounded few."""
+        ids: builtins.list[str] = []
+        for statuses in (sorted(WORKFLOW_ACTIVE | {QUARANTINED}), sorted(WORKFLOW_TERMINAL)):
+            cursor: str | None = None
+            while len(ids) < SCAN_WORKFLOWS:
+                page = await self.store.index.query(
+                    status=statuses, limit=min(500, SCAN_WORKFLOWS - len(ids)), cursor=cursor
+                )
+                ids += [row.id for row in page.rows]
+                cursor = page.cursor
+                if cursor is None:
+                    break
+        return ids
+
+    async def summary(self, workflow_id: str) -> LayerSummary:
+        """A run's progress per layer of its DAG (the depth of a task: the longest path
+        from a root to it), with counts per task state."""
+        submitted, plan, st = await load_run(self.store, workflow_id)
+        return layer_summary(submitted.definition.name, plan, st)
+
+    async def explain(self, workflow_id: str, task: str) -> Explanation:
+        """Why a task is in its state: its dependency policy and parents, its condition,
+        its retries and their reasons, and what it waits for now."""
+        from dagq.explanation import Facts, explain
+
+        reason = await self._quarantine_reason(workflow_id)
+        submitted, plan, st = await load_run(self.store, workflow_id)
+        i = _task_index(plan, workflow_id, task)
+        history = await read_history(self.store, workflow_id)
+        facts = Facts(
+            now=time.time(),
+            quarantine=reason,
+            coordinator=await self._coordinator_alive() if st.status in WORKFLOW_ACTIVE else None,
+            semantics=_semantics(plan, submitted.definition),
+            **await self._queue_facts(plan, st, i),
+        )
+        return explain(plan, st, history, i, facts)
+
+    async def _quarantine_reason(self, workflow_id: str) -> str | None:
+        try:
+            held = await quarantine.read(self.store, workflow_id)
+        except DamagedData as exc:
+            return str(exc)
+        if held is None or held[0].released_at is not None:
+            return None
+        return held[0].reason
+
+    async def _coordinator_alive(self) -> bool:
+        from dagq.leasing import holder_is_dead_here
+
+        lease = await self.store.leases.get(keys.COORDINATOR_LEASE)
+        return lease is not None and not holder_is_dead_here(lease.owner)
+
+    async def _queue_facts(self, plan: Plan, st: RunState, i: int) -> dict[str, Any]:
+        """The depth of a sent task's queue and the dead letter of its attempt, if any."""
+        from dagq.explanation import QueueFacts
+
+        sent = st.task_status[i] == TaskStatus.READY and st.dispatched_at[i] != UNSET
+        if not sent:
+            return {}
+        name = plan.tasks[i].queue
+        depth = await self.store.queues.depth(name)
+        facts: dict[str, Any] = {
+            "queue": QueueFacts(name, depth.visible, depth.invisible, depth.oldest_age_s)
+        }
+        wanted = (st.workflow_id, plan.tasks[i].name, st.attempt[i])
+        for letter in await self.store.queues.dead_letters(name, limit=1000):
+            if wanted in _carried(letter.body):
+                facts["dead_letter"] = (letter.key, letter.reason)
+        return facts
 
     async def output(self, workflow_id: str, task: str) -> Any:
         """The output of a completed task (fetched from its document if stored by reference)."""
@@ -592,6 +718,28 @@ def _variant_attempt(st: RunState, i: int, task: str, *, item: int, undo: bool) 
     if item >= group.n:
         raise UsageError(f"task '{echo(task)}' has {group.n} items; there is no item {item}")
     return max(group.attempt[item], 1)
+
+
+def _check_state(state: str | None) -> None:
+    if state is not None and state.upper() not in TaskStatus.__members__:
+        known = ", ".join(s.label for s in TaskStatus)
+        raise UsageError(f"unknown task state {state!r} (known: {known})")
+
+
+def _semantics(plan: Plan, definition: WorkflowDef) -> str:
+    """The rule set a run follows: "jobq" (ai4s-jobq semantics) or "dagq"."""
+    for value in (getattr(plan, "semantics", None), getattr(definition, "semantics", None)):
+        if value in ("jobq", "dagq"):
+            return str(value)
+    return "jobq" if any(task.spec.jobq for task in plan.tasks) else "dagq"
+
+
+def _carried(body: bytes) -> set[tuple[str, str, int]]:
+    """(workflow, task, attempt) of each task a dead task message carried."""
+    try:
+        return {(t.workflow_id, t.name, t.attempt) for t in decode_tasks(body) if t.item_index < 0}
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return set()
 
 
 def _task_index(plan: Plan, workflow_id: str, task: str) -> int:

@@ -136,3 +136,79 @@ async def load_view(store: Store, workflow_id: str) -> RunView:
 def to_json(view: RunView) -> bytes:
     """A stable JSON form of a view, for ``--json`` output."""
     return msgspec.json.encode(view)
+
+
+# --- progress per layer -----------------------------------------------------------------
+
+
+class Layer(msgspec.Struct, frozen=True, kw_only=True):
+    """The tasks at one depth of the DAG (longest path from a root; roots are layer 0)."""
+
+    layer: int
+    total: int
+    done: int
+    counts: dict[str, int]
+    #: The first few task names of the layer, to tell layers apart.
+    tasks: list[str]
+
+
+class LayerSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """A run's progress layer by layer (``dagq summary --json``)."""
+
+    id: str
+    name: str
+    status: str
+    total: int
+    done: int
+    layers: list[Layer]
+
+
+#: How many task names a layer shows.
+LAYER_NAMES_SHOWN = 5
+
+
+def depths(plan: Plan) -> list[int]:
+    """Each task's layer: the length of the longest path from a root to it."""
+    depth = [0] * len(plan.tasks)
+    waiting = [len(t.parents) for t in plan.tasks]
+    ready = [t.index for t in plan.tasks if not t.parents]
+    while ready:
+        i = ready.pop()
+        for child in plan.tasks[i].children:
+            depth[child] = max(depth[child], depth[i] + 1)
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                ready.append(child)
+    return depth
+
+
+def layer_summary(name: str, plan: Plan, st: RunState) -> LayerSummary:
+    """Counts per task state for every layer of the run."""
+    depth = depths(plan)
+    n_layers = max(depth, default=-1) + 1
+    counts: list[Counter[str]] = [Counter() for _ in range(n_layers)]
+    names: list[list[str]] = [[] for _ in range(n_layers)]
+    labels = [s.label for s in TaskStatus]
+    for i, code in enumerate(st.task_status):
+        counts[depth[i]][labels[code]] += 1
+        if len(names[depth[i]]) < LAYER_NAMES_SHOWN:
+            names[depth[i]].append(plan.tasks[i].name)
+    terminal = {s.label for s in TERMINAL}
+    layers = [
+        Layer(
+            layer=k,
+            total=sum(counts[k].values()),
+            done=sum(n for label, n in counts[k].items() if label in terminal),
+            counts=dict(sorted(counts[k].items(), key=lambda kv: labels.index(kv[0]))),
+            tasks=names[k],
+        )
+        for k in range(n_layers)
+    ]
+    return LayerSummary(
+        id=st.workflow_id,
+        name=name,
+        status=st.status,
+        total=st.n_tasks,
+        done=st.n_terminal,
+        layers=layers,
+    )

@@ -63,6 +63,8 @@ STORE_COMMANDS = frozenset(
         "signal",
         "purge",
         "quarantine",
+        "explain",
+        "summary",
     }
 )
 
@@ -78,6 +80,14 @@ _SCRUBBED = (
     "COLUMNS",
     "LINES",
     "JUPYTER_COLUMNS",
+    # A configuration of the user's or the machine's must not change what tests run.
+    "DAGQ_CONFIG",
+    "DAGQ_RUN_WORKERS",
+    "DAGQ_RUN_PROCESSOR",
+    "DAGQ_WORKER_CONCURRENCY",
+    "DAGQ_WORKER_QUEUES",
+    "DAGQ_WORKER_IMPORT_PATHS",
+    "DAGQ_WORKER_PROCESSOR",
 )
 
 
@@ -240,6 +250,7 @@ class DagqCli:
         self.env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
         self.env["COLUMNS"] = "200"
         self.env["PYTHONUNBUFFERED"] = "1"
+        self.env["XDG_CONFIG_HOME"] = str(workdir / ".config")
         self.processes: list[Started] = []
         self._outputs = 0
 

@@ -40,8 +40,21 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dagq")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """dagq: durable workflows of tasks, from one laptop to a fleet."""
+    if ctx.invoked_subcommand == "config":  # it reads (or replaces) a broken file itself
+        return
+    from dagq import config
+    from dagq.cli.settings import default_map
+    from dagq.errors import DagqError
+
+    try:
+        overridden = config.load().overridden()
+    except DagqError as exc:
+        fail(str(exc))
+    if overridden:
+        ctx.default_map = default_map(main, overridden)
 
 
 @main.command()
@@ -265,25 +278,37 @@ def worker(
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
 @click.option(
     "-p",
     "--param",
     "params",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Override a param (repeatable).",
+    help="Override a param (repeatable; for every file).",
 )
-@click.option("--id", "workflow_id", default=None, help="Name the workflow (idempotent).")
+@click.option(
+    "--id", "workflow_id", default=None, help="Name the workflow (idempotent; one FILE only)."
+)
 @store_option
 @json_option
 def submit(
-    *, file: Path, params: tuple[str, ...], workflow_id: str | None, store_url: str, as_json: bool
+    *,
+    files: tuple[str, ...],
+    params: tuple[str, ...],
+    workflow_id: str | None,
+    store_url: str,
+    as_json: bool,
 ) -> None:
-    """Submit a workflow FILE to the store's coordinator; prints its id."""
-    from dagq.cli.control import run_submit
+    """Submit workflow FILEs to the store's coordinator; prints each id.
 
-    _exit(lambda: run_submit(store_url, file, params, workflow_id=workflow_id, as_json=as_json))
+    FILE '-' reads the paths of the files from standard input, one per line.
+    """
+    from dagq.cli.control import run_submit_many
+
+    _exit(
+        lambda: run_submit_many(store_url, files, params, workflow_id=workflow_id, as_json=as_json)
+    )
 
 
 @main.command()
@@ -313,42 +338,108 @@ def retry(*, workflow_id: str, tasks: tuple[str, ...], store_url: str) -> None:
 @main.command()
 @click.argument("workflow_id")
 @click.option("--watch", is_flag=True, help="Refresh until it ends; exit with its code.")
+@click.option("--by-layer", is_flag=True, help="Progress per layer of the DAG (dagq summary).")
 @store_option
 @json_option
-def status(*, workflow_id: str, watch: bool, store_url: str, as_json: bool) -> None:
+def status(*, workflow_id: str, watch: bool, by_layer: bool, store_url: str, as_json: bool) -> None:
     """State, counts, progress, rate, ETA and failed tasks of a workflow."""
     from dagq.cli.inspect import run_status
 
+    if by_layer:
+        if watch:
+            fail("--by-layer and --watch cannot be combined")
+        summary_command(workflow_id, store_url, as_json)
     _exit(lambda: run_status(store_url, workflow_id, watch=watch, as_json=as_json))
+
+
+@main.command()
+@click.argument("workflow_id")
+@store_option
+@json_option
+def summary(*, workflow_id: str, store_url: str, as_json: bool) -> None:
+    """Progress per layer of the DAG (depth: the longest path from a root)."""
+    summary_command(workflow_id, store_url, as_json)
+
+
+def summary_command(workflow_id: str, store_url: str, as_json: bool) -> NoReturn:
+    """``dagq summary`` (also ``dagq status --by-layer``)."""
+    from dagq.cli.explain import run_summary
+
+    _exit(lambda: run_summary(store_url, workflow_id, as_json=as_json))
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.argument("task")
+@store_option
+@json_option
+def explain(*, workflow_id: str, task: str, store_url: str, as_json: bool) -> None:
+    """Why TASK is in its state: policy, parents, condition, retries, what it waits for."""
+    from dagq.cli.explain import run_explain
+
+    _exit(lambda: run_explain(store_url, workflow_id, task, as_json=as_json))
 
 
 @main.command(name="list")
 @click.option("--status", "status_filter", default=None, help="Only workflows in this state.")
 @click.option("--name", default=None, help="Only workflows with this name.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
+@click.option(
+    "--recent",
+    type=click.IntRange(1, 100_000),
+    default=None,
+    metavar="N",
+    help="The N newest (the same as --limit N).",
+)
 @store_option
 @json_option
 def list_(
-    *, status_filter: str | None, name: str | None, limit: int, store_url: str, as_json: bool
+    *,
+    status_filter: str | None,
+    name: str | None,
+    limit: int,
+    recent: int | None,
+    store_url: str,
+    as_json: bool,
 ) -> None:
     """Workflows, newest first."""
     from dagq.cli.inspect import run_list
 
+    limit = recent if recent is not None else limit
     _exit(
         lambda: run_list(store_url, status=status_filter, name=name, limit=limit, as_json=as_json)
     )
 
 
 @main.command()
-@click.argument("workflow_id")
-@click.option("--state", default=None, help="Only tasks in this state.")
+@click.argument("workflow_ids", nargs=-1, metavar="[ID]...")
+@click.option("--state", "--status", "state", default=None, help="Only tasks in this state.")
+@click.option("--queue", default=None, help="Only tasks of this queue.")
+@click.option("--prefix", default=None, help="Only tasks whose name starts with this.")
+@click.option(
+    "--limit",
+    type=click.IntRange(0),
+    default=None,
+    help="At most this many tasks, 0 for all (default: all of the IDs given; 100 without).",
+)
 @store_option
 @json_option
-def tasks(*, workflow_id: str, state: str | None, store_url: str, as_json: bool) -> None:
-    """Every task of a workflow: state, attempt, queue, timing, error."""
-    from dagq.cli.inspect import run_tasks
+def tasks(
+    *,
+    workflow_ids: tuple[str, ...],
+    state: str | None,
+    queue: str | None,
+    prefix: str | None,
+    limit: int | None,
+    store_url: str,
+    as_json: bool,
+) -> None:
+    """Tasks of workflows (of every recent one without ID): state, attempt, queue, timing,
+    error."""
+    from dagq.cli.inspect import TaskFilter, run_tasks
 
-    _exit(lambda: run_tasks(store_url, workflow_id, state=state, as_json=as_json))
+    wanted = TaskFilter(state=state, queue=queue, prefix=prefix, limit=limit)
+    _exit(lambda: run_tasks(store_url, list(workflow_ids), wanted, as_json=as_json))
 
 
 @main.command()
@@ -536,3 +627,34 @@ def signal(*, workflow_id: str, name: str, data: str | None, store_url: str) -> 
     from dagq.cli.control import run_signal
 
     _exit(lambda: run_signal(store_url, workflow_id, name, data))
+
+
+@main.group(name="config")
+def config_group() -> None:
+    """The configuration file: store URL and defaults of run and worker."""
+
+
+@config_group.command("init")
+@click.option("--user", is_flag=True, help="Write the user's file, not ./dagq.yaml.")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+@click.option(
+    "--store",
+    "store_url",
+    default=DEFAULT_STORE,
+    show_default=True,
+    help="The store URL to write into the file.",
+)
+def config_init(*, user: bool, force: bool, store_url: str) -> None:
+    """Write a commented configuration file with the store URL and the defaults."""
+    from dagq.cli.settings import run_init
+
+    _exit(lambda: run_init(user=user, force=force, store=store_url))
+
+
+@config_group.command("show")
+@json_option
+def config_show(*, as_json: bool) -> None:
+    """The effective settings and where each comes from (default, a file, env)."""
+    from dagq.cli.settings import run_show
+
+    _exit(lambda: run_show(as_json=as_json))

@@ -6,12 +6,14 @@ import json
 import sys
 from pathlib import Path
 
+import msgspec
+
 from dagq import graph
-from dagq.cli.inspect import EXIT_OK, console, print_json, with_client
+from dagq.cli.inspect import EXIT_OK, EXIT_USAGE, console, print_json, with_client
 from dagq.cli.run import load_definition
 from dagq.client import Client
 from dagq.definition import WorkflowDef, rule_set
-from dagq.errors import PayloadTooLarge, UsageError
+from dagq.errors import DagqError, PayloadTooLarge, UsageError
 from dagq.payloads import MAX_DEPTH
 from dagq.plan import parse_param
 from dagq.state import TaskStatus
@@ -35,6 +37,77 @@ def run_submit(
     else:
         print(submission.id)
     return EXIT_OK
+
+
+class FileSubmission(msgspec.Struct, frozen=True, kw_only=True):
+    """One file of a ``dagq submit`` of several: its id, or why it was not submitted."""
+
+    file: str
+    id: str | None
+    created: bool
+    error: str | None
+
+
+def run_submit_many(
+    store_url: str,
+    files: tuple[str, ...],
+    params: tuple[str, ...],
+    *,
+    workflow_id: str | None,
+    as_json: bool,
+) -> int:
+    """``dagq submit FILE...``: each file in turn, with its own id; '-' reads paths from
+    standard input. One file given by name keeps the single-file output."""
+    if len(files) == 1 and files[0] != "-":
+        return run_submit(
+            store_url, Path(files[0]), params, workflow_id=workflow_id, as_json=as_json
+        )
+    paths = [path for name in files for path in (_stdin_paths() if name == "-" else [name])]
+    if not paths:
+        raise UsageError("no workflow file given (standard input held no paths)")
+    if workflow_id is not None and len(paths) > 1:
+        raise UsageError(f"--id names one workflow, but {len(paths)} files were given")
+    overrides = dict(parse_param(p) for p in params)
+
+    async def body(client: Client) -> list[FileSubmission]:
+        results = []
+        for path in paths:
+            result = await _submit_one(client, path, overrides, workflow_id)
+            if not as_json:
+                _report(result)
+            results.append(result)
+        return results
+
+    results = with_client(store_url, body, create=True)
+    if as_json:
+        print_json(results)
+    return EXIT_USAGE if any(r.error is not None for r in results) else EXIT_OK
+
+
+def _stdin_paths() -> list[str]:
+    """The file paths on standard input, one per line (blank lines skipped)."""
+    return [line.strip() for line in sys.stdin if line.strip()]
+
+
+async def _submit_one(
+    client: Client, path: str, overrides: dict[str, object], workflow_id: str | None
+) -> FileSubmission:
+    try:
+        definition = load_definition(Path(path))
+        submission = await client.submit(definition, params=overrides, workflow_id=workflow_id)
+    except DagqError as exc:
+        message = str(exc)
+        if not message.startswith(path):
+            message = f"{path}: {message}"
+        return FileSubmission(file=path, id=None, created=False, error=message)
+    return FileSubmission(file=path, id=submission.id, created=submission.created, error=None)
+
+
+def _report(result: FileSubmission) -> None:
+    if result.error is not None:
+        print(f"error: {result.error}", file=sys.stderr, flush=True)
+    else:
+        print(f"{result.id} {result.file}", flush=True)
 
 
 def run_cancel(store_url: str, workflow_id: str) -> int:

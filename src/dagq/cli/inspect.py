@@ -10,6 +10,7 @@ import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -20,7 +21,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from dagq.cli.display import STYLES, counts_text, duration, first_line, progress_lines
-from dagq.client import Client, WorkflowStatus
+from dagq.client import Client, TaskInfo, WorkflowStatus, WorkflowTask
 from dagq.errors import DagqError
 
 T = TypeVar("T")
@@ -176,15 +177,52 @@ def run_list(
     return EXIT_OK
 
 
-def run_tasks(store_url: str, workflow_id: str, *, state: str | None, as_json: bool) -> int:
-    """``dagq tasks``: every task of a run with its state, attempt, timing and error."""
-    tasks = with_client(store_url, lambda c: c.tasks(workflow_id, state=state))
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    """Which tasks ``dagq tasks`` shows."""
+
+    state: str | None = None
+    queue: str | None = None
+    prefix: str | None = None
+    #: At most this many (0: all); None: all of the workflows named, 100 across workflows.
+    limit: int | None = None
+
+
+#: How many tasks ``dagq tasks`` shows across workflows unless told otherwise.
+ACROSS_LIMIT = 100
+
+
+def run_tasks(store_url: str, workflow_ids: list[str], wanted: TaskFilter, *, as_json: bool) -> int:
+    """``dagq tasks``: tasks of one run, of several, or of the recent ones (no id)."""
+    if len(workflow_ids) == 1:
+        tasks: list[TaskInfo] = with_client(
+            store_url, lambda c: _tasks_of_one(c, workflow_ids[0], wanted)
+        )
+    else:
+        limit = wanted.limit
+        if limit is None:
+            limit = 0 if workflow_ids else ACROSS_LIMIT
+        found = with_client(
+            store_url,
+            lambda c: c.find_tasks(
+                workflow_ids or None,
+                state=wanted.state,
+                queue=wanted.queue,
+                prefix=wanted.prefix,
+                limit=limit,
+            ),
+        )
+        tasks = list(found)
     if as_json:
         print_json(tasks)
         return EXIT_OK
-    table = Table("task", "state", "attempt", "queue", "started", "duration", "error")
+    across = len(workflow_ids) != 1
+    table = Table(*(["workflow"] if across else []), "task", "state", "attempt", "queue")
+    for column in ("started", "duration", "error"):
+        table.add_column(column)
     for task in tasks:
         table.add_row(
+            *([task.workflow] if isinstance(task, WorkflowTask) else []),
             task.name,
             Text(task.status, style=STYLES.get(task.status, "")),
             str(task.attempt),
@@ -193,8 +231,20 @@ def run_tasks(store_url: str, workflow_id: str, *, state: str | None, as_json: b
             duration(task.duration_s),
             _cut(task.error),
         )
-    console().print(table)
+    console().print(table if tasks or not across else "no tasks found")
     return EXIT_OK
+
+
+async def _tasks_of_one(client: Client, workflow_id: str, wanted: TaskFilter) -> list[TaskInfo]:
+    """The tasks of one run, as ``Client.tasks`` gives them (no workflow column)."""
+    found = await client.tasks(workflow_id, state=wanted.state)
+    found = [
+        t
+        for t in found
+        if (wanted.queue is None or t.queue == wanted.queue)
+        and (wanted.prefix is None or t.name.startswith(wanted.prefix))
+    ]
+    return found[: wanted.limit] if wanted.limit else found
 
 
 def run_output(store_url: str, workflow_id: str, task: str) -> int:
