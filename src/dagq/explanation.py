@@ -279,9 +279,12 @@ def condition_record(events: list[HistoryEntry]) -> HistoryEntry | None:
     ``condition``, or one whose detail speaks of the condition (a skip because it is
     false, a failure or a skip because it could not be evaluated).
     """
+    recorded = [e for e in events if e.kind == "condition"]
+    if recorded:
+        return recorded[-1]
     found = None
     for entry in events:
-        if entry.kind == "condition" or (entry.detail is not None and "condition" in entry.detail):
+        if entry.detail is not None and "condition" in entry.detail:
             found = entry
     return found
 
@@ -292,15 +295,7 @@ def condition(ctx: _Context) -> Condition | None:
     if expr is None:
         return None
     record = condition_record(ctx.events)
-    result: str | None = None
-    if record is not None:
-        text = (record.detail or "").lower()
-        if "could not" in text or "error" in text or "cannot" in text:
-            result = "error"
-        elif record.kind == "skipped" or "false" in text:
-            result = "false"
-        elif "true" in text:
-            result = "true"
+    result = _condition_result(record, expr.text) if record is not None else None
     if result is None and ctx.st.attempt[ctx.i] > 0:
         result = "true"  # it was evaluated and let the task start
     return Condition(
@@ -309,6 +304,25 @@ def condition(ctx: _Context) -> Condition | None:
         detail=record.detail if record is not None else None,
         evaluated_at=record.at if record is not None else None,
     )
+
+
+def _condition_result(record: HistoryEntry, text: str) -> str | None:
+    """What a recorded evaluation concluded. The coordinator writes ``'EXPR' is
+    true|false; it read ...`` or ``error: WHY; it read ...`` (``transitions.evaluate``);
+    the values read may themselves contain 'true' or 'false', so only the head counts."""
+    detail = record.detail or ""
+    if record.kind == "condition":
+        if detail.startswith("error:"):
+            return "error"
+        head = f"{text!r} is "
+        if detail.startswith(head):
+            verdict = detail[len(head) :].split(";", 1)[0].strip()
+            return verdict if verdict in ("true", "false") else None
+        return None
+    lowered = detail.lower()
+    if "could not" in lowered or "cannot" in lowered:
+        return "error"
+    return "false" if record.kind == "skipped" else None
 
 
 # --- retries ----------------------------------------------------------------------------

@@ -91,7 +91,10 @@ def test_a_false_condition_is_shown_with_its_expression_and_recorded_result() ->
     assert found.condition is not None
     assert found.condition.expression == "inputs.a.score > 0.5"
     assert found.condition.result == "false"
-    assert found.condition.detail == "condition is false"
+    assert (
+        found.condition.detail
+        == "'inputs.a.score > 0.5' is false; it read inputs.a = {'score': 0.1}"
+    )
     assert found.summary == "skipped: condition is false"
 
 
@@ -110,7 +113,9 @@ def test_a_condition_that_cannot_be_evaluated_is_an_error_with_its_message() -> 
     found = why(sim, "b")
     assert found.condition is not None
     assert found.condition.result == "error"
-    assert found.condition.detail is not None and "could not be evaluated" in found.condition.detail
+    assert found.condition.detail is not None
+    assert found.condition.detail.startswith("error: cannot compare string > int")
+    assert "it read inputs.a = {'n': 'fast'}" in found.condition.detail
 
 
 def test_the_condition_record_is_read_from_a_condition_entry_when_the_history_has_one() -> None:
@@ -263,3 +268,24 @@ def test_layers_are_the_longest_path_from_a_root() -> None:
     ]
     assert summary.layers[0].counts == {"ready": 1, "completed": 1}
     assert summary.layers[0].tasks == ["a", "d"]
+
+
+def test_a_recorded_evaluation_is_read_by_its_head_not_by_the_values_it_read() -> None:
+    from dagq.explanation import _condition_result
+    from dagq.history import HistoryEntry
+
+    def record(detail: str) -> HistoryEntry:
+        return HistoryEntry(at=1.0, kind="condition", task="b", attempt=0, detail=detail)
+
+    expr = "inputs.a.ok"
+    assert (
+        _condition_result(record("'inputs.a.ok' is true; it read inputs.a = {\"ok\": false}"), expr)
+        == "true"
+    )
+    assert (
+        _condition_result(record("'inputs.a.ok' is false; it read inputs.a = {\"ok\": true}"), expr)
+        == "false"
+    )
+    assert (
+        _condition_result(record("error: no field 'ok'; it read inputs.a = null"), expr) == "error"
+    )
