@@ -500,3 +500,38 @@ async def test_a_dirsync_failure_is_a_warning_in_the_log_not_a_failure(tmp_path:
     )
     assert outcome.ok, outcome.error
     assert b"--- warnings ---" in outcome.log and b"bg_dirsync_to" in outcome.log
+
+
+async def test_dirsync_copies_to_an_azure_blob_prefix(
+    azurite: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from azure.storage.blob import ContainerClient
+
+    from dagq.stores.azure_auth import AZURITE_KEY, resolve_auth
+    from tests.conftest import azure_prefix
+
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    container = azure_prefix()
+    cmd = 'mkdir -p "$AMLT_DIRSYNC_DIR/ckpt" && echo 7 > "$AMLT_DIRSYNC_DIR/ckpt/step.txt"'
+    outcome = await shell(
+        cmd, tmp_path, dirsync_to=f"azure://devstoreaccount1/{container}/runs/first"
+    )
+    assert outcome.ok, outcome.error
+    assert b"--- warnings ---" not in outcome.log, outcome.log
+    endpoint = resolve_auth("devstoreaccount1", {}).endpoints.blob
+    client = ContainerClient(
+        endpoint,
+        container,
+        credential={"account_name": "devstoreaccount1", "account_key": AZURITE_KEY},
+    )
+    with client:
+        names = [b.name for b in client.list_blobs()]
+        data = client.download_blob("runs/first/ckpt/step.txt").readall()
+        client.delete_container()
+    assert (names, data) == (["runs/first/ckpt/step.txt"], b"7\n")
+
+
+async def test_a_malformed_azure_target_is_a_warning(tmp_path: Path) -> None:
+    outcome = await shell("true", tmp_path, dirsync_to="azure://devstoreaccount1")
+    assert outcome.ok
+    assert b"write azure://ACCOUNT/CONTAINER" in outcome.log

@@ -2,9 +2,12 @@
 
 Every ``AMLT_DIRSYNC_FREQ`` seconds (from the task's env; 30 by default), and once
 when the task ends, files that are new or changed since the last copy (by size and
-modification time) are copied to the target directory; nothing is ever deleted
-there. The copying happens in a thread, never on the event loop. A copy that fails
-is a warning in the task's log, never the task's failure.
+modification time) are copied to the target; nothing is ever deleted there. The
+target is a directory, or ``azure://ACCOUNT/CONTAINER[/PREFIX]``: blobs named
+``PREFIX/<relative path>``, signed in as dagq's azure store signs in to that account
+(the container is created if missing; the azure extra must be installed). The
+copying happens in a thread, never on the event loop. A copy that fails is a warning
+in the task's log, never the task's failure.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import os
 import shutil
 import threading
 from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 log = logging.getLogger("dagq.worker")
 
@@ -56,14 +61,17 @@ class DirSync:
         #: One copy at a time: the final copy waits for one still in its thread.
         self._lock = threading.Lock()
         self._loop: asyncio.Task[None] | None = None
+        self._destination: _Destination | None = None
 
     def start(self) -> None:
         """Begin copying every ``every_s`` seconds."""
-        if self.target.startswith("azure://"):
-            self._warn(
-                f"bg_dirsync_to {self.target!r}: azure:// targets are not supported by this "
-                "worker; nothing is copied (use a directory, e.g. a mounted container)"
-            )
+        try:
+            if self.target.startswith("azure://"):
+                self._destination = _Blobs(self.target)
+            else:
+                self._destination = _Directory(self.target)
+        except ValueError as exc:
+            self._warn(f"bg_dirsync_to {self.target!r}: {exc}; nothing is copied")
             return
         self._loop = asyncio.create_task(self._every(), name=f"dagq-dirsync-{self.task}")
 
@@ -76,7 +84,14 @@ class DirSync:
             await self._loop
         if final:
             await self._copy()
+        destination = self._destination
+        if destination is not None:
+            await asyncio.to_thread(self._close, destination)
         return self.warnings
+
+    def _close(self, destination: _Destination) -> None:
+        with self._lock:
+            destination.close()
 
     async def _every(self) -> None:
         while True:
@@ -97,12 +112,13 @@ class DirSync:
     def _copy_changed(self) -> tuple[int, list[str]]:
         """Copy new and changed files; how many, and what failed (a few, said once)."""
         with self._lock:
-            target = os.path.realpath(self.target)
-            os.makedirs(target, exist_ok=True)
+            destination = self._destination
+            assert destination is not None
+            destination.open()
             copied, failures = 0, []
             for folder, dirs, files in os.walk(self.source):
                 # A target inside the source is not copied into itself.
-                dirs[:] = [d for d in dirs if os.path.realpath(os.path.join(folder, d)) != target]
+                dirs[:] = [d for d in dirs if not destination.holds(os.path.join(folder, d))]
                 relative = os.path.relpath(folder, self.source)
                 for name in files:
                     path = os.path.join(folder, name)
@@ -112,13 +128,11 @@ class DirSync:
                         stamp = (info.st_size, info.st_mtime_ns)
                         if self._copied.get(key) == stamp:
                             continue
-                        destination = Path(target, key)
-                        destination.parent.mkdir(parents=True, exist_ok=True)
-                        shutil.copy2(path, destination)
+                        destination.put(key, path)
                     except FileNotFoundError:
                         continue  # gone since it was listed: nothing to copy
-                    except OSError as exc:
-                        failures.append(f"cannot copy {key}: {exc}")
+                    except Exception as exc:  # an OS or a storage error: said, and tried again
+                        failures.append(f"cannot copy {key}: {type(exc).__name__}: {exc}")
                         continue
                     self._copied[key] = stamp
                     copied += 1
@@ -128,3 +142,90 @@ class DirSync:
         if len(self.warnings) < MAX_WARNINGS and text not in self.warnings:
             log.warning("task %s: %s", self.task, text)
             self.warnings.append(text)
+
+
+class _Destination(Protocol):
+    def open(self) -> None: ...
+    def holds(self, folder: str) -> bool: ...
+    def put(self, key: str, path: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class _Directory:
+    """A directory (created if missing)."""
+
+    def __init__(self, target: str) -> None:
+        self.root = os.path.realpath(target)
+
+    def open(self) -> None:
+        os.makedirs(self.root, exist_ok=True)
+
+    def holds(self, folder: str) -> bool:
+        return os.path.realpath(folder) == self.root
+
+    def put(self, key: str, path: str) -> None:
+        destination = Path(self.root, key)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, destination)
+
+    def close(self) -> None:
+        pass
+
+
+class _Blobs:
+    """``azure://ACCOUNT/CONTAINER[/PREFIX]``: blobs, written with the (sync) SDK."""
+
+    def __init__(self, target: str) -> None:
+        parts = urlsplit(target)
+        container, _, prefix = parts.path.strip("/").partition("/")
+        if not parts.netloc or not container or parts.query or parts.fragment:
+            raise ValueError("write azure://ACCOUNT/CONTAINER or azure://ACCOUNT/CONTAINER/PREFIX")
+        self.account, self.container_name = parts.netloc, container
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self._container: Any = None
+        self._credential: Any = None
+
+    def open(self) -> None:
+        if self._container is not None:
+            return
+        try:
+            from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+            from azure.core.exceptions import ResourceExistsError
+            from azure.storage.blob import ContainerClient
+        except ImportError:
+            raise RuntimeError(
+                "azure:// targets need the azure extra: pip install 'dagq[azure]'"
+            ) from None
+        from dagq.stores.azure_auth import resolve_auth
+
+        auth = resolve_auth(self.account, os.environ)
+        credential: Any
+        if auth.key is not None:
+            credential = AzureNamedKeyCredential(self.account, auth.key)
+        elif auth.sas is not None:
+            credential = AzureSasCredential(auth.sas)
+        else:
+            from azure.identity import DefaultAzureCredential
+
+            credential = self._credential = DefaultAzureCredential()
+        container = ContainerClient(
+            auth.endpoints.blob, self.container_name, credential=credential, retry_total=2
+        )
+        with contextlib.suppress(ResourceExistsError):
+            container.create_container()
+        self._container = container
+
+    def holds(self, folder: str) -> bool:
+        return False
+
+    def put(self, key: str, path: str) -> None:
+        name = self.prefix + Path(key).as_posix()
+        with open(path, "rb") as data:
+            self._container.upload_blob(name, data, overwrite=True)
+
+    def close(self) -> None:
+        for client in (self._container, self._credential):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close()
+        self._container = self._credential = None
