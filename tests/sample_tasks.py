@@ -115,3 +115,66 @@ class Unprintable(Exception):
 
 def unprintable() -> None:
     raise Unprintable()
+
+
+# --- ai4s-jobq's helpers and custom processors ------------------------------------------
+
+
+def jobq_helpers(ctx: TaskContext) -> None:
+    """Reads its parents with dagq.jobq's helpers and sets its output (returns None)."""
+    from dagq.jobq import get_upstream_output, get_upstream_outputs, is_cancelled, set_output
+
+    try:
+        get_upstream_output("not-a-parent")
+        missing = ""
+    except KeyError as exc:
+        missing = str(exc)
+    set_output("overwritten")
+    set_output(
+        {
+            "a": get_upstream_output("a"),
+            "all": get_upstream_outputs(),
+            "missing": missing,
+            "cancelled": is_cancelled(),
+            "task": ctx.task,
+        }
+    )
+
+
+def returns_despite_set_output() -> str:
+    from dagq.jobq import set_output
+
+    set_output("ignored")
+    return "returned"
+
+
+def processor(ctx: TaskContext, **kwargs: Any) -> dict[str, Any]:
+    """A custom processor: its kwargs, and which task it ran."""
+    return {"kwargs": kwargs, "task": ctx.task, "task_id": ctx.task_id}
+
+
+async def async_processor(**kwargs: Any) -> dict[str, Any]:
+    await asyncio.sleep(0)
+    return {"async": True, **kwargs}
+
+
+def failing_processor(fail: str = "", **_: Any) -> str:
+    if fail == "never":
+        raise NonRetryable("refused for good")
+    if fail:
+        raise ValueError(fail)
+    return "ok"
+
+
+def watch_cancel(seconds: float = 20.0) -> str:
+    """Poll is_cancelled() until it is true; say so (or give up after ``seconds``)."""
+    import time
+
+    from dagq.jobq import is_cancelled
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if is_cancelled():
+            return "noticed"
+        time.sleep(0.02)
+    return "never noticed"

@@ -65,10 +65,13 @@ class LocalRunner:
         workers: int = 4,
         import_paths: Sequence[str] = (),
         coordinator_options: CoordinatorOptions = LOCAL_COORDINATOR,
+        processor: str | None = None,
     ) -> None:
         self.store = store
         self.workers = workers
         self.import_paths = tuple(import_paths)
+        #: ``module:function`` running the tasks that say what to run only through kwargs.
+        self.processor = processor
         self.coordinator = Coordinator(store, coordinator_options)
         self.stop = asyncio.Event()
         self.submitted: SubmitResult | None = None
@@ -112,6 +115,7 @@ class LocalRunner:
                 shutdown_grace_s=5.0,
                 poll_interval_s=0.05,  # delayed retries become visible without a send
                 workflows=frozenset({self.submitted.workflow_id}),
+                processor=self.processor,
             ),
         )
         tasks = [asyncio.create_task(worker.run(self.stop), name="dagq-worker")]

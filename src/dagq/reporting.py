@@ -52,11 +52,14 @@ async def finished(
         puts.append((key, outcome.log))
     output, output_ref, error = outcome.output, None, outcome.error
     ok, retryable = outcome.ok, outcome.retryable
-    if ok and (output is not None or outcome.output_json is not None):
+    # A failed attempt has an output only under ai4s-jobq semantics (what it wrote).
+    if output is not None or outcome.output_json is not None:
         try:
             encoded = _encoded_output(outcome)
         except DagqError as exc:
-            ok, retryable, output, error = False, False, None, str(exc)
+            if ok:
+                ok, retryable, error = False, False, str(exc)
+            output = None
         else:
             if _too_large_inline(output, encoded):
                 output_ref = keys.output(task.workflow_id, task.task, task.attempt)
@@ -87,6 +90,7 @@ async def finished(
         item=task.item_index,
         duration_s=now - started,
         worker=worker,
+        warning=None if outcome.warning is None else payloads.cut(outcome.warning),
     )
 
 

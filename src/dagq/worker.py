@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
+import os
+import shutil
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,6 +30,7 @@ import msgspec
 from dagq import expression, keys, payloads, reporting
 from dagq.errors import DagqError, DamagedData, MessageLost, PermanentError
 from dagq.holding import Held, delete, give_back, split
+from dagq.jobq import WATCHED_SUFFIX
 from dagq.leasing import default_owner
 from dagq.messages import (
     TaskFinished,
@@ -103,6 +108,13 @@ class WorkerOptions:
     #: run's Python tasks may need another import path (or a module of the same name
     #: may mean another function here).
     workflows: frozenset[str] | None = None
+    #: ``module:function`` that runs the tasks that say what to run only through their
+    #: ``kwargs`` (an ai4s-jobq form): it gets them as keyword arguments. Without one,
+    #: such a task fails at once, saying how to start a worker that has one.
+    processor: str | None = None
+    #: How long a task that watches :func:`dagq.jobq.is_cancelled` gets to end on its
+    #: own once it must stop, before it is stopped (others are stopped at once).
+    cancel_notice_s: float = 10.0
 
 
 @dataclass(eq=False)
@@ -121,6 +133,8 @@ class _Running:
     reported: bool = False
     #: It is inside the task itself (only then may a stop cancel it).
     executing: bool = False
+    #: Created when it must stop, for :func:`dagq.jobq.is_cancelled` (empty until it runs).
+    cancel_file: str = ""
 
 
 class Worker:
@@ -167,6 +181,9 @@ class Worker:
         self._backlog_lock = asyncio.Lock()
         self._draining = False
         self._backoff = _FIRST_BACKOFF_S
+        #: A directory of this worker's own (made when first needed), for cancel files.
+        self._scratch: str | None = None
+        self._attempts = itertools.count(1)
         add_import_paths(self.options.import_paths)
 
     # --- the loop ---------------------------------------------------------------------
@@ -201,6 +218,9 @@ class Worker:
                 await self._pool.close()
             if self._executor is not None:
                 self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+                self._scratch = None
             if self._outbox.lost_acks:
                 log.warning(
                     "%d finished task message(s) were no longer held when deleted",
@@ -457,9 +477,12 @@ class Worker:
                 )
             )
             started = self.clock()
+            running.cancel_file = self._cancel_file()
             running.executing = True
             try:
-                outcome = await self._execute(task)
+                outcome = await self._execute(
+                    task, queue=running.held.queue, cancel_file=running.cancel_file
+                )
             except asyncio.CancelledError:
                 if not running.stopping:
                     raise  # worker shutdown: the message goes back to the queue
@@ -469,6 +492,7 @@ class Worker:
                 outcome = Outcome(ok=False, error=f"the worker failed running it: {_brief(exc)}")
             finally:
                 running.executing = False
+                _remove_cancel_files(running.cancel_file)
             await self._finish(running, outcome, started)
             self.completed += 1
         except asyncio.CancelledError:
@@ -533,7 +557,9 @@ class Worker:
             worker=self.options.name,
         )
 
-    async def _execute(self, task: TaskMessage) -> Outcome:
+    async def _execute(
+        self, task: TaskMessage, *, queue: str = "", cancel_file: str = ""
+    ) -> Outcome:
         try:
             task = await self._whole(task)
         except DagqError as exc:
@@ -560,12 +586,23 @@ class Worker:
             previous=previous,
             item=item,
             index=task.item_index,
+            task_id=keys.message_id(
+                task.workflow_id,
+                keys.attempt_name(task.name, item=task.item_index, undo=task.undo),
+                task.attempt,
+            ),
+            cancel_file=cancel_file,
         )
         spec = task.spec
         if task.timeout_s is not None:  # the task's deadline leaves this attempt less time
             spec = msgspec.structs.replace(spec, timeout_s=task.timeout_s)
         if spec.kind == "shell":
             return await run_shell(spec, ctx, work_dir=self.options.work_dir)
+        processor = spec.kind == "processor"
+        if processor:
+            if self.options.processor is None:
+                return Outcome(ok=False, error=_needs_processor(queue), retryable=False)
+            spec = msgspec.structs.replace(spec, call=self.options.processor)
         args = task.spec.args
         if task.spec.render_args:
             env = {"inputs": inputs, "params": task.spec.params}
@@ -575,7 +612,15 @@ class Worker:
                 return Outcome(
                     ok=False, error=f"args could not be rendered: {exc}", retryable=False
                 )
-        return await run_python(spec, ctx, args, pool=self._pool, executor=self._executor)
+        return await run_python(
+            spec, ctx, args, pool=self._pool, executor=self._executor, processor=processor
+        )
+
+    def _cancel_file(self) -> str:
+        """A path for the next attempt's cancel file (created only if it must stop)."""
+        if self._scratch is None:
+            self._scratch = tempfile.mkdtemp(prefix="dagq-worker-", dir=self.options.work_dir)
+        return os.path.join(self._scratch, f"{next(self._attempts)}.cancel")
 
     async def _whole(self, task: TaskMessage) -> TaskMessage:
         """A task message sent by reference (its spec, or all of it), loaded whole."""
@@ -671,8 +716,7 @@ class Worker:
                     continue
                 why = await self._stop_reason(running.task)
                 if why is not None and running.job and running.executing and not running.stopping:
-                    running.stopping = why
-                    running.job.cancel()
+                    self._stop(running, why)
                 holds[id(running.held)] = running.held
             # A held message is renewed until its delete is committed (a report may
             # wait for the store a while). Renewals go out together: a slow store
@@ -685,6 +729,25 @@ class Worker:
             ]
             if due:
                 await asyncio.gather(*(self._renew(held, now, vt) for held in due))
+
+    def _stop(self, running: _Running, why: str) -> None:
+        """Stop a running task: its cancel file says so at once; a task that watches it
+        (:func:`dagq.jobq.is_cancelled`) gets ``cancel_notice_s`` to end on its own."""
+        running.stopping = why
+        watched = False
+        if running.cancel_file:
+            try:
+                with open(running.cancel_file, "w", encoding="utf-8") as file:
+                    file.write(why)
+                watched = os.path.exists(running.cancel_file + WATCHED_SUFFIX)
+            except OSError as exc:
+                log.warning("task %s: cannot create its cancel file: %s", running.key, exc)
+        notice = self.options.cancel_notice_s
+        if watched and notice > 0:
+            log.info("task %s must stop (%s): it gets %gs to end", running.key, why, notice)
+            asyncio.get_running_loop().call_later(notice, _cancel, running)
+        else:
+            _cancel(running)
 
     async def _renew(self, held: Held, now: float, vt: float) -> None:
         """Extend one held message's visibility, under its lock: a delete never uses a
@@ -748,6 +811,28 @@ def _read_control(data: bytes) -> _Control:
         return msgspec.json.decode(data, type=_Control)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return _DAMAGED  # unreadable: err on the side of stopping
+
+
+def _cancel(running: _Running) -> None:
+    """Cancel a task still inside its run (not one that ended and is reporting)."""
+    if running.job is not None and running.executing:
+        running.job.cancel()
+
+
+def _remove_cancel_files(path: str) -> None:
+    if path:
+        for name in (path, path + WATCHED_SUFFIX):
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
+
+def _needs_processor(queue: str) -> str:
+    """Why a task that says what to run only through its kwargs was not run here."""
+    return (
+        "this task says what to run only through its kwargs, so it needs a worker started "
+        f"with a processor: dagq worker -q {queue or 'QUEUE'} --processor module:function "
+        "(or dagq run FILE --processor module:function)"
+    )
 
 
 def _brief(exc: BaseException) -> str:

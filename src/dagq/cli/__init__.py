@@ -32,6 +32,13 @@ def store_option(function: F) -> F:
     )(function)
 
 
+PROCESSOR_HELP = (
+    "The function that runs tasks saying what to run only through their kwargs "
+    "(ai4s-jobq's custom processor): it gets the kwargs as keyword arguments, and "
+    "returns the output."
+)
+
+
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     """Print one clear line to stderr and exit."""
     click.echo(f"error: {message}", err=True)
@@ -82,6 +89,12 @@ def main(ctx: click.Context) -> None:
 )
 @store_option
 @click.option("--quiet", is_flag=True, help="No live progress; only the summary.")
+@click.option(
+    "--processor",
+    default=None,
+    metavar="MODULE:FUNCTION",
+    help=PROCESSOR_HELP,
+)
 def run(
     *,
     file: Path,
@@ -90,11 +103,14 @@ def run(
     workflow_id: str | None,
     store_url: str,
     quiet: bool,
+    processor: str | None,
 ) -> None:
     """Run a workflow FILE (YAML, JSON or Python) in this process until it ends."""
     from dagq.cli.run import run_command
 
-    sys.exit(run_command(file, params, workers, workflow_id, store_url, quiet=quiet))
+    sys.exit(
+        run_command(file, params, workers, workflow_id, store_url, quiet=quiet, processor=processor)
+    )
 
 
 @main.command()
@@ -239,6 +255,7 @@ def coordinator(
     "or this worker's threads (trusted code only: a crash stops the worker, a sync task "
     "past its timeout cannot be stopped).",
 )
+@click.option("--processor", default=None, metavar="MODULE:FUNCTION", help=PROCESSOR_HELP)
 def worker(
     *,
     store_url: str,
@@ -250,19 +267,26 @@ def worker(
     grace: float,
     backlog: int | None,
     isolation: Literal["process", "thread"],
+    processor: str | None,
 ) -> None:
     """Run tasks from the given queues until stopped (SIGTERM: finish, then release)."""
     from dagq.cli.serve import run_worker
+    from dagq.runners.python import add_import_paths, check_processor
     from dagq.validation import check_queue_name
     from dagq.worker import WorkerOptions
 
     def body() -> int:
         for queue in queues:
             check_queue_name(queue)
+        paths = (*import_paths, str(Path.cwd()))
+        if processor is not None:
+            add_import_paths(paths)
+            check_processor(processor)
         options = WorkerOptions(
             queues=queues,
             concurrency=concurrency,
-            import_paths=(*import_paths, str(Path.cwd())),
+            processor=processor,
+            import_paths=paths,
             idle_timeout_s=idle_timeout,
             visibility_timeout_s=visibility_timeout,
             shutdown_grace_s=grace,

@@ -20,6 +20,7 @@ from dagq.errors import DagqError
 from dagq.loading import load_file
 from dagq.local import LocalRunner
 from dagq.plan import parse_param
+from dagq.runners.python import add_import_paths, check_processor
 from dagq.state import QUARANTINED, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
 from dagq.stores import open_store
 from dagq.stores.base import Store
@@ -47,16 +48,20 @@ def run_command(
     store_url: str,
     *,
     quiet: bool = False,
+    processor: str | None = None,
 ) -> int:
     """Run the workflow and return the process exit code."""
     console = Console(stderr=False, highlight=False)
+    import_paths = [str(file.resolve().parent), str(Path.cwd())]
     try:
         definition = load_definition(file)
         overrides = dict(parse_param(p) for p in params)
+        if processor is not None:
+            add_import_paths(import_paths)
+            check_processor(processor)
     except DagqError as exc:
         click.echo(f"error: {exc}", err=True)
         return EXIT_USAGE
-    import_paths = [str(file.resolve().parent), str(Path.cwd())]
     try:
         return asyncio.run(
             _run(
@@ -69,6 +74,7 @@ def run_command(
                 import_paths=import_paths,
                 quiet=quiet,
                 source=str(file),
+                processor=processor,
             )
         )
     except DagqError as exc:
@@ -87,10 +93,11 @@ async def _run(
     import_paths: list[str],
     quiet: bool,
     source: str,
+    processor: str | None,
 ) -> int:
     store = open_store(store_url)
     try:
-        runner = LocalRunner(store, workers=workers, import_paths=import_paths)
+        runner = LocalRunner(store, workers=workers, import_paths=import_paths, processor=processor)
         submitted = await runner.submit(definition, params=overrides, workflow_id=workflow_id)
         wid = submitted.workflow_id
         held = await quarantine.read(store, wid)

@@ -25,6 +25,12 @@ class TaskContext:
     #: In a foreach: this instance's item and its index in the list (-1 outside).
     item: Any = None
     index: int = -1
+    #: This attempt's task message id (``<workflow id>/<task>/<attempt>``; ai4s-jobq's
+    #: ``JOBQ_TASK_ID``).
+    task_id: str = ""
+    #: A file the worker creates when the task must stop (its workflow was cancelled):
+    #: :func:`dagq.jobq.is_cancelled` looks for it. Empty outside a worker.
+    cancel_file: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +48,9 @@ class Outcome:
     retry_after_s: float | None = None
     error_type: str | None = None
     log: bytes = b""
+    #: Something the user should know about an attempt that still counts (ai4s-jobq
+    #: semantics: invalid JSON in the output file); sent with the completion.
+    warning: str | None = None
 
 
 def tail(text: str, limit: int = 2000) -> str:

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from dagq.errors import NonRetryable, RetryAfter
+from dagq.jobq import task_scope
 from dagq.payloads import MAX_DEPTH, MAX_OUTPUT_BYTES, output_too_large, too_deep
 from dagq.runners import TaskContext
 
@@ -73,16 +74,20 @@ class Request(NamedTuple):
     args: Any
     ctx: TaskContext
     paths: list[str] | None = None
+    #: ``call`` is the worker's processor, and ``args`` the task's kwargs.
+    processor: bool = False
 
     def pack(self) -> bytes:
         """The request as it travels."""
         ctx = tuple(getattr(self.ctx, name) for name in _CONTEXT_FIELDS)
-        return pickle.dumps((self.call, self.args, ctx, self.paths), pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(
+            (self.call, self.args, ctx, self.paths, self.processor), pickle.HIGHEST_PROTOCOL
+        )
 
     @classmethod
     def unpack(cls, data: bytes) -> Request:
-        call, args, ctx, paths = pickle.loads(data)
-        return cls(call, args, TaskContext(*ctx), paths)
+        call, args, ctx, paths, processor = pickle.loads(data)
+        return cls(call, args, TaskContext(*ctx), paths, processor)
 
 
 _CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(TaskContext))
@@ -108,11 +113,20 @@ def resolve(call: str) -> tuple[Callable[..., Any], bool, frozenset[str]]:
 
 
 def prepare(
-    call: str, args: Any, ctx: TaskContext
+    call: str, args: Any, ctx: TaskContext, *, processor: bool = False
 ) -> tuple[Callable[..., Any], bool, list[Any], dict[str, Any]]:
     """The function to call, whether it is async, and its arguments (ImportFailed if it
-    cannot be imported)."""
+    cannot be imported).
+
+    A processor (``processor``) gets the task's kwargs (``args``) as keyword arguments,
+    and ``ctx`` if its signature names it (and no kwarg has that name): nothing else.
+    """
     function, is_async, wanted = resolve(call)
+    if processor:
+        keywords = dict(args) if isinstance(args, dict) else {}
+        if "ctx" in wanted and "ctx" not in keywords:
+            keywords["ctx"] = ctx
+        return function, is_async, [], keywords
     positional, keywords = _arguments(args)
     provided = {"inputs": ctx.inputs, "ctx": ctx, "item": ctx.item, "index": ctx.index}
     for name in wanted:
@@ -122,19 +136,26 @@ def prepare(
     return function, is_async, positional, keywords
 
 
-def call_task(call: str, args: Any, ctx: TaskContext) -> Reply:
-    """Run the task's function to its end, here, and say how it ended."""
+def call_task(call: str, args: Any, ctx: TaskContext, *, processor: bool = False) -> Reply:
+    """Run the task's function to its end, here, and say how it ended.
+
+    While it runs, :mod:`dagq.jobq`'s helpers serve it; a value it gave ``set_output``
+    is its output if it returns None.
+    """
     try:
-        function, is_async, positional, keywords = prepare(call, args, ctx)
+        function, is_async, positional, keywords = prepare(call, args, ctx, processor=processor)
     except ImportFailed as exc:
         return Reply(ok=False, error=str(exc), retryable=False)
-    try:
-        if is_async:
-            result = _event_loop().run_until_complete(function(*positional, **keywords))
-        else:
-            result = function(*positional, **keywords)
-    except BaseException as exc:  # whatever the task raised is its failure
-        return failure(exc)
+    with task_scope(ctx) as scope:
+        try:
+            if is_async:
+                result = _event_loop().run_until_complete(function(*positional, **keywords))
+            else:
+                result = function(*positional, **keywords)
+        except BaseException as exc:  # whatever the task raised is its failure
+            return failure(exc)
+    if result is None and scope.has_output:
+        result = scope.output
     return encode_output(result)
 
 
@@ -312,7 +333,7 @@ def main(argv: list[str]) -> None:
             importlib.invalidate_caches()
             resolve.cache_clear()
         try:
-            reply = call_task(request.call, request.args, request.ctx)
+            reply = call_task(request.call, request.args, request.ctx, processor=request.processor)
         except Exception as exc:  # a fault here fails this task, not the process
             reply = Reply(ok=False, error=f"the pool process failed it: {describe(exc)}")
         sys.stdout.flush()

@@ -249,12 +249,25 @@ class TaskPool:
         #: Processes started so far (for tests and stats).
         self.started = 0
 
-    async def run(self, call: str, args: Any, ctx: TaskContext, timeout_s: float | None) -> Outcome:
-        """Run one task in a pool process; its outcome. Cancelling kills the process."""
+    async def run(
+        self,
+        call: str,
+        args: Any,
+        ctx: TaskContext,
+        timeout_s: float | None,
+        *,
+        processor: bool = False,
+    ) -> Outcome:
+        """Run one task in a pool process; its outcome. Cancelling kills the process.
+
+        ``processor``: ``call`` is a worker's processor, given ``args`` (the task's
+        kwargs) as keyword arguments.
+        """
         process = await self._acquire()
         try:
             paths = list(sys.path)
-            data = Request(call, args, ctx, None if paths == process.paths else paths).pack()
+            changed = None if paths == process.paths else paths
+            data = Request(call, args, ctx, changed, processor).pack()
             process.paths = paths
             reply = await asyncio.wait_for(process.call(data), timeout_s)
         except TimeoutError:

@@ -24,12 +24,14 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from typing import Any
 
+from dagq.errors import DagqError
+from dagq.jobq import task_scope
 from dagq.messages import TaskSpec
 from dagq.runners import Outcome, TaskContext
 from dagq.runners.child import ImportFailed, Reply, encode_output, failure, prepare, resolve
 from dagq.runners.pool import TaskPool, output_value
 
-__all__ = ["ImportFailed", "add_import_paths", "resolve", "run_python"]
+__all__ = ["ImportFailed", "add_import_paths", "check_processor", "resolve", "run_python"]
 
 
 def add_import_paths(paths: Iterable[str]) -> None:
@@ -40,6 +42,21 @@ def add_import_paths(paths: Iterable[str]) -> None:
     resolve.cache_clear()
 
 
+def check_processor(processor: str) -> None:
+    """Refuse (one line) a processor that is not ``module:function``, cannot be
+    imported with the current import path, or is not callable."""
+    module, colon, function = processor.partition(":")
+    if not (module and colon and function):
+        raise DagqError(
+            f"--processor '{processor}': expected MODULE:FUNCTION (e.g. mypkg.tasks:process)"
+        )
+    try:
+        resolve(processor)
+    except ImportFailed as exc:
+        lines = str(exc).strip().splitlines() or [""]
+        raise DagqError(f"--processor: {lines[0][:300]}") from None
+
+
 async def run_python(
     spec: TaskSpec,
     ctx: TaskContext,
@@ -47,29 +64,40 @@ async def run_python(
     *,
     pool: TaskPool | None = None,
     executor: Executor | None = None,
+    processor: bool = False,
 ) -> Outcome:
     """Call the task's function — in ``pool``, else on ``executor``'s threads — and
-    turn its result or exception into an Outcome."""
+    turn its result or exception into an Outcome.
+
+    ``processor``: ``spec.call`` is the worker's processor, and ``args`` the task's
+    kwargs, given as keyword arguments (with ``ctx`` if it names it).
+    """
     if pool is not None:
-        return await pool.run(spec.call or "", args, ctx, spec.timeout_s)
-    return await _run_in_thread(spec, ctx, args, executor)
+        return await pool.run(spec.call or "", args, ctx, spec.timeout_s, processor=processor)
+    return await _run_in_thread(spec, ctx, args, executor, processor)
 
 
 async def _run_in_thread(
-    spec: TaskSpec, ctx: TaskContext, args: Any, executor: Executor | None
+    spec: TaskSpec, ctx: TaskContext, args: Any, executor: Executor | None, processor: bool
 ) -> Outcome:
     try:
-        function, is_async, positional, keywords = prepare(spec.call or "", args, ctx)
+        function, is_async, positional, keywords = prepare(
+            spec.call or "", args, ctx, processor=processor
+        )
     except ImportFailed as exc:
         return Outcome(ok=False, error=str(exc), retryable=False)
     try:
         if is_async:
-            result = await asyncio.wait_for(function(*positional, **keywords), spec.timeout_s)
+            with task_scope(ctx) as scope:
+                coroutine = function(*positional, **keywords)
+                result = await asyncio.wait_for(coroutine, spec.timeout_s)
+            if result is None and scope.has_output:
+                result = scope.output
             # Encoding a large output takes time: not on the event loop.
             reply = await asyncio.to_thread(encode_output, result)
         else:
             # The output is encoded (and checked) in the task's own thread.
-            call = functools.partial(_call_and_encode, function, positional, keywords)
+            call = functools.partial(_call_and_encode, function, positional, keywords, ctx)
             future = asyncio.get_running_loop().run_in_executor(executor, call)
             reply = await asyncio.wait_for(future, spec.timeout_s)
     except TimeoutError:
@@ -80,9 +108,13 @@ async def _run_in_thread(
 
 
 def _call_and_encode(
-    function: Callable[..., Any], positional: list[Any], keywords: dict[str, Any]
+    function: Callable[..., Any], positional: list[Any], keywords: dict[str, Any], ctx: TaskContext
 ) -> Reply:
-    return encode_output(function(*positional, **keywords))
+    with task_scope(ctx) as scope:
+        result = function(*positional, **keywords)
+    if result is None and scope.has_output:
+        result = scope.output
+    return encode_output(result)
 
 
 def _outcome(reply: Reply) -> Outcome:

@@ -1,10 +1,15 @@
 """Shell tasks: a subprocess in its own process group, fed and read through files.
 
-The task sees ``DAGQ_WORKFLOW_ID``, ``DAGQ_TASK``, ``DAGQ_ATTEMPT``,
-``DAGQ_IDEMPOTENCY_KEY``, ``DAGQ_INPUTS`` (a JSON file of upstream outputs by
-parent name) and ``DAGQ_OUTPUT`` (JSON written there becomes the output;
-``JOBQ_OUTPUT_FILE`` names the same file for ai4s-jobq scripts). Upstream outputs
-are never pasted into the command text.
+A command string runs with ``bash -c`` (``/bin/sh -c`` only where there is no bash),
+as ai4s-jobq runs it. The task sees ``DAGQ_WORKFLOW_ID``, ``DAGQ_TASK``,
+``DAGQ_ATTEMPT``, ``DAGQ_IDEMPOTENCY_KEY``, ``DAGQ_INPUTS`` (a JSON file of upstream
+outputs by parent name), ``DAGQ_OUTPUT`` (JSON written there becomes the output) and
+``DAGQ_CANCEL_FILE`` (created when the task must stop); and ai4s-jobq's contract:
+``JOBQ_WORKFLOW_ID``, ``JOBQ_WORKFLOW_TASK``, ``JOBQ_WORKFLOW_ATTEMPT``,
+``JOBQ_TASK_ID``, ``JOBQ_WORKFLOW_UPSTREAM_REFS`` (a JSON file: each upstream task's
+output as JSON text, or null) and ``JOBQ_OUTPUT_FILE`` (the output file, created empty
+before the command starts), with ``PYTHONUNBUFFERED=1`` unless the task's env says
+otherwise. Upstream outputs are never pasted into the command text.
 
 The output file is read in a thread, never on the event loop, and only if it is a
 regular file no larger than ``payloads.MAX_OUTPUT_BYTES``: a task that replaces it
@@ -15,17 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import json
 import os
+import shutil
 import signal
 import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dagq.errors import DagqError
 from dagq.messages import TaskSpec
 from dagq.payloads import MAX_DEPTH, MAX_OUTPUT_BYTES, encode_json, output_too_large
-from dagq.runners import Outcome, TaskContext, tail
+from dagq.runners import Outcome, TaskContext, dirsync, tail
+from dagq.runners.dirsync import DirSync
 
 #: How much of stdout and of stderr is kept, from the end.
 LOG_LIMIT = 64 * 1024
@@ -37,44 +48,33 @@ LINGER_S = 2.0
 async def run_shell(spec: TaskSpec, ctx: TaskContext, *, work_dir: str | None = None) -> Outcome:
     """Run a shell task to completion, timeout or cancellation (which kills its group)."""
     with tempfile.TemporaryDirectory(prefix="dagq-", dir=work_dir) as tmp:
-        inputs_file = Path(tmp, "inputs.json")
-        output_file = Path(tmp, "output.json")
-        inputs_file.write_text(json.dumps(ctx.inputs))
-        env = {
-            **os.environ,
-            **spec.env,
-            "DAGQ_WORKFLOW_ID": ctx.workflow_id,
-            "DAGQ_TASK": ctx.task,
-            "DAGQ_ATTEMPT": str(ctx.attempt),
-            "DAGQ_IDEMPOTENCY_KEY": ctx.idempotency_key,
-            "DAGQ_INPUTS": str(inputs_file),
-            "DAGQ_OUTPUT": str(output_file),
-            "JOBQ_OUTPUT_FILE": str(output_file),
-        }
-        if ctx.index >= 0:  # one instance of a foreach: its item (as JSON) and index
-            env["DAGQ_ITEM"] = json.dumps(ctx.item)
-            env["DAGQ_INDEX"] = str(ctx.index)
-        if ctx.iteration:  # a loop: which iteration, and what the last one wrote
-            previous_file = Path(tmp, "previous.json")
-            previous_file.write_text(json.dumps(ctx.previous))
-            env["DAGQ_ITERATION"] = str(ctx.iteration)
-            env["DAGQ_PREVIOUS"] = str(previous_file)
+        # Upstream outputs may be large: written in a thread, off the event loop.
+        files = await asyncio.to_thread(_write_files, Path(tmp), ctx, spec)
+        env = _environment(spec, ctx, files)
+        sync: DirSync | None = None
+        if spec.dirsync_to is not None:
+            every_s, warning = dirsync.interval(spec.env)
+            sync = DirSync(files.synced, spec.dirsync_to, every_s=every_s, task=ctx.task)
+            if warning is not None:
+                sync.warnings.append(warning)
         try:
             process = await _spawn(spec, env)
         except OSError as exc:
             return Outcome(ok=False, error=f"cannot start the command: {exc}", retryable=False)
+        if sync is not None:
+            sync.start()
         stdout, stderr = _Tail(), _Tail()
         readers = asyncio.gather(_pump(process.stdout, stdout), _pump(process.stderr, stderr))
+        failure: Outcome | None = None
         try:
             await asyncio.wait_for(asyncio.shield(process.wait()), spec.timeout_s)
         except TimeoutError:
             await _kill_group(process)
             await readers
-            return Outcome(
+            failure = Outcome(
                 ok=False,
                 error=f"timed out after {spec.timeout_s:g}s; its process group was killed"
                 + _stderr_note(stderr),
-                log=_log(stdout, stderr),
             )
         except asyncio.CancelledError:
             await _kill_group(process)
@@ -82,13 +82,102 @@ async def run_shell(spec: TaskSpec, ctx: TaskContext, *, work_dir: str | None = 
             # Collect the readers' cancellation, else asyncio logs it as an error on exit.
             with contextlib.suppress(asyncio.CancelledError):
                 await readers
+            if sync is not None:
+                await sync.finish(final=False)
             raise
-        try:  # a background child may hold the pipes open after the task itself ended
-            await asyncio.wait_for(readers, LINGER_S)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        return await _outcome(process.returncode or 0, spec, output_file, stdout, stderr)
+        if failure is None:
+            try:  # a background child may hold the pipes open after the task itself ended
+                await asyncio.wait_for(readers, LINGER_S)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+        warnings = [] if sync is None else await sync.finish()
+        log = _log(stdout, stderr, warnings)
+        if failure is None:
+            failure = _failure(process.returncode or 0, spec, stderr)
+        if failure is None:
+            # A thread: reading and parsing (up to the bound) must not hold up the loop.
+            return await asyncio.to_thread(_output, files.output, log, spec.jobq)
+        failure = dataclasses.replace(failure, log=log)
+        if spec.jobq:  # ai4s-jobq keeps what a failed attempt wrote
+            return await asyncio.to_thread(_failed_output, failure, files.output)
+        return failure
+
+
+@dataclass(frozen=True, slots=True)
+class _Files:
+    """The files of one attempt (paths as text), and the directory bg_dirsync_to copies."""
+
+    inputs: str
+    refs: str
+    output: Path
+    previous: str | None
+    synced: str
+
+
+def _write_files(tmp: Path, ctx: TaskContext, spec: TaskSpec) -> _Files:
+    """The inputs file (outputs by parent), ai4s-jobq's refs file (each parent's output
+    as JSON text, or null), the previous iteration's output, and the output file,
+    created empty before the command starts (as ai4s-jobq does)."""
+    inputs_file = tmp / "inputs.json"
+    inputs_file.write_text(json.dumps(ctx.inputs))
+    refs_file = tmp / "upstream_refs.json"
+    refs = {name: None if v is None else json.dumps(v) for name, v in ctx.inputs.items()}
+    refs_file.write_text(json.dumps(refs))
+    output_file = tmp / "output.json"
+    output_file.touch()
+    previous = None
+    if ctx.iteration:  # a loop: what the last iteration wrote
+        previous_file = tmp / "previous.json"
+        previous_file.write_text(json.dumps(ctx.previous))
+        previous = str(previous_file)
+    synced = ""
+    if spec.dirsync_to is not None:
+        # The task's working directory when it names one, else a directory of its own.
+        if spec.cwd is not None:
+            synced = os.path.abspath(spec.cwd)
+        else:
+            synced = str(tmp / "dirsync")
+            os.mkdir(synced)
+    return _Files(str(inputs_file), str(refs_file), output_file, previous, synced)
+
+
+def _environment(spec: TaskSpec, ctx: TaskContext, files: _Files) -> dict[str, str]:
+    output = str(files.output)
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",  # a task's own env may say otherwise
+        **spec.env,
+        "DAGQ_WORKFLOW_ID": ctx.workflow_id,
+        "DAGQ_TASK": ctx.task,
+        "DAGQ_ATTEMPT": str(ctx.attempt),
+        "DAGQ_IDEMPOTENCY_KEY": ctx.idempotency_key,
+        "DAGQ_INPUTS": files.inputs,
+        "DAGQ_OUTPUT": output,
+        "DAGQ_CANCEL_FILE": ctx.cancel_file,
+        # ai4s-jobq's contract, so its scripts (and its helpers) run unchanged.
+        "JOBQ_WORKFLOW_ID": ctx.workflow_id,
+        "JOBQ_WORKFLOW_TASK": ctx.task,
+        "JOBQ_WORKFLOW_ATTEMPT": str(ctx.attempt),
+        "JOBQ_TASK_ID": ctx.task_id or f"{ctx.workflow_id}/{ctx.task}/{ctx.attempt}",
+        "JOBQ_WORKFLOW_UPSTREAM_REFS": files.refs,
+        "JOBQ_OUTPUT_FILE": output,
+    }
+    if ctx.index >= 0:  # one instance of a foreach: its item (as JSON) and index
+        env["DAGQ_ITEM"] = json.dumps(ctx.item)
+        env["DAGQ_INDEX"] = str(ctx.index)
+    if files.previous is not None:
+        env["DAGQ_ITERATION"] = str(ctx.iteration)
+        env["DAGQ_PREVIOUS"] = files.previous
+    if spec.dirsync_to is not None:
+        env["AMLT_DIRSYNC_DIR"] = files.synced
+    return env
+
+
+@functools.cache
+def _bash() -> str | None:
+    """bash, as ai4s-jobq runs commands with it (``[[ ]]``, ``{1..3}``); None without."""
+    return shutil.which("bash")
 
 
 async def _spawn(spec: TaskSpec, env: dict[str, str]) -> asyncio.subprocess.Process:
@@ -102,63 +191,89 @@ async def _spawn(spec: TaskSpec, env: dict[str, str]) -> asyncio.subprocess.Proc
     }
     if isinstance(spec.cmd, list):
         return await asyncio.create_subprocess_exec(*spec.cmd, **common)  # type: ignore[arg-type]
+    bash = _bash()
+    if bash is not None:
+        return await asyncio.create_subprocess_exec(bash, "-c", spec.cmd or "", **common)  # type: ignore[arg-type]
     return await asyncio.create_subprocess_shell(spec.cmd or "", **common)  # type: ignore[arg-type]
 
 
-async def _outcome(
-    code: int, spec: TaskSpec, output_file: Path, stdout: _Tail, stderr: _Tail
-) -> Outcome:
-    log = _log(stdout, stderr)
-    if code != 0:
-        if code < 0:
-            reason = f"killed by signal {signal.Signals(-code).name}"
-        else:
-            reason = f"exit code {code}"
-        retryable = code not in spec.non_retryable_exit_codes
-        return Outcome(ok=False, error=reason + _stderr_note(stderr), retryable=retryable, log=log)
-    # A thread: reading and parsing (up to the bound) must not hold up the event loop.
-    return await asyncio.to_thread(_output, output_file, log)
+def _failure(code: int, spec: TaskSpec, stderr: _Tail) -> Outcome | None:
+    """The failure a non-zero exit code means (None for zero)."""
+    if code == 0:
+        return None
+    reason = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    retryable = code not in spec.non_retryable_exit_codes
+    return Outcome(ok=False, error=reason + _stderr_note(stderr), retryable=retryable)
 
 
-def _output(output_file: Path, log: bytes) -> Outcome:
-    """The outcome of a command that succeeded: what it wrote to $DAGQ_OUTPUT."""
+def _output(output_file: Path, log: bytes, jobq: bool) -> Outcome:
+    """The outcome of a command that succeeded: what it wrote to $DAGQ_OUTPUT.
 
-    def failed(error: str) -> Outcome:
-        return Outcome(ok=False, error=error, retryable=False, log=log)
-
+    Under ai4s-jobq semantics, text that is not JSON completes the task with no output
+    and a warning (ai4s-jobq does so); under dagq's it fails the task.
+    """
     try:
-        data = _read_output(output_file)
+        written = _written(output_file, "$JOBQ_OUTPUT_FILE" if jobq else "$DAGQ_OUTPUT")
+    except _Invalid as exc:
+        if jobq:
+            return Outcome(ok=True, log=log, warning=f"{exc}; the task completed with no output")
+        return Outcome(ok=False, error=str(exc), retryable=False, log=log)
     except _Refused as exc:
-        return failed(str(exc))
+        return Outcome(ok=False, error=str(exc), retryable=False, log=log)
+    if written is None:
+        return Outcome(ok=True, output=None, log=log)
+    return Outcome(ok=True, output=written[0], output_json=written[1], log=log)
+
+
+def _failed_output(failure: Outcome, output_file: Path) -> Outcome:
+    """A failed attempt under ai4s-jobq semantics, with the output it wrote (if any)."""
+    try:
+        written = _written(output_file, "$JOBQ_OUTPUT_FILE")
+    except (_Invalid, _Refused) as exc:
+        return dataclasses.replace(failure, warning=f"its output was not kept: {exc}")
+    if written is None:
+        return failure
+    return dataclasses.replace(failure, output=written[0], output_json=written[1])
+
+
+def _written(output_file: Path, name: str) -> tuple[Any, bytes] | None:
+    """What the task wrote to its output file (``name`` in errors): the value and its
+    JSON, or None if it wrote nothing."""
+    try:
+        data = _read_output(output_file, name)
     except OSError as exc:
-        return failed(f"cannot read $DAGQ_OUTPUT: {exc}")
+        raise _Refused(f"cannot read {name}: {exc}") from None
     try:
         text = data.decode()
     except UnicodeDecodeError as exc:
-        return failed(f"cannot read $DAGQ_OUTPUT: {exc}")
+        raise _Invalid(f"cannot read {name}: {exc}") from None
     if not text.strip():
-        return Outcome(ok=True, output=None, log=log)
+        return None
     try:
         output = json.loads(text)
     except RecursionError:  # deeper than any parser's stack: over the bound in any case
-        return failed(f"the output is nested more than {MAX_DEPTH} levels deep ($DAGQ_OUTPUT)")
+        raise _Refused(f"the output is nested more than {MAX_DEPTH} levels deep ({name})") from None
     except ValueError as exc:
-        return failed(f"the task wrote invalid JSON to $DAGQ_OUTPUT: {exc}")
+        raise _Invalid(f"the task wrote invalid JSON to {name}: {exc}") from None
     try:
         encoded = encode_json(output, "the output")
     except DagqError as exc:
-        return failed(str(exc))
+        raise _Refused(str(exc)) from None
     if len(encoded) > MAX_OUTPUT_BYTES:  # re-encoded, it can weigh more than the file
-        return failed(output_too_large(len(encoded), MAX_OUTPUT_BYTES))
-    return Outcome(ok=True, output=output, output_json=encoded, log=log)
+        raise _Refused(output_too_large(len(encoded), MAX_OUTPUT_BYTES))
+    return output, encoded
 
 
 class _Refused(Exception):
-    """$DAGQ_OUTPUT is not something an output is read from."""
+    """The output file is not something an output is read from (or breaks a bound)."""
 
 
-def _read_output(output_file: Path) -> bytes:
-    """The bytes of $DAGQ_OUTPUT (none if it is missing), never more than the bound.
+class _Invalid(Exception):
+    """The output file does not hold JSON text."""
+
+
+def _read_output(output_file: Path, name: str = "$DAGQ_OUTPUT") -> bytes:
+    """The bytes of the output file (none if it is missing), never more than the bound.
 
     Opened without blocking (a FIFO with no writer would block the open), then refused
     unless it is a regular file: a FIFO or a device could be read from forever.
@@ -170,9 +285,9 @@ def _read_output(output_file: Path) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise _Refused(f"$DAGQ_OUTPUT is not a regular file ({_file_kind(info.st_mode)})")
+            raise _Refused(f"{name} is not a regular file ({_file_kind(info.st_mode)})")
         if info.st_size > MAX_OUTPUT_BYTES:
-            raise _Refused(output_too_large(info.st_size, MAX_OUTPUT_BYTES, "$DAGQ_OUTPUT"))
+            raise _Refused(output_too_large(info.st_size, MAX_OUTPUT_BYTES, name))
         data = bytearray()
         while len(data) <= MAX_OUTPUT_BYTES:  # it may have grown since fstat
             chunk = os.read(fd, min(1024 * 1024, MAX_OUTPUT_BYTES + 1 - len(data)))
@@ -181,7 +296,7 @@ def _read_output(output_file: Path) -> bytes:
             data += chunk
     finally:
         os.close(fd)
-    raise _Refused(output_too_large(len(data), MAX_OUTPUT_BYTES, "$DAGQ_OUTPUT (at least)"))
+    raise _Refused(output_too_large(len(data), MAX_OUTPUT_BYTES, f"{name} (at least)"))
 
 
 def _file_kind(mode: int) -> str:
@@ -240,8 +355,11 @@ def _stderr_note(stderr: _Tail) -> str:
     return f"; stderr: {text}" if text else ""
 
 
-def _log(stdout: _Tail, stderr: _Tail) -> bytes:
+def _log(stdout: _Tail, stderr: _Tail, warnings: list[str] | None = None) -> bytes:
     out, err = stdout.bytes(), stderr.bytes()
+    notes = b""
+    if warnings:  # bg_dirsync_to trouble: the task's log says so, the task goes on
+        notes = ("\n--- warnings ---\n" + "\n".join(warnings)).encode("utf-8", "replace")
     if not out and not err:
-        return b""
-    return b"--- stdout ---\n" + out + b"\n--- stderr ---\n" + err
+        return notes.lstrip(b"\n")
+    return b"--- stdout ---\n" + out + b"\n--- stderr ---\n" + err + notes
