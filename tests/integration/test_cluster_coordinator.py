@@ -91,7 +91,7 @@ def test_coordinator_logs_throughput_and_backlog_every_interval(cli: DagqCli) ->
         busy = [m for m in found if float(m["events"]) > 0 and float(m["dispatched"]) > 0]
         return found if len(found) >= 3 and busy else []
 
-    wait_until(pace, timeout_s=5, what="three pace lines, one with work in it")
+    wait_until(pace, timeout_s=20, what="three pace lines, one with work in it")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
