@@ -14,7 +14,8 @@ import pytest
 
 from tests.integration.cli_harness import DagqCli, Finished
 
-pytestmark = pytest.mark.timeout(30)
+# The first test pays for the shared fixture: ~50 dagq processes started side by side.
+pytestmark = pytest.mark.timeout(120)
 
 LONG_ID = "a" * 200
 
