@@ -33,7 +33,7 @@ from typing import Any
 import msgspec
 
 import dagq
-from dagq.runners import Outcome, TaskContext
+from dagq.runners import Outcome, StoredInputs, TaskContext
 from dagq.runners.child import HEADER, Reply, Request
 
 log = logging.getLogger("dagq.worker")
@@ -248,12 +248,23 @@ class TaskPool:
         #: Processes started so far (for tests and stats).
         self.started = 0
 
-    async def run(self, call: str, args: Any, ctx: TaskContext, timeout_s: float | None) -> Outcome:
-        """Run one task in a pool process; its outcome. Cancelling kills the process."""
+    async def run(
+        self,
+        call: str,
+        args: Any,
+        ctx: TaskContext,
+        timeout_s: float | None,
+        inputs: StoredInputs | None = None,
+    ) -> Outcome:
+        """Run one task in a pool process; its outcome. Cancelling kills the process.
+
+        ``inputs``, if given, are decoded in that process into ``ctx.inputs``.
+        """
         process = await self._acquire()
         try:
             paths = list(sys.path)
-            data = Request(call, args, ctx, None if paths == process.paths else paths).pack()
+            changed = None if paths == process.paths else paths
+            data = Request(call, args, ctx, changed, inputs).pack()
             process.paths = paths
             reply = await asyncio.wait_for(process.call(data), timeout_s)
         except TimeoutError:

@@ -25,7 +25,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from dagq.messages import TaskSpec
-from dagq.runners import Outcome, TaskContext
+from dagq.runners import Outcome, StoredInputs, TaskContext
 from dagq.runners.child import ImportFailed, Reply, failure, prepare, resolve
 from dagq.runners.pool import TaskPool
 
@@ -47,11 +47,15 @@ async def run_python(
     *,
     pool: TaskPool | None = None,
     executor: Executor | None = None,
+    inputs: StoredInputs | None = None,
 ) -> Outcome:
     """Call the task's function — in ``pool``, else on ``executor``'s threads — and
-    turn its result or exception into an Outcome."""
+    turn its result or exception into an Outcome. ``inputs`` (with a pool only) are
+    decoded in the pool process into ``ctx.inputs``."""
     if pool is not None:
-        return await pool.run(spec.call or "", args, ctx, spec.timeout_s)
+        return await pool.run(spec.call or "", args, ctx, spec.timeout_s, inputs)
+    if inputs is not None:
+        raise ValueError("stored inputs are decoded by pool processes only")
     return await _run_in_thread(spec, ctx, args, executor)
 
 
