@@ -58,6 +58,7 @@ from dagq.state import (
     WORKFLOW_TERMINAL,
     RunState,
     TaskStatus,
+    dispatch_key,
 )
 from dagq.stores.base import Batch, IndexRow, Message, OutgoingMessage, PutOp, Store
 from dagq.submission import Submitted
@@ -789,7 +790,7 @@ class Coordinator:
         known = st.unconfirmed
 
         def maybe_unsent(task: int, item: int = -1, undo: bool = False) -> bool:
-            return known is None or (task, item, undo) in known
+            return known is None or dispatch_key(task, item, undo) in known
 
         sent: list[tuple[float, machine.Dispatch]] = []
         for i in st.indexes(TaskStatus.READY):
@@ -1032,14 +1033,12 @@ def _value_needed(plan: Plan, task: int) -> bool:
     )
 
 
-def _unconfirmed(
-    entry: Entry, dispatched: Iterable[machine.Dispatch]
-) -> set[tuple[int, int, bool]]:
+def _unconfirmed(entry: Entry, dispatched: Iterable[machine.Dispatch]) -> set[int]:
     """What a state written now must list as possibly unsent: this flush's dispatches
     (sent after the state is written), sends that failed, and repairs still to come."""
-    keys = {(d.task, d.item, d.undo) for d in dispatched}
-    keys.update((d.task, d.item, d.undo) for d, _ in entry.unsent)
-    keys.update((d.task, d.item, d.undo) for _, _, d in entry.repairs)
+    keys = {dispatch_key(d.task, d.item, d.undo) for d in dispatched}
+    keys.update(dispatch_key(d.task, d.item, d.undo) for d, _ in entry.unsent)
+    keys.update(dispatch_key(d.task, d.item, d.undo) for _, _, d in entry.repairs)
     return keys
 
 
