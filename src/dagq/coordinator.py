@@ -47,7 +47,7 @@ from dagq.messages import (
     TaskStarted,
     decode_events,
 )
-from dagq.offload import LARGE_TASKS, Offload, heavy
+from dagq.offload import Offload, heavy
 from dagq.persistence import OFF_LOOP_BYTES, Staged, off_loop, read_state, stage_state
 from dagq.persistence import settle as settle_state
 from dagq.plan import Plan, compile_plan
@@ -61,7 +61,7 @@ from dagq.state import (
     dispatch_key,
 )
 from dagq.stores.base import Batch, IndexRow, Message, OutgoingMessage, PutOp, Store
-from dagq.submission import Submitted
+from dagq.submission import decode_submitted
 from dagq.supervision import BackgroundFailed, Supervisor
 
 __all__ = ["Coordinator", "CoordinatorOptions", "Entry", "Stats"]
@@ -681,8 +681,6 @@ class Coordinator:
 
     def remember_plan(self, fingerprint: str, plan: Plan) -> None:
         """Keep a compiled plan for workflows with this definition and params."""
-        if len(plan.tasks) > LARGE_TASKS and fingerprint not in self._plans:
-            garbage.freeze()  # long-lived and huge: full collections need not walk it
         self._plans[fingerprint] = plan
         while len(self._plans) > 64:
             self._plans.popitem(last=False)
@@ -751,18 +749,14 @@ class Coordinator:
             replay = quarantine.kept_events(record)
         if definition is None:
             return None
-        size = len(definition.data)  # a large one is decoded and compiled off the loop
-        with garbage.paused(size > OFF_LOOP_BYTES):  # it builds a great many objects at once
-            submitted = await off_loop(size, msgspec.json.decode, definition.data, type=Submitted)
-            plan = self._plans.get(submitted.fingerprint)
-            if plan is None:
-                plan = await off_loop(size, compile_plan, submitted.definition, submitted.params)
-                self.remember_plan(submitted.fingerprint, plan)
+        # A large definition builds a great many objects at once, dead again on return.
+        with garbage.paused(len(definition.data) > OFF_LOOP_BYTES):
+            name, tenant, plan = await self._compiled(definition.data)
         found = await read_state(self.store, workflow_id, plan)
         if found is None:
             return None
         st, stored = found
-        entry = Entry(plan, st, stored, submitted.definition.name, submitted.tenant)
+        entry = Entry(plan, st, stored, name, tenant)
         entry.replay = replay
         entry.releasing = held is not None
         if st.status in WORKFLOW_ACTIVE:
@@ -771,6 +765,17 @@ class Coordinator:
             _track_timers(entry, [(when, i) for i, when in st.wake_at.items()])
             await self._resolve_all(entry)
         return entry
+
+    async def _compiled(self, data: bytes) -> tuple[str, str, Plan]:
+        """The name, tenant and plan of a definition document; a large one is decoded
+        (a task at a time) and compiled off the loop."""
+        size = len(data)
+        submitted = await off_loop(size, decode_submitted, data)
+        plan = self._plans.get(submitted.fingerprint)
+        if plan is None:
+            plan = await off_loop(size, compile_plan, submitted.definition, submitted.params)
+            self.remember_plan(submitted.fingerprint, plan)
+        return submitted.definition.name, submitted.tenant, plan
 
     def _schedule_repairs(self, entry: Entry) -> None:
         """A fresh load may follow a crash between flush and send: re-send what is due.

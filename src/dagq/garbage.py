@@ -1,17 +1,25 @@
 """Keeping Python's cyclic garbage collector from stalling the event loop.
 
-A full collection walks every object the collector tracks and holds the GIL while it
-does, whichever thread triggered it: with a 100,000-task plan in memory (half a
-million objects) each one took 100-260 ms, and the step of a large fan-out, which
-allocates a few hundred thousand short-lived objects, triggered several. Two
-measures, both for large workflows only:
+A collection walks every object of the generations it collects and holds the GIL
+while it does, whichever thread triggered it: about half a microsecond an object
+here. So what lives long and large is never in its sight, and the bursts that
+large steps make are not collected while they are alive:
 
-* :func:`freeze` — once a large plan is built, everything alive moves to the
-  collector's permanent generation (``gc.freeze``), so full collections stop walking
-  it. Objects there are still freed by reference counting as usual; only a cycle
-  among them would wait for :func:`gc.unfreeze`. Plans are acyclic.
-* :func:`paused` — no automatic collection while a heavy step runs, from its apply
-  to its commit, when its objects are garbage again (freed by reference counting).
+* A plan holds one task and one spec per task, as structs the collector does not
+  track (``gc=False``: :class:`dagq.plan.PlanTask`, :class:`dagq.messages.TaskSpec`);
+  a state is a few columns; its unconfirmed dispatches are a set of ints. A
+  100,000-task workflow adds a few dozen objects to a full collection, not half a
+  million (which took 100-260 ms).
+* :func:`paused` — no automatic collection while a heavy step runs, from its apply to
+  its commit, nor while a large definition is decoded and compiled: a few hundred
+  thousand objects that live until the step ends would otherwise be walked by young
+  collections again and again and promoted, and would bring on full ones. They are
+  freed by reference counting when the step ends, so the first collection after a
+  pause finds little (only what the step left alive, which must stay small).
+
+No ``gc.freeze()``: it would move *every* object alive at that moment out of the
+collector's reach for good, so cyclic garbage alive then (or becoming garbage later)
+would never be collected.
 """
 
 from __future__ import annotations
@@ -26,12 +34,6 @@ class _Pauses:
 
     depth = 0
     was_enabled = False
-
-
-def freeze() -> None:
-    """Move every object alive now out of the collector's sight (without walking them:
-    a collection first would be the very pause this avoids)."""
-    gc.freeze()
 
 
 @contextmanager

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from dagq import expression
 from dagq.definition import Compensate, Loop, RetryPolicy, TaskDef, WaitFor, WorkflowDef
 from dagq.errors import PayloadTooLarge, ValidationError
@@ -28,9 +30,14 @@ _CONDITION_ROOTS = frozenset({"inputs", "params"})
 DEFAULT_RETRY = RetryPolicy()
 
 
-@dataclass(frozen=True, slots=True)
-class PlanTask:
-    """One task, ready for the state machine."""
+class PlanTask(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One task, ready for the state machine.
+
+    A plan has one per task, 100,000 in a large fan-out, and lives as long as its
+    workflow: so neither it nor its spec is tracked by the garbage collector
+    (``gc=False``; they never take part in a reference cycle), which then never
+    walks them (a full collection over a large plan took 100-260 ms).
+    """
 
     index: int
     name: str
@@ -57,8 +64,7 @@ class PlanTask:
     allow_failures: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Undo:
+class Undo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A task's compensation, compiled: what to run, where, and how often to try."""
 
     spec: TaskSpec
@@ -211,7 +217,7 @@ def _compile_task(
 def _spec(
     task: TaskDef | Compensate, env: Mapping[str, Any], timeout: float | None, retry: RetryPolicy
 ) -> TaskSpec:
-    codes = list(retry.non_retryable_exit_codes)
+    codes = tuple(retry.non_retryable_exit_codes)
     if task.call is not None:
         return _python_spec(task, env, timeout, codes)
     kwargs = task.kwargs
@@ -250,7 +256,10 @@ def _undo(task: TaskDef, env: Mapping[str, Any], queue: str) -> Undo | None:
 
 
 def _python_spec(
-    task: TaskDef | Compensate, env: Mapping[str, Any], timeout: float | None, codes: list[int]
+    task: TaskDef | Compensate,
+    env: Mapping[str, Any],
+    timeout: float | None,
+    codes: tuple[int, ...],
 ) -> TaskSpec:
     """Args that read upstream outputs are rendered by the worker, all at once."""
     refs = [expr.refs for _, expr in expression.template_expressions(task.args)]
