@@ -180,10 +180,10 @@ def test_json_schema_describes_the_format() -> None:
     )
 
 
-def _document(definition: Any, **fields: Any) -> bytes:
+def _document(workflow: Any, /, **fields: Any) -> bytes:
     submitted = Submitted(
         workflow_id="w",
-        definition=definition,
+        definition=workflow,
         params={"n": 1},
         created_at=1.0,
         fingerprint="f",
