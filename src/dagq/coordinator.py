@@ -181,6 +181,7 @@ class Coordinator:
         self._stop = stop
         supervisor = Supervisor("coordinator")
         supervisor.start("lease-keeper", self.lease.keep, restart=False)
+        self.offload.start()
         try:
             while not stop.is_set():
                 supervisor.check()
@@ -198,6 +199,7 @@ class Coordinator:
                 else:
                     self._poll_delay = min(self._poll_delay * 2, self.options.poll_interval_s)
         finally:
+            self.offload.close()
             await supervisor.close()
             await self.lease.release()
 

@@ -11,7 +11,7 @@ import pytest
 
 from dagq import garbage
 from dagq.coordinator import Coordinator, CoordinatorOptions
-from dagq.offload import LARGE_TASKS, Offload, heavy
+from dagq.offload import LARGE_TASKS, STEP_THREAD, Offload, heavy
 from dagq.plan import compile_plan
 from dagq.state import RunState, TaskStatus
 from dagq.stores.base import Store
@@ -173,3 +173,18 @@ def test_indexes_finds_the_tasks_with_a_status() -> None:
     assert st.indexes(TaskStatus.RUNNING) == [0, 3, 9]
     assert st.indexes(TaskStatus.PENDING) == [1, 2, 4, 5, 6, 7, 8]
     assert st.indexes(TaskStatus.FAILED) == []
+
+
+async def test_steps_run_on_one_thread_started_ahead() -> None:
+    def step_threads() -> set[int]:
+        return {t.ident or 0 for t in threading.enumerate() if t.name.startswith(STEP_THREAD)}
+
+    before = step_threads()
+    offload = Offload()
+    offload.start()
+    try:
+        (started,) = step_threads() - before
+        ran_on = {await offload.run(f"w{i}", True, threading.get_ident) for i in range(3)}
+    finally:
+        offload.close()
+    assert ran_on == {started}
