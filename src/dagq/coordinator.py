@@ -771,13 +771,10 @@ class Coordinator:
     async def _compiled(self, data: bytes) -> tuple[str, str, Plan]:
         """The name, tenant and plan of a definition document; a large one is decoded
         (a task at a time) and compiled off the loop."""
-        size = len(data)
-        submitted = await off_loop(size, decode_submitted, data)
-        plan = self._plans.get(submitted.fingerprint)
-        if plan is None:
-            plan = await off_loop(size, compile_plan, submitted.definition, submitted.params)
-            self.remember_plan(submitted.fingerprint, plan)
-        return submitted.definition.name, submitted.tenant, plan
+        compiled = await off_loop(len(data), _compile, data, self._plans.get)
+        if compiled.new:
+            self.remember_plan(compiled.fingerprint, compiled.plan)
+        return compiled.name, compiled.tenant, compiled.plan
 
     def _schedule_repairs(self, entry: Entry) -> None:
         """A fresh load may follow a crash between flush and send: re-send what is due.
@@ -1038,6 +1035,31 @@ def _value_needed(plan: Plan, task: int) -> bool:
         or not isinstance(plan.tasks[c].sleep, float | None)
         for c in plan.tasks[task].children
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    name: str
+    tenant: str
+    fingerprint: str
+    plan: Plan
+    #: Compiled now (not found among the known plans).
+    new: bool
+
+
+def _compile(data: bytes, known: Callable[[str], Plan | None]) -> _Compiled:
+    """Decode a definition document and compile its plan (unless ``known`` has it).
+
+    Only the plan outlives this call: the definition (hundreds of thousands of
+    objects in a large one) is garbage when it returns, wherever it runs, so no
+    collection ever walks it.
+    """
+    submitted = decode_submitted(data)
+    plan = known(submitted.fingerprint)
+    new = plan is None
+    if plan is None:
+        plan = compile_plan(submitted.definition, submitted.params)
+    return _Compiled(submitted.definition.name, submitted.tenant, submitted.fingerprint, plan, new)
 
 
 def _unconfirmed(entry: Entry, dispatched: Iterable[machine.Dispatch]) -> set[int]:
