@@ -153,7 +153,7 @@ def test_builder_decorator_registers_an_importable_call() -> None:
     wf.call("third", "pkg.mod:fn", depends_on=[second], args={"x": 1})
     d = wf.to_definition()
     assert d.tasks[1].call == f"{__name__}:second"
-    assert [t.depends_on for t in d.tasks] == [[], ["first"], ["second"]]
+    assert [t.depends_on for t in d.tasks] == [(), ("first",), ("second",)]
 
 
 def test_builder_refuses_functions_a_worker_cannot_import() -> None:
@@ -223,7 +223,9 @@ def test_a_definition_decoded_task_by_task_refuses_what_one_decoded_whole_does(
         decode_submitted(data[:-1])
 
 
-def test_a_plan_is_out_of_the_garbage_collectors_sight() -> None:
-    tasks = [{"name": f"t{i}", "call": "m:f", "args": {"i": i}} for i in range(50)]
-    plan = compile_plan(load_data({"name": "x", "tasks": tasks}, source="x"), {})
+def test_a_definition_and_its_plan_are_out_of_the_garbage_collectors_sight() -> None:
+    tasks = [{"name": f"t{i}", "call": "m:f", "depends_on": ["t0"] if i else []} for i in range(50)]
+    definition = load_data({"name": "x", "tasks": tasks}, source="x")
+    plan = compile_plan(definition, {})
+    assert not any(gc.is_tracked(t) for t in definition.tasks)
     assert not any(gc.is_tracked(t) or gc.is_tracked(t.spec) for t in plan.tasks)
