@@ -35,7 +35,7 @@ class Stall:
 
 
 def _where(frame: FrameType | None, depth: int = 8) -> str:
-    parts = []
+    parts: list[str] = []
     while frame is not None and len(parts) < depth:
         code = frame.f_code
         name = code.co_filename.rsplit("/", 2)
