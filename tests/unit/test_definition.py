@@ -229,3 +229,11 @@ def test_a_definition_and_its_plan_are_out_of_the_garbage_collectors_sight() -> 
     plan = compile_plan(definition, {})
     assert not any(gc.is_tracked(t) for t in definition.tasks)
     assert not any(gc.is_tracked(t) or gc.is_tracked(t.spec) for t in plan.tasks)
+
+
+def test_tasks_with_the_same_parents_share_one_tuple_of_them() -> None:
+    tasks = [{"name": "root", "cmd": "true"}]
+    tasks += [{"name": f"t{i}", "cmd": "true", "depends_on": ["root"]} for i in range(5)]
+    plan = compile_plan(load_data({"name": "x", "tasks": tasks}, source="x"), {})
+    assert len({id(t.parents) for t in plan.tasks[1:]}) == 1
+    assert plan.tasks[1].parents == (0,) and plan.tasks[0].children == (1, 2, 3, 4, 5)
