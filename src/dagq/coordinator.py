@@ -284,7 +284,7 @@ class Coordinator:
         ids = list(grouped)
         if len(ids) > 1:  # load concurrently; one event trickling in skips gather's tasks
             await asyncio.gather(*(self._prefetch(i) for i in ids))
-        with garbage.paused(self._heavy(ids)):
+        with garbage.young_only(self._heavy(ids)):
             return await self._advance_loaded(grouped, receipts)
 
     async def _advance_loaded(self, grouped: dict[str, list[Event]], receipts: list[str]) -> bool:
@@ -357,7 +357,7 @@ class Coordinator:
         because the workflow no longer exists.
         """
         await self._prefetch(workflow_id)
-        with garbage.paused(self._heavy([workflow_id])):
+        with garbage.young_only(self._heavy([workflow_id])):
             return await self._advance_one(workflow_id, events)
 
     async def _advance_one(self, workflow_id: str, events: list[Event]) -> bool:
@@ -752,7 +752,7 @@ class Coordinator:
         if definition is None:
             return None
         # A large definition builds a great many objects at once, dead again on return.
-        with garbage.paused(len(definition.data) > OFF_LOOP_BYTES):
+        with garbage.young_only(len(definition.data) > OFF_LOOP_BYTES):
             name, tenant, plan = await self._compiled(definition.data)
         found = await read_state(self.store, workflow_id, plan)
         if found is None:
@@ -923,7 +923,7 @@ class Coordinator:
             await self._resolve_refs(entry, entry.replay)
         off_loop = heavy(entry.plan, st)
         batch = self.store.batch()
-        with garbage.paused(off_loop):
+        with garbage.young_only(off_loop):
             flush = await self.offload.run(st.workflow_id, off_loop, self._swept, batch, entry, now)
             if flush is not None:
                 await self._settle(flush, await self._commit(batch))

@@ -10,12 +10,12 @@ large steps make are not collected while they are alive:
   a state is a few columns; its unconfirmed dispatches are a set of ints. A
   100,000-task workflow adds a few dozen objects to a full collection, not half a
   million (which took 100-260 ms).
-* :func:`paused` — no automatic collection while a heavy step runs, from its apply to
-  its commit, nor while a large definition is decoded and compiled: a few hundred
-  thousand objects that live until the step ends would otherwise be walked by young
-  collections again and again and promoted, and would bring on full ones. They are
-  freed by reference counting when the step ends, so the first collection after a
-  pause finds little (only what the step left alive, which must stay small).
+* :func:`young_only` — no automatic *full* collection while a heavy step runs, from
+  its apply to its commit, nor while a large definition is decoded and compiled: the
+  few hundred thousand objects a fan-out's step holds until its commit would make
+  one 50-100 ms. Young collections go on, each over the few thousand objects
+  allocated since the one before; what they promote is freed by reference counting
+  when the step ends.
 
 No ``gc.freeze()``: it would move *every* object alive at that moment out of the
 collector's reach for good, so cyclic garbage alive then (or becoming garbage later)
@@ -28,28 +28,39 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+#: While full collections are held off: a generation-2 threshold never reached.
+_NEVER = 2**30
 
-class _Pauses:
-    """How many pauses are under way, and whether collection was on before the first."""
+
+class _Holds:
+    """How many holds are under way, and the thresholds from before the first."""
 
     depth = 0
-    was_enabled = False
+    thresholds: tuple[int, int, int] = (700, 10, 10)
 
 
 @contextmanager
-def paused(active: bool = True) -> Iterator[None]:
-    """No automatic collection inside (when ``active``); nestable, and concurrent
-    pauses end when the last one does."""
+def young_only(active: bool = True) -> Iterator[None]:
+    """No automatic *full* collection inside (when ``active``); young ones go on.
+
+    Young collections walk only what was allocated since the last one, a few
+    thousand objects, so they stay short however large the step; a full one would
+    walk everything the step holds at the time. Nestable: concurrent holds end when
+    the last one does. (Turning collection off altogether, as this did before, let
+    everything allocated meanwhile — by the step and by the workers on the loop —
+    pile up for one long young collection afterwards: 45-80 ms.)
+    """
     if not active:
         yield
         return
-    if _Pauses.depth == 0:
-        _Pauses.was_enabled = gc.isenabled()
-        gc.disable()
-    _Pauses.depth += 1
+    if _Holds.depth == 0:
+        _Holds.thresholds = gc.get_threshold()
+        young, middle, _ = _Holds.thresholds
+        gc.set_threshold(young, middle, _NEVER)
+    _Holds.depth += 1
     try:
         yield
     finally:
-        _Pauses.depth -= 1
-        if _Pauses.depth == 0 and _Pauses.was_enabled:
-            gc.enable()
+        _Holds.depth -= 1
+        if _Holds.depth == 0:
+            gc.set_threshold(*_Holds.thresholds)

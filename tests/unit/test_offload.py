@@ -155,15 +155,17 @@ async def test_an_error_in_the_thread_reaches_the_caller() -> None:
         await Offload().run("w", True, boom)
 
 
-def test_collection_is_paused_until_the_last_pause_ends() -> None:
-    assert gc.isenabled()
-    with garbage.paused():
-        with garbage.paused():
-            assert not gc.isenabled()
-        assert not gc.isenabled()
-    assert gc.isenabled()
-    with garbage.paused(active=False):
-        assert gc.isenabled()
+def test_full_collections_are_held_off_until_the_last_hold_ends() -> None:
+    before = gc.get_threshold()
+    with garbage.young_only():
+        with garbage.young_only():
+            held = gc.get_threshold()
+        assert gc.get_threshold() == held
+    assert gc.get_threshold() == before
+    assert held[:2] == before[:2] and held[2] >= 2**30
+    assert gc.isenabled()  # young collections go on
+    with garbage.young_only(active=False):
+        assert gc.get_threshold() == before
 
 
 def test_indexes_finds_the_tasks_with_a_status() -> None:
