@@ -182,6 +182,7 @@ class Coordinator:
         supervisor = Supervisor("coordinator")
         supervisor.start("lease-keeper", self.lease.keep, restart=False)
         self.offload.start()
+        garbage.settle()
         try:
             while not stop.is_set():
                 supervisor.check()

@@ -17,9 +17,14 @@ large steps make are not collected while they are alive:
   allocated since the one before; what they promote is freed by reference counting
   when the step ends.
 
-No ``gc.freeze()``: it would move *every* object alive at that moment out of the
-collector's reach for good, so cyclic garbage alive then (or becoming garbage later)
-would never be collected.
+* :func:`settle` — once per process, when a coordinator starts: a full collection,
+  then ``gc.freeze()`` of what survives it (the modules, classes and functions of
+  the interpreter and its libraries, some 25,000 objects), so that later full
+  collections walk only what the process allocated since (they took 15-25 ms).
+  Bounded: it happens once, right after a collection (no garbage is frozen), and
+  only a cycle among those start-up objects that dies later would never be freed.
+  Freezing again later (as this module did after each large plan) would take
+  everything alive at that moment out of the collector's reach, every time.
 """
 
 from __future__ import annotations
@@ -37,6 +42,19 @@ class _Holds:
 
     depth = 0
     thresholds: tuple[int, int, int] = (700, 10, 10)
+
+
+class _Settled:
+    done = False
+
+
+def settle() -> None:
+    """Collect, then freeze the survivors out of the collector's sight; once per process."""
+    if _Settled.done:
+        return
+    _Settled.done = True
+    gc.collect()
+    gc.freeze()
 
 
 @contextmanager

@@ -190,3 +190,11 @@ async def test_steps_run_on_one_thread_started_ahead() -> None:
     finally:
         offload.close()
     assert ran_on == {started}
+
+
+def test_settling_freezes_the_survivors_of_a_collection_once_per_process() -> None:
+    garbage.settle()
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
+    garbage.settle()
+    assert gc.get_freeze_count() == frozen
