@@ -540,11 +540,12 @@ class Worker:
             task = await self._whole(task)
         except DagqError as exc:
             return Outcome(ok=False, error=f"cannot load the task message: {exc}")
-        # A Python task in a pool process decodes its inputs there (see StoredInputs).
+        # A Python task in a pool process decodes stored inputs there (see StoredInputs).
         in_pool = self._pool is not None and task.spec.kind != "shell"
+        by_reference = task.inputs_ref is not None or bool(task.input_refs)
         stored: StoredInputs | None = None
         try:
-            if in_pool and not task.spec.render_args:
+            if in_pool and by_reference and not task.spec.render_args:
                 stored = await self._stored_inputs(task)
                 inputs: dict[str, Any] = {}
             else:

@@ -18,7 +18,6 @@ from dagq import keys
 from dagq.dispatching import attempt_id
 from dagq.local import LocalRunner
 from dagq.messages import TaskFinished, TaskMessage, TaskSpec, decode_events, encode_task
-from dagq.runners import StoredInputs
 from dagq.stores.base import OutgoingMessage, Store
 from dagq.stores.intercepting import intercepted
 from dagq.stores.memory import open_memory_store
@@ -98,14 +97,14 @@ async def test_a_heartbeat_that_keeps_dying_stops_the_worker_with_an_error() -> 
 async def test_a_fault_of_the_worker_while_it_handles_a_task_fails_only_that_attempt(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = Worker._stored_inputs  # what a Python task in a pool process loads
+    real = Worker._inputs
 
-    async def broken_for_bad(self: Worker, task: TaskMessage) -> StoredInputs:
+    async def broken_for_bad(self: Worker, task: TaskMessage) -> dict[str, Any]:
         if task.name == "bad":
             raise RuntimeError("a bug while loading inputs")
         return await real(self, task)
 
-    monkeypatch.setattr(Worker, "_stored_inputs", broken_for_bad)
+    monkeypatch.setattr(Worker, "_inputs", broken_for_bad)
     store = open_memory_store()
     runner = LocalRunner(store, workers=2)
     tasks = [
