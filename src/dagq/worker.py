@@ -652,22 +652,22 @@ class Worker:
         so the few most recent are kept: a foreach's instances share their inputs."""
         if key in self._documents:
             return self._documents[key]
-        data = await self._raw(key, what)
+        data = await self._raw(key, what, keep=False)  # the decoded value is kept
         value = payloads.decode_json(data, f"{what} ({key})")
         if len(data) <= DOCUMENT_CACHE_BYTES:
             _remember(self._documents, key, value)
         return value
 
-    async def _raw(self, key: str, what: str) -> bytes:
+    async def _raw(self, key: str, what: str, *, keep: bool = True) -> bytes:
         """A stored output or inputs document as it is stored (the few most recent are
-        kept, as by :meth:`_document`)."""
+        kept if ``keep``, as by :meth:`_document`)."""
         data = self._raw_documents.get(key)
         if data is None:
             doc = await self.store.documents.get(key)
             if doc is None:
                 raise DagqError(f"{what} ({key}) is missing")
             data = doc.data
-            if len(data) <= DOCUMENT_CACHE_BYTES:
+            if keep and len(data) <= DOCUMENT_CACHE_BYTES:
                 _remember(self._raw_documents, key, data)
         return data
 
