@@ -16,15 +16,20 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 
 class LoopLag:
     """Measures the running loop's wake-up lag while the ``async with`` block runs."""
 
-    def __init__(self, interval_s: float = 0.005) -> None:
+    def __init__(
+        self, interval_s: float = 0.005, *, on_tick: Callable[[], None] | None = None
+    ) -> None:
         self.interval_s = interval_s
         self.lags: list[float] = []
+        #: Called at every wake-up (a stall watchdog's heartbeat, :mod:`bench.stalls`).
+        self.on_tick = on_tick
         self._ticker: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> LoopLag:
@@ -48,6 +53,8 @@ class LoopLag:
             asked = time.perf_counter() + self.interval_s
             await asyncio.sleep(self.interval_s)
             self.lags.append(max(0.0, time.perf_counter() - asked))
+            if self.on_tick is not None:
+                self.on_tick()
 
     @property
     def max_ms(self) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.loop_lag import LoopLag
+from bench.stalls import StallWatch
 from bench.workloads import SIZES
 from dagq import keys
 from dagq.coordinator import Coordinator
@@ -57,8 +59,11 @@ async def _final_states(store: Store, runs: list[tuple[str, Plan]]) -> list[RunS
     return states
 
 
-async def inproc(definition: WorkflowDef, count: int, workers: int, url: str) -> dict[str, Any]:
-    """Coordinator and workers in this process, as ``dagq run`` does."""
+async def inproc(
+    definition: WorkflowDef, count: int, workers: int, url: str, stalls_ms: float = 0.0
+) -> dict[str, Any]:
+    """Coordinator and workers in this process, as ``dagq run`` does (``stalls_ms``:
+    print what the loop did during each lag longer than that, :mod:`bench.stalls`)."""
     store, counts = counted(open_store(url))
     coordinator = Coordinator(store, LOCAL_COORDINATOR)
     worker = Worker(
@@ -75,7 +80,10 @@ async def inproc(definition: WorkflowDef, count: int, workers: int, url: str) ->
     started = time.perf_counter()
     runs = await _submit_all(store, definition, count)
     # The run's loop lag: submitting (validating, compiling in the client) is not the run.
-    async with LoopLag() as lag:
+    watch = StallWatch(0.005) if stalls_ms else None
+    if watch is not None:
+        watch.start()
+    async with LoopLag(0.005, on_tick=watch.beat if watch else None) as lag:
         pending = {wid for wid, _ in runs}
         while pending:
             coordinator.changed.clear()
@@ -85,6 +93,9 @@ async def inproc(definition: WorkflowDef, count: int, workers: int, url: str) ->
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(coordinator.changed.wait(), 0.2)
         wall = time.perf_counter() - started
+    if watch is not None:
+        watch.stop()
+        watch.report(stalls_ms / 1000)
     ops = dict(counts)
     transactions = dict(store.transactions) if store.transactions is not None else None
     stop.set()
@@ -188,10 +199,20 @@ def main() -> None:
     parser.add_argument("mode", choices=["inproc", "multiproc"])
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--store", choices=["sqlite", "azure"], default="sqlite")
+    parser.add_argument(
+        "--stalls",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="in-process: print what the loop ran during each lag over MS (to stderr)",
+    )
     args = parser.parse_args()
     build, count = SIZES[args.workload][args.size]
     definition = build()
-    body = inproc if args.mode == "inproc" else multiproc
+    if args.mode == "inproc":
+        body: Any = functools.partial(inproc, stalls_ms=args.stalls)
+    else:
+        body = multiproc
     with tempfile.TemporaryDirectory(prefix="dagq-bench-") as tmp:
         if args.store == "azure":
             from tests.azurite import start

@@ -20,6 +20,10 @@ def length(inputs: dict[str, Any]) -> int:
     return sum(len(v) for v in inputs.values())
 
 
+def inputs_of(inputs: dict[str, Any]) -> dict[str, Any]:
+    return inputs
+
+
 def context(ctx: TaskContext) -> dict[str, Any]:
     return {"task": ctx.task, "attempt": ctx.attempt, "key": ctx.idempotency_key}
 

@@ -47,7 +47,7 @@ from dagq.messages import (
     TaskStarted,
     decode_events,
 )
-from dagq.offload import LARGE_TASKS, Offload, heavy
+from dagq.offload import Offload, heavy
 from dagq.persistence import OFF_LOOP_BYTES, Staged, off_loop, read_state, stage_state
 from dagq.persistence import settle as settle_state
 from dagq.plan import Plan, compile_plan
@@ -58,9 +58,10 @@ from dagq.state import (
     WORKFLOW_TERMINAL,
     RunState,
     TaskStatus,
+    dispatch_key,
 )
 from dagq.stores.base import Batch, IndexRow, Message, OutgoingMessage, PutOp, Store
-from dagq.submission import Submitted
+from dagq.submission import decode_submitted
 from dagq.supervision import BackgroundFailed, Supervisor
 
 __all__ = ["Coordinator", "CoordinatorOptions", "Entry", "Stats"]
@@ -180,6 +181,8 @@ class Coordinator:
         self._stop = stop
         supervisor = Supervisor("coordinator")
         supervisor.start("lease-keeper", self.lease.keep, restart=False)
+        self.offload.start()
+        garbage.settle()
         try:
             while not stop.is_set():
                 supervisor.check()
@@ -197,6 +200,7 @@ class Coordinator:
                 else:
                     self._poll_delay = min(self._poll_delay * 2, self.options.poll_interval_s)
         finally:
+            self.offload.close()
             await supervisor.close()
             await self.lease.release()
 
@@ -281,7 +285,7 @@ class Coordinator:
         ids = list(grouped)
         if len(ids) > 1:  # load concurrently; one event trickling in skips gather's tasks
             await asyncio.gather(*(self._prefetch(i) for i in ids))
-        with garbage.paused(self._heavy(ids)):
+        with garbage.young_only(self._heavy(ids)):
             return await self._advance_loaded(grouped, receipts)
 
     async def _advance_loaded(self, grouped: dict[str, list[Event]], receipts: list[str]) -> bool:
@@ -354,7 +358,7 @@ class Coordinator:
         because the workflow no longer exists.
         """
         await self._prefetch(workflow_id)
-        with garbage.paused(self._heavy([workflow_id])):
+        with garbage.young_only(self._heavy([workflow_id])):
             return await self._advance_one(workflow_id, events)
 
     async def _advance_one(self, workflow_id: str, events: list[Event]) -> bool:
@@ -680,8 +684,6 @@ class Coordinator:
 
     def remember_plan(self, fingerprint: str, plan: Plan) -> None:
         """Keep a compiled plan for workflows with this definition and params."""
-        if len(plan.tasks) > LARGE_TASKS and fingerprint not in self._plans:
-            garbage.freeze()  # long-lived and huge: full collections need not walk it
         self._plans[fingerprint] = plan
         while len(self._plans) > 64:
             self._plans.popitem(last=False)
@@ -750,18 +752,14 @@ class Coordinator:
             replay = quarantine.kept_events(record)
         if definition is None:
             return None
-        size = len(definition.data)  # a large one is decoded and compiled off the loop
-        with garbage.paused(size > OFF_LOOP_BYTES):  # it builds a great many objects at once
-            submitted = await off_loop(size, msgspec.json.decode, definition.data, type=Submitted)
-            plan = self._plans.get(submitted.fingerprint)
-            if plan is None:
-                plan = await off_loop(size, compile_plan, submitted.definition, submitted.params)
-                self.remember_plan(submitted.fingerprint, plan)
+        # A large definition builds a great many objects at once, dead again on return.
+        with garbage.young_only(len(definition.data) > OFF_LOOP_BYTES):
+            name, tenant, plan = await self._compiled(definition.data)
         found = await read_state(self.store, workflow_id, plan)
         if found is None:
             return None
         st, stored = found
-        entry = Entry(plan, st, stored, submitted.definition.name, submitted.tenant)
+        entry = Entry(plan, st, stored, name, tenant)
         entry.replay = replay
         entry.releasing = held is not None
         if st.status in WORKFLOW_ACTIVE:
@@ -770,6 +768,14 @@ class Coordinator:
             _track_timers(entry, [(when, i) for i, when in st.wake_at.items()])
             await self._resolve_all(entry)
         return entry
+
+    async def _compiled(self, data: bytes) -> tuple[str, str, Plan]:
+        """The name, tenant and plan of a definition document; a large one is decoded
+        (a task at a time) and compiled off the loop."""
+        compiled = await off_loop(len(data), _compile, data, self._plans.get)
+        if compiled.new:
+            self.remember_plan(compiled.fingerprint, compiled.plan)
+        return compiled.name, compiled.tenant, compiled.plan
 
     def _schedule_repairs(self, entry: Entry) -> None:
         """A fresh load may follow a crash between flush and send: re-send what is due.
@@ -789,7 +795,7 @@ class Coordinator:
         known = st.unconfirmed
 
         def maybe_unsent(task: int, item: int = -1, undo: bool = False) -> bool:
-            return known is None or (task, item, undo) in known
+            return known is None or dispatch_key(task, item, undo) in known
 
         sent: list[tuple[float, machine.Dispatch]] = []
         for i in st.indexes(TaskStatus.READY):
@@ -918,7 +924,7 @@ class Coordinator:
             await self._resolve_refs(entry, entry.replay)
         off_loop = heavy(entry.plan, st)
         batch = self.store.batch()
-        with garbage.paused(off_loop):
+        with garbage.young_only(off_loop):
             flush = await self.offload.run(st.workflow_id, off_loop, self._swept, batch, entry, now)
             if flush is not None:
                 await self._settle(flush, await self._commit(batch))
@@ -1032,14 +1038,37 @@ def _value_needed(plan: Plan, task: int) -> bool:
     )
 
 
-def _unconfirmed(
-    entry: Entry, dispatched: Iterable[machine.Dispatch]
-) -> set[tuple[int, int, bool]]:
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    name: str
+    tenant: str
+    fingerprint: str
+    plan: Plan
+    #: Compiled now (not found among the known plans).
+    new: bool
+
+
+def _compile(data: bytes, known: Callable[[str], Plan | None]) -> _Compiled:
+    """Decode a definition document and compile its plan (unless ``known`` has it).
+
+    Only the plan outlives this call: the definition (hundreds of thousands of
+    objects in a large one) is garbage when it returns, wherever it runs, so no
+    collection ever walks it.
+    """
+    submitted = decode_submitted(data)
+    plan = known(submitted.fingerprint)
+    new = plan is None
+    if plan is None:
+        plan = compile_plan(submitted.definition, submitted.params)
+    return _Compiled(submitted.definition.name, submitted.tenant, submitted.fingerprint, plan, new)
+
+
+def _unconfirmed(entry: Entry, dispatched: Iterable[machine.Dispatch]) -> set[int]:
     """What a state written now must list as possibly unsent: this flush's dispatches
     (sent after the state is written), sends that failed, and repairs still to come."""
-    keys = {(d.task, d.item, d.undo) for d in dispatched}
-    keys.update((d.task, d.item, d.undo) for d, _ in entry.unsent)
-    keys.update((d.task, d.item, d.undo) for _, _, d in entry.repairs)
+    keys = {dispatch_key(d.task, d.item, d.undo) for d in dispatched}
+    keys.update(dispatch_key(d.task, d.item, d.undo) for d, _ in entry.unsent)
+    keys.update(dispatch_key(d.task, d.item, d.undo) for _, _, d in entry.repairs)
     return keys
 
 

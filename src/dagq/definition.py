@@ -28,8 +28,15 @@ Semantics = Literal["jobq", "dagq"]
 Command = str | list[str]
 
 
-class _Strict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """Base of definition structs: immutable, unknown fields rejected."""
+class _Strict(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True, gc=False
+):
+    """Base of definition structs: immutable, unknown fields rejected.
+
+    Not tracked by the garbage collector (``gc=False``): a definition is plain data
+    that never refers back to itself, and a large one (100,000 tasks) held by a
+    client or by ``dagq run`` would otherwise add its tasks to every full collection.
+    """
 
 
 class RetryPolicy(_Strict, frozen=True, kw_only=True):
@@ -116,7 +123,8 @@ class TaskDef(_Strict, frozen=True, kw_only=True):
     """One task of a workflow."""
 
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
-    depends_on: list[str] = msgspec.field(default_factory=list)
+    #: A tuple, not a list: a tuple of names leaves the collector's sight once seen.
+    depends_on: tuple[str, ...] = ()
     queue: str | None = None
     dep_policy: DepPolicyName | Annotated[int, msgspec.Meta(ge=1)] = "all"
     timeout_s: Timeout | None = None

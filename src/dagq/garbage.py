@@ -1,17 +1,30 @@
 """Keeping Python's cyclic garbage collector from stalling the event loop.
 
-A full collection walks every object the collector tracks and holds the GIL while it
-does, whichever thread triggered it: with a 100,000-task plan in memory (half a
-million objects) each one took 100-260 ms, and the step of a large fan-out, which
-allocates a few hundred thousand short-lived objects, triggered several. Two
-measures, both for large workflows only:
+A collection walks every object of the generations it collects and holds the GIL
+while it does, whichever thread triggered it: about half a microsecond an object
+here. So what lives long and large is never in its sight, and the bursts that
+large steps make are not collected while they are alive:
 
-* :func:`freeze` — once a large plan is built, everything alive moves to the
-  collector's permanent generation (``gc.freeze``), so full collections stop walking
-  it. Objects there are still freed by reference counting as usual; only a cycle
-  among them would wait for :func:`gc.unfreeze`. Plans are acyclic.
-* :func:`paused` — no automatic collection while a heavy step runs, from its apply
-  to its commit, when its objects are garbage again (freed by reference counting).
+* A plan holds one task and one spec per task, as structs the collector does not
+  track (``gc=False``: :class:`dagq.plan.PlanTask`, :class:`dagq.messages.TaskSpec`);
+  a state is a few columns; its unconfirmed dispatches are a set of ints. A
+  100,000-task workflow adds a few dozen objects to a full collection, not half a
+  million (which took 100-260 ms).
+* :func:`young_only` — no automatic *full* collection while a heavy step runs, from
+  its apply to its commit, nor while a large definition is decoded and compiled: the
+  few hundred thousand objects a fan-out's step holds until its commit would make
+  one 50-100 ms. Young collections go on, each over the few thousand objects
+  allocated since the one before; what they promote is freed by reference counting
+  when the step ends.
+
+* :func:`settle` — once per process, when a coordinator starts: a full collection,
+  then ``gc.freeze()`` of what survives it (the modules, classes and functions of
+  the interpreter and its libraries, some 25,000 objects), so that later full
+  collections walk only what the process allocated since (they took 15-25 ms).
+  Bounded: it happens once, right after a collection (no garbage is frozen), and
+  only a cycle among those start-up objects that dies later would never be freed.
+  Freezing again later (as this module did after each large plan) would take
+  everything alive at that moment out of the collector's reach, every time.
 """
 
 from __future__ import annotations
@@ -20,34 +33,52 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+#: While full collections are held off: a generation-2 threshold never reached.
+_NEVER = 2**30
 
-class _Pauses:
-    """How many pauses are under way, and whether collection was on before the first."""
+
+class _Holds:
+    """How many holds are under way, and the thresholds from before the first."""
 
     depth = 0
-    was_enabled = False
+    thresholds: tuple[int, int, int] = (700, 10, 10)
 
 
-def freeze() -> None:
-    """Move every object alive now out of the collector's sight (without walking them:
-    a collection first would be the very pause this avoids)."""
+class _Settled:
+    done = False
+
+
+def settle() -> None:
+    """Collect, then freeze the survivors out of the collector's sight; once per process."""
+    if _Settled.done:
+        return
+    _Settled.done = True
+    gc.collect()
     gc.freeze()
 
 
 @contextmanager
-def paused(active: bool = True) -> Iterator[None]:
-    """No automatic collection inside (when ``active``); nestable, and concurrent
-    pauses end when the last one does."""
+def young_only(active: bool = True) -> Iterator[None]:
+    """No automatic *full* collection inside (when ``active``); young ones go on.
+
+    Young collections walk only what was allocated since the last one, a few
+    thousand objects, so they stay short however large the step; a full one would
+    walk everything the step holds at the time. Nestable: concurrent holds end when
+    the last one does. (Turning collection off altogether, as this did before, let
+    everything allocated meanwhile — by the step and by the workers on the loop —
+    pile up for one long young collection afterwards: 45-80 ms.)
+    """
     if not active:
         yield
         return
-    if _Pauses.depth == 0:
-        _Pauses.was_enabled = gc.isenabled()
-        gc.disable()
-    _Pauses.depth += 1
+    if _Holds.depth == 0:
+        _Holds.thresholds = gc.get_threshold()
+        young, middle, _ = _Holds.thresholds
+        gc.set_threshold(young, middle, _NEVER)
+    _Holds.depth += 1
     try:
         yield
     finally:
-        _Pauses.depth -= 1
-        if _Pauses.depth == 0 and _Pauses.was_enabled:
-            gc.enable()
+        _Holds.depth -= 1
+        if _Holds.depth == 0:
+            gc.set_threshold(*_Holds.thresholds)

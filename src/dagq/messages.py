@@ -21,8 +21,12 @@ OUTPUT_INLINE_LIMIT = payloads.OUTPUT_INLINE_BYTES
 INPUTS_INLINE_LIMIT = payloads.INPUTS_INLINE_BYTES
 
 
-class TaskSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
-    """What a worker needs to run a task, with params already rendered in."""
+class TaskSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True, gc=False):
+    """What a worker needs to run a task, with params already rendered in.
+
+    Not tracked by the garbage collector (a plan holds one per task; its fields are
+    plain data that never refer back to it).
+    """
 
     #: ``processor``: a task that says what to run only through ``kwargs`` (an
     #: ai4s-jobq form): the worker's processor runs it with ``args`` (those kwargs).
@@ -37,7 +41,7 @@ class TaskSpec(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True):
     env: dict[str, str] = msgspec.field(default_factory=dict)
     cwd: str | None = None
     timeout_s: float | None = None
-    non_retryable_exit_codes: list[int] = msgspec.field(default_factory=list)
+    non_retryable_exit_codes: tuple[int, ...] = ()
     #: The task runs under ai4s-jobq semantics (docs/architecture.md §5): a failed
     #: attempt keeps the output it wrote, invalid JSON in the output file completes the
     #: task with no output and a warning, and the ai4s-jobq environment contract applies.

@@ -5,8 +5,8 @@ every task ready, builds 100,000 task messages and encodes a delta: seconds of p
 Python. On the event loop that would starve everything sharing it (heartbeats, the
 lease keeper, the workers of ``dagq run``). So the step of a *heavy* workflow — one
 over :data:`LARGE_TASKS` tasks and instances, or one whose foreach tasks may still
-fan out — runs in a worker thread; Python's GIL switch interval then hands the loop
-the interpreter every few milliseconds.
+fan out — runs in a thread of its own; Python's GIL switch interval then hands the
+loop the interpreter every few milliseconds.
 
 While that thread runs, the workflow's working copy is being changed off the loop,
 so nothing on the loop may read it: readers outside the coordinator wait for
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from dagq.persistence import INLINE_TASKS
@@ -28,6 +29,8 @@ from dagq.state import RunState, TaskStatus
 #: A workflow with more tasks and foreach instances than this has its steps run in a
 #: thread (the threshold above which its state is stored as a base and deltas).
 LARGE_TASKS = INLINE_TASKS
+#: The name of the thread that runs heavy steps.
+STEP_THREAD = "dagq-step"
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -52,12 +55,32 @@ def heavy(plan: Plan, state: RunState) -> bool:
 
 
 class Offload:
-    """Runs steps in threads, one workflow at a time, and tells readers when it is done."""
+    """Runs steps in a thread, one workflow at a time, and tells readers when it is done.
+
+    The thread is started once, ahead (:meth:`start`), and reused: a thread started
+    while another one holds the GIL waits for it to say it has started, and that took
+    the loop 20-45 ms. One thread is enough: steps are pure Python, which the GIL
+    runs one at a time anyway.
+    """
 
     def __init__(self) -> None:
         self._busy: dict[str, asyncio.Future[object]] = {}
+        self._thread: ThreadPoolExecutor | None = None
         #: How many steps ran in a thread (for tests and benchmarks).
         self.count = 0
+
+    def start(self) -> None:
+        """Start the thread that runs steps, if it is not running yet."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=STEP_THREAD)
+            self._thread.submit(int).result()  # the thread exists once this returns
+
+    def close(self) -> None:
+        """Let the thread end once it has finished what it runs (:meth:`start` starts
+        another one)."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
+            self._thread = None
 
     def busy(self, workflow_id: str) -> bool:
         """Is a thread changing this workflow's working copy right now?"""
@@ -85,8 +108,11 @@ class Offload:
             return work(*args, **kwargs)
         if workflow_id in self._busy:  # the coordinator's work on one workflow is sequential
             raise RuntimeError(f"a step of {workflow_id} is already running in a thread")
+        self.start()
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[_T] = loop.run_in_executor(None, lambda: work(*args, **kwargs))
+        future: asyncio.Future[_T] = loop.run_in_executor(
+            self._thread, lambda: work(*args, **kwargs)
+        )
         self._busy[workflow_id] = future  # type: ignore[assignment]
         self.count += 1
 

@@ -37,11 +37,17 @@ _POLICIES = {"all": POLICY_ALL, "any": POLICY_ANY, "all_settled": POLICY_ALL_SET
 _PARAMS = frozenset({"params"})
 _CONDITION_ROOTS = frozenset({"inputs", "params"})
 DEFAULT_RETRY = RetryPolicy()
+_Edge = tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class PlanTask:
-    """One task, ready for the state machine."""
+class PlanTask(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One task, ready for the state machine.
+
+    A plan has one per task, 100,000 in a large fan-out, and lives as long as its
+    workflow: so neither it nor its spec is tracked by the garbage collector
+    (``gc=False``; they never take part in a reference cycle), which then never
+    walks them (a full collection over a large plan took 100-260 ms).
+    """
 
     index: int
     name: str
@@ -68,8 +74,7 @@ class PlanTask:
     allow_failures: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Undo:
+class Undo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A task's compensation, compiled: what to run, where, and how often to try."""
 
     spec: TaskSpec
@@ -138,13 +143,17 @@ def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:
             children[by_name[dep]].append(i)
     env = {"params": dict(params)}
     rules = rule_set(definition)
+    # Equal edge tuples are shared: in a fan-out 100,000 tasks have the same parents and
+    # the same children, and each distinct tuple is an object for the garbage collector
+    # to walk once (the first collection after a large plan is built).
+    edges: dict[_Edge, _Edge] = {}
     tasks = tuple(
         _compile_task(
             definition,
             task,
             index=i,
-            by_name=by_name,
-            children=tuple(children[i]),
+            parents=_shared(edges, tuple(by_name[d] for d in _parents(task))),
+            children=_shared(edges, tuple(children[i])),
             env=env,
             jobq=rules.jobq,
         )
@@ -166,10 +175,16 @@ def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:
     )
 
 
-def _parents(task: TaskDef) -> list[str]:
+def _parents(task: TaskDef) -> tuple[str, ...]:
     """A task's parents, each once (ai4s-jobq files may list one twice)."""
-    deps = task.depends_on
-    return deps if len(set(deps)) == len(deps) else list(dict.fromkeys(deps))
+    deps = tuple(task.depends_on)
+    return deps if len(set(deps)) == len(deps) else tuple(dict.fromkeys(deps))
+
+
+def _shared(
+    edges: dict[tuple[int, ...], tuple[int, ...]], edge: tuple[int, ...]
+) -> tuple[int, ...]:
+    return edges.setdefault(edge, edge)
 
 
 def _compile_task(
@@ -177,7 +192,7 @@ def _compile_task(
     task: TaskDef,
     *,
     index: int,
-    by_name: Mapping[str, int],
+    parents: tuple[int, ...],
     children: tuple[int, ...],
     env: Mapping[str, Any],
     jobq: bool,
@@ -215,7 +230,7 @@ def _compile_task(
     return PlanTask(
         index=index,
         name=task.name,
-        parents=tuple(by_name[d] for d in _parents(task)),
+        parents=parents,
         children=children,
         policy=task.dep_policy if isinstance(task.dep_policy, int) else _POLICIES[task.dep_policy],
         condition=condition,
@@ -260,7 +275,7 @@ def _spec(
     *,
     jobq: bool = False,
 ) -> TaskSpec:
-    codes = list(retry.non_retryable_exit_codes)
+    codes = tuple(retry.non_retryable_exit_codes)
     if task.call is not None:
         spec = _python_spec(task, env, timeout, codes)
         return msgspec.structs.replace(spec, jobq=True) if jobq else spec
@@ -290,7 +305,7 @@ def _jobq_shell_spec(
     kwargs: Mapping[str, Any],
     env: Mapping[str, Any],
     timeout: float | None,
-    codes: list[int],
+    codes: tuple[int, ...],
     *,
     jobq: bool,
 ) -> TaskSpec:
@@ -350,7 +365,10 @@ def _undo(task: TaskDef, env: Mapping[str, Any], queue: str) -> Undo | None:
 
 
 def _python_spec(
-    task: TaskDef | Compensate, env: Mapping[str, Any], timeout: float | None, codes: list[int]
+    task: TaskDef | Compensate,
+    env: Mapping[str, Any],
+    timeout: float | None,
+    codes: tuple[int, ...],
 ) -> TaskSpec:
     """Args that read upstream outputs are rendered by the worker, all at once."""
     refs = [expr.refs for _, expr in expression.template_expressions(task.args)]

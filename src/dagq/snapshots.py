@@ -24,7 +24,7 @@ import msgspec
 
 from dagq.group import apply_items, decode_group, encode_group, encode_items, set_or_drop
 from dagq.plan import Plan
-from dagq.state import RunState
+from dagq.state import RunState, dispatch_key, dispatch_parts
 
 FORMAT_VERSION = 3
 T = TypeVar("T")
@@ -169,27 +169,32 @@ def header(state: RunState, **where: Any) -> Header:
     )
 
 
-def _encode_unconfirmed(keys: set[tuple[int, int, bool]] | None) -> Unconfirmed | None:
+def _encode_unconfirmed(keys: set[int] | None) -> Unconfirmed | None:
     if keys is None:
         return None
-    tasks = sorted(i for i, item, undo in keys if item < 0 and not undo)
+    tasks: list[int] = []
     items: dict[int, list[int]] = {}
-    for i, item, undo in keys:
-        if item >= 0 and not undo:
+    undos: list[int] = []
+    for i, item, undo in map(dispatch_parts, keys):
+        if undo:
+            undos.append(i)
+        elif item >= 0:
             items.setdefault(i, []).append(item)
+        else:
+            tasks.append(i)
     return Unconfirmed(
-        tasks=_indexes(tasks),
+        tasks=_indexes(sorted(tasks)),
         items={i: _indexes(sorted(k)) for i, k in items.items()},
-        undos=sorted(i for i, _, undo in keys if undo),
+        undos=sorted(undos),
     )
 
 
-def _decode_unconfirmed(found: Unconfirmed | None) -> set[tuple[int, int, bool]] | None:
+def _decode_unconfirmed(found: Unconfirmed | None) -> set[int] | None:
     if found is None:
         return None
-    keys = {(i, -1, False) for i in _unindex(found.tasks)}
-    keys |= {(i, k, False) for i, data in found.items.items() for k in _unindex(data)}
-    keys |= {(i, -1, True) for i in found.undos}
+    keys = {dispatch_key(i) for i in _unindex(found.tasks)}
+    keys |= {dispatch_key(i, k) for i, data in found.items.items() for k in _unindex(data)}
+    keys |= {dispatch_key(i, undo=True) for i in found.undos}
     return keys
 
 

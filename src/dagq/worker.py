@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -43,7 +43,7 @@ from dagq.messages import (
 from dagq.outbox import Outbox
 from dagq.payloads import cut
 from dagq.persistence import off_loop
-from dagq.runners import Outcome, TaskContext
+from dagq.runners import Outcome, StoredInputs, TaskContext
 from dagq.runners.child import describe
 from dagq.runners.pool import TaskPool
 from dagq.runners.python import add_import_paths, run_python
@@ -53,9 +53,11 @@ from dagq.supervision import Supervisor
 
 log = logging.getLogger("dagq.worker")
 
+_V = TypeVar("_V")
 _ARG_ROOTS = frozenset({"inputs", "params"})
 #: Decoded documents up to this size are kept for the next task that needs them.
 DOCUMENT_CACHE_BYTES = 8 * 1024 * 1024
+_DOCUMENTS_KEPT = 16
 #: The name prefix of the threads that run synchronous Python tasks (isolation "thread").
 TASK_THREAD_PREFIX = "dagq-task"
 _FIRST_POLL_S = 0.005
@@ -173,6 +175,8 @@ class Worker:
         self._controls: dict[str, tuple[float, _Control]] = {}
         #: Immutable documents (items, outputs, inputs) lately decoded, by key.
         self._documents: dict[str, Any] = {}
+        #: Immutable documents lately read, as stored (inputs for pool processes).
+        self._raw_documents: dict[str, bytes] = {}
         #: Tasks per received message lately (bundles make it more than one): a receive
         #: asks for as many messages as are likely to fill the free slots.
         self._per_message = float(self._bundle_size)
@@ -564,8 +568,16 @@ class Worker:
             task = await self._whole(task)
         except DagqError as exc:
             return Outcome(ok=False, error=f"cannot load the task message: {exc}")
+        # A Python task in a pool process decodes stored inputs there (see StoredInputs).
+        in_pool = self._pool is not None and task.spec.kind != "shell"
+        by_reference = task.inputs_ref is not None or bool(task.input_refs)
+        stored: StoredInputs | None = None
         try:
-            inputs = await self._inputs(task)
+            if in_pool and by_reference and not task.spec.render_args:
+                stored = await self._stored_inputs(task)
+                inputs: dict[str, Any] = {}
+            else:
+                inputs = await self._inputs(task)
         except DagqError as exc:
             return Outcome(ok=False, error=f"cannot load upstream outputs: {exc}")
         try:
@@ -613,7 +625,13 @@ class Worker:
                     ok=False, error=f"args could not be rendered: {exc}", retryable=False
                 )
         return await run_python(
-            spec, ctx, args, pool=self._pool, executor=self._executor, processor=processor
+            spec,
+            ctx,
+            args,
+            pool=self._pool,
+            executor=self._executor,
+            processor=processor,
+            inputs=stored,
         )
 
     def _cancel_file(self) -> str:
@@ -642,9 +660,7 @@ class Worker:
                     spec = msgspec.msgpack.decode(doc.data, type=TaskSpec)
                 except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
                     raise DamagedData(f"{task.spec_ref} is not a task spec: {exc}") from None
-                if len(self._documents) >= 16:
-                    self._documents.pop(next(iter(self._documents)))
-                self._documents[task.spec_ref] = spec
+                _remember(self._documents, task.spec_ref, spec)
             task = msgspec.structs.replace(task, spec=spec, spec_ref=None)
         return task
 
@@ -671,22 +687,42 @@ class Worker:
             inputs[name] = await self._document(ref, f"the output of '{name}'")
         return inputs
 
+    async def _stored_inputs(self, task: TaskMessage) -> StoredInputs:
+        """The task's inputs as stored, for a pool process to decode."""
+        document = None
+        if task.inputs_ref is not None:
+            document = await self._raw(task.inputs_ref, "inputs document")
+        outputs = [
+            (name, ref, await self._raw(ref, f"the output of '{name}'"))
+            for name, ref in task.input_refs.items()
+        ]
+        return StoredInputs(dict(task.inputs), document, task.inputs_ref or "", tuple(outputs))
+
     async def _document(self, key: str, what: str) -> Any:
         """A stored output or inputs document, decoded. They never change once written,
         so the few most recent are kept: a foreach's instances share their inputs."""
         if key in self._documents:
             return self._documents[key]
-        doc = await self.store.documents.get(key)
-        if doc is None:
-            raise DagqError(f"{what} ({key}) is missing")
+        data = await self._raw(key, what, keep=False)  # the decoded value is kept
         # An output may weigh up to payloads.MAX_OUTPUT_BYTES: a large one is decoded
         # in a thread.
-        value = await off_loop(len(doc.data), payloads.decode_json, doc.data, f"{what} ({key})")
-        if len(doc.data) <= DOCUMENT_CACHE_BYTES:
-            if len(self._documents) >= 16:
-                self._documents.pop(next(iter(self._documents)))
-            self._documents[key] = value
+        value = await off_loop(len(data), payloads.decode_json, data, f"{what} ({key})")
+        if len(data) <= DOCUMENT_CACHE_BYTES:
+            _remember(self._documents, key, value)
         return value
+
+    async def _raw(self, key: str, what: str, *, keep: bool = True) -> bytes:
+        """A stored output or inputs document as it is stored (the few most recent are
+        kept if ``keep``, as by :meth:`_document`)."""
+        data = self._raw_documents.get(key)
+        if data is None:
+            doc = await self.store.documents.get(key)
+            if doc is None:
+                raise DagqError(f"{what} ({key}) is missing")
+            data = doc.data
+            if keep and len(data) <= DOCUMENT_CACHE_BYTES:
+                _remember(self._raw_documents, key, data)
+        return data
 
     async def _report(self, task: TaskMessage, outcome: Outcome, started: float) -> TaskFinished:
         """The completion event; large outputs, logs and errors are stored first."""
@@ -862,3 +898,10 @@ async def _first(*waits: Any) -> None:
     finally:
         for t in tasks:
             t.cancel()
+
+
+def _remember(cache: dict[str, _V], key: str, value: _V) -> None:
+    """Keep ``value`` in a cache of the 16 most recently added documents."""
+    if len(cache) >= _DOCUMENTS_KEPT:
+        cache.pop(next(iter(cache)))
+    cache[key] = value

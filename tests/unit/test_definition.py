@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 from dagq.builder import Workflow, load_python_file
 from dagq.definition import json_schema
 from dagq.errors import ValidationError
-from dagq.loading import load_file, load_text
+from dagq.loading import load_data, load_file, load_text
 from dagq.plan import compile_plan, parse_param, resolve_params
+from dagq.submission import Submitted, decode_submitted
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -149,7 +153,7 @@ def test_builder_decorator_registers_an_importable_call() -> None:
     wf.call("third", "pkg.mod:fn", depends_on=[second], args={"x": 1})
     d = wf.to_definition()
     assert d.tasks[1].call == f"{__name__}:second"
-    assert [t.depends_on for t in d.tasks] == [[], ["first"], ["second"]]
+    assert [t.depends_on for t in d.tasks] == [(), ("first",), ("second",)]
 
 
 def test_builder_refuses_functions_a_worker_cannot_import() -> None:
@@ -174,3 +178,62 @@ def test_json_schema_describes_the_format() -> None:
     assert {"name", "depends_on", "dep_policy", "condition", "kwargs", "call"} <= set(
         task["properties"]
     )
+
+
+def _document(workflow: Any, /, **fields: Any) -> bytes:
+    submitted = Submitted(
+        workflow_id="w",
+        definition=workflow,
+        params={"n": 1},
+        created_at=1.0,
+        fingerprint="f",
+        tenant="t",
+    )
+    data = msgspec.to_builtins(submitted)
+    data.update(fields)
+    return msgspec.json.encode(data)
+
+
+def test_a_definition_decoded_task_by_task_equals_one_decoded_whole() -> None:
+    for example in sorted(EXAMPLES.glob("*.yaml")):
+        data = _document(load_file(example))
+        assert decode_submitted(data) == msgspec.json.decode(data, type=Submitted), example
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"fingerprint": None},
+        {"created_at": "yesterday"},
+        {"definition": {"name": "x", "tasks": [{"name": "a", "cmd": "true", "oops": 1}]}},
+        {"definition": {"name": "x", "tasks": [{"name": 7, "cmd": "true"}]}},
+        {"definition": {"name": "", "tasks": []}},
+        {"definition": {"name": "x", "tasks": "none"}},
+    ],
+)
+def test_a_definition_decoded_task_by_task_refuses_what_one_decoded_whole_does(
+    damage: dict[str, Any],
+) -> None:
+    data = _document(load_text("name: x\ntasks:\n  - name: a\n    cmd: 'true'\n"), **damage)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(data, type=Submitted)
+    with pytest.raises(msgspec.ValidationError):
+        decode_submitted(data)
+    with pytest.raises(msgspec.DecodeError):
+        decode_submitted(data[:-1])
+
+
+def test_a_definition_and_its_plan_are_out_of_the_garbage_collectors_sight() -> None:
+    tasks = [{"name": f"t{i}", "call": "m:f", "depends_on": ["t0"] if i else []} for i in range(50)]
+    definition = load_data({"name": "x", "tasks": tasks}, source="x")
+    plan = compile_plan(definition, {})
+    assert not any(gc.is_tracked(t) for t in definition.tasks)
+    assert not any(gc.is_tracked(t) or gc.is_tracked(t.spec) for t in plan.tasks)
+
+
+def test_tasks_with_the_same_parents_share_one_tuple_of_them() -> None:
+    tasks = [{"name": "root", "cmd": "true"}]
+    tasks += [{"name": f"t{i}", "cmd": "true", "depends_on": ["root"]} for i in range(5)]
+    plan = compile_plan(load_data({"name": "x", "tasks": tasks}, source="x"), {})
+    assert len({id(t.parents) for t in plan.tasks[1:]}) == 1
+    assert plan.tasks[1].parents == (0,) and plan.tasks[0].children == (1, 2, 3, 4, 5)

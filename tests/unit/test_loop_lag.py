@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 
 from bench.loop_lag import LoopLag
+from bench.stalls import StallWatch
 
 
 async def test_a_loop_blocked_for_a_while_shows_as_that_much_lag() -> None:
@@ -26,3 +28,23 @@ async def test_the_monitor_stops_with_its_block_and_starts_empty() -> None:
     ticks = len(lag.lags)
     await asyncio.sleep(0.03)
     assert ticks >= 1 and len(lag.lags) == ticks
+
+
+def _block_the_loop() -> None:
+    time.sleep(0.3)  # a call that never yields
+
+
+async def test_the_stall_watch_says_what_the_loop_ran_while_it_lagged() -> None:
+    watch = StallWatch(0.005)
+    watch.start()
+    try:
+        async with LoopLag(0.005, on_tick=watch.beat):
+            await asyncio.sleep(0.03)
+            _block_the_loop()
+            await asyncio.sleep(0.03)
+    finally:
+        watch.stop()
+    out = io.StringIO()
+    watch.report(0.1, out)
+    assert out.getvalue().count("--- stall") == 1
+    assert "_block_the_loop" in out.getvalue()

@@ -11,7 +11,7 @@ import pytest
 
 from dagq import garbage
 from dagq.coordinator import Coordinator, CoordinatorOptions
-from dagq.offload import LARGE_TASKS, Offload, heavy
+from dagq.offload import LARGE_TASKS, STEP_THREAD, Offload, heavy
 from dagq.plan import compile_plan
 from dagq.state import RunState, TaskStatus
 from dagq.stores.base import Store
@@ -155,15 +155,17 @@ async def test_an_error_in_the_thread_reaches_the_caller() -> None:
         await Offload().run("w", True, boom)
 
 
-def test_collection_is_paused_until_the_last_pause_ends() -> None:
-    assert gc.isenabled()
-    with garbage.paused():
-        with garbage.paused():
-            assert not gc.isenabled()
-        assert not gc.isenabled()
-    assert gc.isenabled()
-    with garbage.paused(active=False):
-        assert gc.isenabled()
+def test_full_collections_are_held_off_until_the_last_hold_ends() -> None:
+    before = gc.get_threshold()
+    with garbage.young_only():
+        with garbage.young_only():
+            held = gc.get_threshold()
+        assert gc.get_threshold() == held
+    assert gc.get_threshold() == before
+    assert held[:2] == before[:2] and held[2] >= 2**30
+    assert gc.isenabled()  # young collections go on
+    with garbage.young_only(active=False):
+        assert gc.get_threshold() == before
 
 
 def test_indexes_finds_the_tasks_with_a_status() -> None:
@@ -173,3 +175,26 @@ def test_indexes_finds_the_tasks_with_a_status() -> None:
     assert st.indexes(TaskStatus.RUNNING) == [0, 3, 9]
     assert st.indexes(TaskStatus.PENDING) == [1, 2, 4, 5, 6, 7, 8]
     assert st.indexes(TaskStatus.FAILED) == []
+
+
+async def test_steps_run_on_one_thread_started_ahead() -> None:
+    def step_threads() -> set[int]:
+        return {t.ident or 0 for t in threading.enumerate() if t.name.startswith(STEP_THREAD)}
+
+    before = step_threads()
+    offload = Offload()
+    offload.start()
+    try:
+        (started,) = step_threads() - before
+        ran_on = {await offload.run(f"w{i}", True, threading.get_ident) for i in range(3)}
+    finally:
+        offload.close()
+    assert ran_on == {started}
+
+
+def test_settling_freezes_the_survivors_of_a_collection_once_per_process() -> None:
+    garbage.settle()
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
+    garbage.settle()
+    assert gc.get_freeze_count() == frozen

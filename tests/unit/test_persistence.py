@@ -10,12 +10,14 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st_
 
 from dagq import keys, persistence, snapshots
 from dagq.errors import ConflictError, DamagedData
 from dagq.messages import SubmitRequested, TaskFinished
 from dagq.persistence import INLINE_TASKS, MAX_DELTAS, create_state, read_state, write_state
-from dagq.state import RunState, TaskStatus
+from dagq.state import RunState, TaskStatus, dispatch_key, dispatch_parts
 from dagq.stores.base import Store
 from dagq.stores.intercepting import intercepted
 from dagq.stores.memory import open_memory_store
@@ -167,7 +169,12 @@ async def test_a_stale_writer_conflicts_and_its_delta_is_cleaned_up_later(store:
 
 def test_unconfirmed_dispatches_survive_the_header_and_older_headers_say_unknown() -> None:
     st = RunState("w", 10, 1.0)
-    st.unconfirmed = {(1, -1, False), (2, 3, False), (2, 0, False), (4, -1, True)}
+    st.unconfirmed = {
+        dispatch_key(1),
+        dispatch_key(2, 3),
+        dispatch_key(2, 0),
+        dispatch_key(4, undo=True),
+    }
     head = snapshots.decode_header(snapshots.encode_header(snapshots.header(st)))
     assert snapshots.empty_state(head).unconfirmed == st.unconfirmed
     older = msgspec.structs.replace(head, unconfirmed=None)  # written before it was kept
@@ -265,3 +272,12 @@ async def test_a_part_missing_under_the_current_header_is_damage(any_store: Stor
     await any_store.documents.delete(stored.base)
     with pytest.raises(DamagedData, match=r"state of wf-1 is damaged: .*base-.* is missing"):
         await read_state(any_store, "wf-1", sim.plan)
+
+
+@given(
+    task=st_.integers(0, 2**31),
+    item=st_.integers(-1, 2**32 - 2),
+    undo=st_.booleans(),
+)
+def test_a_dispatch_key_gives_back_its_task_item_and_undo(task: int, item: int, undo: bool) -> None:
+    assert dispatch_parts(dispatch_key(task, item, undo)) == (task, item, undo)

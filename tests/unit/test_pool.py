@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dagq.local import LocalRunner
-from dagq.runners import TaskContext
+from dagq.runners import StoredInputs, TaskContext
 from dagq.runners.pool import TaskPool
 from dagq.runners.python import add_import_paths
 from dagq.stores.memory import open_memory_store
@@ -163,3 +163,32 @@ async def test_a_process_that_died_is_noticed_though_its_own_child_holds_its_pip
         await pool.close()
     assert outcome.error == "its Python process was killed by signal SIGSEGV while running it"
     await until_gone(int(marker.read_text()))  # what the task started is killed too
+
+
+async def test_stored_inputs_are_decoded_in_the_pool_process() -> None:
+    stored = StoredInputs(
+        inline={"a": 1},
+        document=b'{"b": [2, 3]}',
+        document_key="inputs/w/t",
+        outputs=(("c", "outputs/w/c", b'"four"'),),
+    )
+    pool = TaskPool(1)
+    try:
+        outcome = await pool.run("tests.sample_tasks:inputs_of", {}, CTX, None, inputs=stored)
+    finally:
+        await pool.close()
+    assert outcome.ok, outcome.error
+    assert outcome.output == {"a": 1, "b": [2, 3], "c": "four"}
+
+
+async def test_a_damaged_stored_input_fails_the_attempt_and_not_the_process() -> None:
+    damaged = StoredInputs(document=b"{not json", document_key="inputs/w/t")
+    pool = TaskPool(1)
+    try:
+        failed = await pool.run("tests.sample_tasks:pid", {}, CTX, None, inputs=damaged)
+        after = await pool.run("tests.sample_tasks:pid", {}, CTX, None)
+    finally:
+        await pool.close()
+    assert not failed.ok
+    assert (failed.error or "").startswith("cannot load upstream outputs: inputs document")
+    assert after.ok and pool.started == 1

@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagq.errors import DamagedData
+from dagq.payloads import decode_json
+
 
 @dataclass(frozen=True, slots=True)
 class TaskContext:
@@ -31,6 +34,38 @@ class TaskContext:
     #: A file the worker creates when the task must stop (its workflow was cancelled):
     #: :func:`dagq.jobq.is_cancelled` looks for it. Empty outside a worker.
     cancel_file: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredInputs:
+    """A task's upstream outputs as they are stored, not yet decoded.
+
+    A Python task in a pool process gets these and decodes them there: a join over
+    100,000 parents has an inputs document of megabytes, whose decoding (one C call
+    that holds the GIL for tens of milliseconds) and pickling would otherwise stall
+    the worker's event loop.
+    """
+
+    #: The inputs carried in the task message itself.
+    inline: dict[str, Any] = field(default_factory=dict)
+    #: The task's inputs document (JSON: parent name -> output), if it has one.
+    document: bytes | None = None
+    document_key: str = ""
+    #: Outputs stored one by one: (parent name, document key, JSON).
+    outputs: tuple[tuple[str, str, bytes], ...] = ()
+
+    def decode(self) -> dict[str, Any]:
+        """The inputs by parent name (DamagedData if a document cannot be decoded)."""
+        inputs = dict(self.inline)
+        if self.document is not None:
+            what = f"inputs document ({self.document_key})"
+            merged = decode_json(self.document, what)
+            if not isinstance(merged, dict):
+                raise DamagedData(f"{what} is not a mapping of outputs by parent name")
+            inputs.update(merged)
+        for name, key, data in self.outputs:
+            inputs[name] = decode_json(data, f"the output of '{name}' ({key})")
+        return inputs
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,10 +33,10 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from dagq.errors import NonRetryable, RetryAfter
+from dagq.errors import DamagedData, NonRetryable, RetryAfter
 from dagq.jobq import task_scope
 from dagq.payloads import MAX_DEPTH, MAX_OUTPUT_BYTES, output_too_large, too_deep
-from dagq.runners import TaskContext
+from dagq.runners import StoredInputs, TaskContext
 
 #: What the engine passes to a function whose signature names it (never via **kwargs).
 PROVIDED = ("inputs", "ctx", "item", "index")
@@ -76,21 +76,33 @@ class Request(NamedTuple):
     paths: list[str] | None = None
     #: ``call`` is the worker's processor, and ``args`` the task's kwargs.
     processor: bool = False
+    #: Upstream outputs still encoded, decoded here into ``ctx.inputs``.
+    inputs: StoredInputs | None = None
 
     def pack(self) -> bytes:
         """The request as it travels."""
         ctx = tuple(getattr(self.ctx, name) for name in _CONTEXT_FIELDS)
-        return pickle.dumps(
-            (self.call, self.args, ctx, self.paths, self.processor), pickle.HIGHEST_PROTOCOL
-        )
+        stored = None
+        if self.inputs is not None:
+            stored = tuple(getattr(self.inputs, name) for name in _INPUTS_FIELDS)
+        request = (self.call, self.args, ctx, self.paths, self.processor, stored)
+        return pickle.dumps(request, pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def unpack(cls, data: bytes) -> Request:
-        call, args, ctx, paths, processor = pickle.loads(data)
-        return cls(call, args, TaskContext(*ctx), paths, processor)
+        call, args, ctx, paths, processor, stored = pickle.loads(data)
+        inputs = None if stored is None else StoredInputs(*stored)
+        return cls(call, args, TaskContext(*ctx), paths, processor, inputs)
+
+    def context(self) -> TaskContext:
+        """The task's context, its inputs decoded (DamagedData if they cannot be)."""
+        if self.inputs is None:
+            return self.ctx
+        return dataclasses.replace(self.ctx, inputs=self.inputs.decode())
 
 
 _CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(TaskContext))
+_INPUTS_FIELDS = tuple(f.name for f in dataclasses.fields(StoredInputs))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -333,9 +345,14 @@ def main(argv: list[str]) -> None:
             importlib.invalidate_caches()
             resolve.cache_clear()
         try:
-            reply = call_task(request.call, request.args, request.ctx, processor=request.processor)
-        except Exception as exc:  # a fault here fails this task, not the process
-            reply = Reply(ok=False, error=f"the pool process failed it: {describe(exc)}")
+            ctx = request.context()
+        except DamagedData as exc:
+            reply = Reply(ok=False, error=f"cannot load upstream outputs: {exc}")
+        else:
+            try:
+                reply = call_task(request.call, request.args, ctx, processor=request.processor)
+            except Exception as exc:  # a fault here fails this task, not the process
+                reply = Reply(ok=False, error=f"the pool process failed it: {describe(exc)}")
         sys.stdout.flush()
         sys.stderr.flush()
         try:

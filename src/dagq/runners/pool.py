@@ -34,7 +34,7 @@ import msgspec
 
 import dagq
 from dagq.payloads import OUTPUT_INLINE_BYTES
-from dagq.runners import Outcome, TaskContext
+from dagq.runners import Outcome, StoredInputs, TaskContext
 from dagq.runners.child import HEADER, Reply, Request
 
 log = logging.getLogger("dagq.worker")
@@ -257,17 +257,19 @@ class TaskPool:
         timeout_s: float | None,
         *,
         processor: bool = False,
+        inputs: StoredInputs | None = None,
     ) -> Outcome:
         """Run one task in a pool process; its outcome. Cancelling kills the process.
 
         ``processor``: ``call`` is a worker's processor, given ``args`` (the task's
-        kwargs) as keyword arguments.
+        kwargs) as keyword arguments. ``inputs``, if given, are decoded in that process
+        into ``ctx.inputs``.
         """
         process = await self._acquire()
         try:
             paths = list(sys.path)
             changed = None if paths == process.paths else paths
-            data = Request(call, args, ctx, changed, processor).pack()
+            data = Request(call, args, ctx, changed, processor, inputs).pack()
             process.paths = paths
             reply = await asyncio.wait_for(process.call(data), timeout_s)
         except TimeoutError:

@@ -27,7 +27,7 @@ from typing import Any
 from dagq.errors import DagqError
 from dagq.jobq import task_scope
 from dagq.messages import TaskSpec
-from dagq.runners import Outcome, TaskContext
+from dagq.runners import Outcome, StoredInputs, TaskContext
 from dagq.runners.child import ImportFailed, Reply, encode_output, failure, prepare, resolve
 from dagq.runners.pool import TaskPool, output_value
 
@@ -65,15 +65,21 @@ async def run_python(
     pool: TaskPool | None = None,
     executor: Executor | None = None,
     processor: bool = False,
+    inputs: StoredInputs | None = None,
 ) -> Outcome:
     """Call the task's function — in ``pool``, else on ``executor``'s threads — and
     turn its result or exception into an Outcome.
 
     ``processor``: ``spec.call`` is the worker's processor, and ``args`` the task's
-    kwargs, given as keyword arguments (with ``ctx`` if it names it).
+    kwargs, given as keyword arguments (with ``ctx`` if it names it). ``inputs`` (with a
+    pool only) are decoded in the pool process into ``ctx.inputs``.
     """
     if pool is not None:
-        return await pool.run(spec.call or "", args, ctx, spec.timeout_s, processor=processor)
+        return await pool.run(
+            spec.call or "", args, ctx, spec.timeout_s, processor=processor, inputs=inputs
+        )
+    if inputs is not None:
+        raise ValueError("stored inputs are decoded by pool processes only")
     return await _run_in_thread(spec, ctx, args, executor, processor)
 
 
