@@ -5,11 +5,26 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dagq import machine
+from dagq import keys, machine
 from dagq.loading import load_data
-from dagq.messages import Event, SubmitRequested, TaskFinished, TaskStarted
+from dagq.messages import Event, SubmitRequested, TaskFinished, TaskStarted, decode_events
 from dagq.plan import Plan, compile_plan, resolve_params
 from dagq.state import RunState, TaskStatus
+from dagq.stores.base import Store
+
+
+async def finished(store: Store, n: int) -> list[TaskFinished]:
+    """The first ``n`` completion events (waits for them)."""
+    events: list[TaskFinished] = []
+    while len(events) < n:
+        got = await store.queues.receive(
+            keys.COMPLETIONS_QUEUE, max_messages=32, visibility_timeout_s=60
+        )
+        for m in got:
+            events += [e for e in decode_events(m.body) if isinstance(e, TaskFinished)]
+        if not got:
+            await store.queues.wait(keys.COMPLETIONS_QUEUE, 0.05)
+    return events
 
 
 def definition(tasks: list[dict[str, Any]], **workflow: Any) -> Any:

@@ -33,7 +33,7 @@ from dagq.stores.base import OutgoingMessage, Store
 from dagq.stores.memory import open_memory_store
 from dagq.views import load_view
 from dagq.worker import Worker, WorkerOptions
-from tests.helpers import GatedQueues, definition
+from tests.helpers import GatedQueues, definition, finished
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -87,20 +87,6 @@ def test_bundles_keep_every_task_once_within_the_size_and_byte_limits(
 
 
 # --- workers --------------------------------------------------------------------------
-
-
-async def finished(store: Store, n: int) -> list[TaskFinished]:
-    """The first ``n`` completion events (waits for them)."""
-    events: list[TaskFinished] = []
-    while len(events) < n:
-        got = await store.queues.receive(
-            keys.COMPLETIONS_QUEUE, max_messages=32, visibility_timeout_s=60
-        )
-        for m in got:
-            events += [e for e in decode_events(m.body) if isinstance(e, TaskFinished)]
-        if not got:
-            await store.queues.wait(keys.COMPLETIONS_QUEUE, 0.05)
-    return events
 
 
 async def visible(store: Store, queue: str = "default") -> int:

@@ -17,13 +17,14 @@ import msgspec
 import pytest
 
 from dagq import keys, reporting
-from dagq.messages import TaskFinished, TaskMessage, TaskSpec, decode_events, encode_task
+from dagq.messages import TaskFinished, TaskMessage, TaskSpec, encode_task
 from dagq.runners import Outcome, TaskContext
 from dagq.runners.python import run_python
 from dagq.runners.shell import run_shell
 from dagq.stores.base import OutgoingMessage, Store
 from dagq.stores.memory import open_memory_store
 from dagq.worker import Worker, WorkerOptions
+from tests.helpers import finished
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -253,19 +254,6 @@ async def test_python_tasks_use_the_same_helpers(isolation: str) -> None:
 
 
 # --- a worker with hand-built messages ----------------------------------------------
-
-
-async def finished(store: Store, n: int) -> list[TaskFinished]:
-    events: list[TaskFinished] = []
-    while len(events) < n:
-        got = await store.queues.receive(
-            keys.COMPLETIONS_QUEUE, max_messages=32, visibility_timeout_s=60
-        )
-        for m in got:
-            events += [e for e in decode_events(m.body) if isinstance(e, TaskFinished)]
-        if not got:
-            await store.queues.wait(keys.COMPLETIONS_QUEUE, 0.05)
-    return events
 
 
 async def served(
