@@ -201,7 +201,16 @@ class WorkflowDef(_Strict, frozen=True, kw_only=True):
     default_task_timeout_s: Timeout | None = None
     max_parallelism: Annotated[int, msgspec.Meta(ge=1)] | None = None
     result_policy: ResultPolicy = "all_sinks_succeed"
-    params: dict[str, Any] = msgspec.field(default_factory=dict)
+    params: Annotated[
+        dict[str, Any],
+        msgspec.Meta(
+            description=(
+                "Param name -> its default (the type is inferred from it), or a "
+                "declaration {type: int|float|bool|string|list|object, default, choices, "
+                "min, max, description}; without 'default' the param is required."
+            )
+        ),
+    ] = msgspec.field(default_factory=dict)
     deadline_s: Seconds | None = None
     defaults: Defaults | None = None
     semantics: (

@@ -27,6 +27,8 @@ from dagq.definition import (
 )
 from dagq.errors import PayloadTooLarge, ValidationError
 from dagq.messages import TaskSpec
+from dagq.params import ParamText, param_specs
+from dagq.params import check as check_param
 from dagq.payloads import MAX_DEPTH, check_depth, echo
 from dagq.validation import LOOP_ROOTS
 
@@ -106,32 +108,47 @@ class Plan:
 
 
 def resolve_params(definition: WorkflowDef, overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """The declared params with their defaults, overridden by ``overrides``."""
-    unknown = sorted(set(overrides) - set(definition.params))
+    """The declared params with their defaults, overridden by ``overrides`` — each
+    checked against its declared (or inferred) type, choices and bounds, and coerced
+    if it came from the command line (:class:`dagq.params.ParamText`)."""
+    specs = param_specs(definition.params)
+    unknown = sorted(set(overrides) - set(specs))
     if unknown:
-        known = ", ".join(sorted(definition.params)) or "none are declared"
+        known = ", ".join(sorted(specs)) or "none are declared"
         raise ValidationError(
             f"unknown param {', '.join(repr(echo(u)) for u in unknown[:10])} for workflow "
             f"'{definition.name}' (known params: {known})"
         )
-    return {**definition.params, **overrides}
+    resolved: dict[str, Any] = {}
+    for name, spec in specs.items():
+        if name in overrides:
+            resolved[name] = check_param(spec, overrides[name])
+        elif spec.required:
+            raise ValidationError(
+                f"param '{name}' ({spec.describe()}) of workflow '{definition.name}' has no "
+                f"default: give it (-p {name}=VALUE)"
+            )
+        else:
+            resolved[name] = spec.default
+    return resolved
 
 
-def parse_param(text: str) -> tuple[str, Any]:
-    """Parse ``key=value`` from the command line; the value is JSON if it parses."""
+def parse_param(text: str) -> tuple[str, ParamText]:
+    """Split ``key=value`` from the command line; the value is coerced to the param's
+    type when the params are resolved (JSON for list, object and untyped params)."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise ValidationError(f"-p {echo(text)!r}: expected key=value")
-    try:
-        parsed = json.loads(value)
-    except RecursionError:  # deeper than the parser's stack: far over the bound
-        raise PayloadTooLarge(
-            f"-p {echo(key)}: the value is nested more than {MAX_DEPTH} levels deep"
-        ) from None
-    except ValueError:
-        return key, value
-    check_depth(parsed, f"-p {echo(key)}: the value")
-    return key, parsed
+    if value[:1] in ("[", "{"):
+        try:  # refuse a hostile depth here, before any definition is read
+            check_depth(json.loads(value), f"-p {echo(key)}: the value")
+        except RecursionError:  # deeper than the parser's stack: far over the bound
+            raise PayloadTooLarge(
+                f"-p {echo(key)}: the value is nested more than {MAX_DEPTH} levels deep"
+            ) from None
+        except ValueError:
+            pass
+    return key, ParamText(value)
 
 
 def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:

@@ -17,6 +17,7 @@ from dagq import expression
 from dagq.definition import TaskDef, WorkflowDef, rule_set
 from dagq.errors import PayloadTooLarge, ValidationError
 from dagq.expression.values import kind_of
+from dagq.params import param_specs
 from dagq.payloads import MAX_PARAMS_BYTES, NAME_ECHO_CHARS, check_depth, echo, encode_json
 
 #: A task name: as free as ai4s-jobq's (spaces, '/', punctuation, any letters), but
@@ -51,6 +52,7 @@ def validate(definition: WorkflowDef) -> None:
                 f"params: '{echo(name)}' is not a valid param name "
                 "(letters, digits and '_', not starting with a digit)"
             )
+    param_specs(definition.params)
     _check_queue("default_queue", definition.default_queue)
     if definition.defaults and definition.defaults.queue:
         _check_queue("defaults.queue", definition.defaults.queue)

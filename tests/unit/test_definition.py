@@ -106,10 +106,10 @@ def test_params_are_resolved_with_overrides_and_unknown_ones_refused() -> None:
         resolve_params(d, {"z": 1})
 
 
-def test_cli_params_parse_as_json_when_they_can() -> None:
-    assert parse_param("n=5") == ("n", 5)
-    assert parse_param("name=x y") == ("name", "x y")
-    assert parse_param("flags=[1,2]") == ("flags", [1, 2])
+def test_cli_params_of_untyped_params_parse_as_json_when_they_can() -> None:
+    d = load_text("name: x\nparams: {n: null, name: null, flags: null}\ntasks: [{name: a}]\n")
+    given = dict(parse_param(p) for p in ("n=5", "name=x y", "flags=[1,2]"))
+    assert resolve_params(d, given) == {"n": 5, "name": "x y", "flags": [1, 2]}
     with pytest.raises(ValidationError, match="expected key=value"):
         parse_param("n")
 

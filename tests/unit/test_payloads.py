@@ -463,7 +463,7 @@ async def test_the_client_refuses_signal_data_over_its_hard_bound() -> None:
 async def test_the_client_refuses_params_over_their_bounds(
     params: dict[str, Any], expected: str
 ) -> None:
-    d = definition([{"name": "a", "cmd": "echo {{ params.p }}"}], params={"p": ""})
+    d = definition([{"name": "a", "cmd": "echo {{ params.p }}"}], params={"p": None})  # any type
     store = open_memory_store()
     with pytest.raises(ValidationError, match=expected):
         await Client(store).submit(d, params=params)

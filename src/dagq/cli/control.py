@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -90,7 +91,7 @@ def _stdin_paths() -> list[str]:
 
 
 async def _submit_one(
-    client: Client, path: str, overrides: dict[str, object], workflow_id: str | None
+    client: Client, path: str, overrides: Mapping[str, object], workflow_id: str | None
 ) -> FileSubmission:
     try:
         definition = load_definition(Path(path))

@@ -6,6 +6,7 @@ import asyncio
 import shlex
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
@@ -86,7 +87,7 @@ async def _run(
     console: Console,
     definition: WorkflowDef,
     *,
-    overrides: dict[str, object],
+    overrides: Mapping[str, object],
     workers: int,
     workflow_id: str | None,
     store_url: str,
