@@ -28,6 +28,7 @@ __all__ = [
     "Workflow",
     "WorkflowDef",
     "WorkflowDefinition",
+    "__version__",
     "load_file",
 ]
 
@@ -43,9 +44,21 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return _version()
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'dagq' has no attribute {name!r}")
     import importlib
 
     return getattr(importlib.import_module(module), name)
+
+
+def _version() -> str:
+    """The installed distribution's version (``dagq --version`` prints the same)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dagq")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"

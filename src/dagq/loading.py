@@ -315,6 +315,8 @@ def _convert_error(exc: msgspec.ValidationError, report: _Reporter) -> Validatio
     detail = _friendly(message.replace("`", "'"))
     if detail.startswith("Invalid enum value") and path and path[-1] in _CHOICES:
         detail += f" (use {_CHOICES[str(path[-1])]})"
+    if "matching regex" in detail and path and path[-1] in _PATTERNS:
+        detail = _PATTERNS[str(path[-1])]
     if not path:
         return ValidationError(f"{report.source}: {detail}")
     return ValidationError(f"{report.where(path)}: {detail}")
@@ -325,6 +327,14 @@ _CHOICES = {
     "dep_policy": "one of all, any, all_settled, or how many parents must complete",
     "result_policy": "one of all_sinks_succeed, all_tasks_succeed",
     "semantics": "jobq (for ai4s-jobq's rules) or dagq",
+}
+
+#: What a field with a pattern accepts, for "Expected 'str' matching regex" errors.
+_PATTERNS = {
+    "call": "expected MODULE:FUNCTION, a Python function as 'package.module:function' "
+    "(e.g. 'mypkg.tasks:train')",
+    "signal": "expected a signal name: 1-100 letters, digits, '_', '.', ':' or '-', "
+    "starting with a letter, digit or '_'",
 }
 
 _TYPE_WORDS = {

@@ -137,7 +137,9 @@ async def submit(
     """Store a workflow and wake the coordinator; repeat-safe for the same id."""
     resolved = resolve_params(definition, params or {})
     check_bounds(definition, resolved)
-    workflow_id = check_workflow_id(workflow_id or new_workflow_id(definition.name))
+    if workflow_id is None:  # an empty id is refused like any other invalid one
+        workflow_id = new_workflow_id(definition.name)
+    workflow_id = check_workflow_id(workflow_id)
     now = clock()
     submitted = Submitted(
         workflow_id=workflow_id,

@@ -37,7 +37,8 @@ def test_second_coordinator_is_refused_naming_the_holder_and_the_lease_age(
 
     second = cli.run("coordinator", timeout_s=15)
 
-    assert second.code != 0
+    assert second.code == 2, second.output
+    assert second.stderr.startswith("error: another coordinator serves this store: ")
     assert f":{first.pid}:" in second.stderr  # the holder is host:pid:token
     assert re.search(r"acquired \d+s ago", second.stderr), second.stderr
     assert "--break-lease" in second.stderr
@@ -71,7 +72,7 @@ def test_coordinator_takes_over_an_expired_lease_of_another_host(cli: DagqCli) -
 
     cli.with_store(hold)
     refused = cli.run("coordinator", timeout_s=15)
-    assert refused.code != 0
+    assert refused.code == 2
     assert "elsewhere:4242:feed" in refused.stderr
     wait_until(lambda: cli.lease() is None, timeout_s=10, what="the lease to expire")
 

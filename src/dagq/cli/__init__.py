@@ -45,8 +45,51 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="dagq")
+class OneLineUsageError(click.UsageError):
+    """A usage error of click's (a bad option, a missing argument) in dagq's style:
+    one line, ``error: …``, exit 2 — as every other error of the command."""
+
+    def __init__(self, cause: click.UsageError) -> None:
+        message = " ".join(cause.format_message().split()).replace(". (Did", " (did")
+        message = message.replace(". Did you mean", "; did you mean")
+        message = message[:1].lower() + message[1:]
+        path = cause.ctx.command_path if cause.ctx is not None else "dagq"
+        super().__init__(f"{message.rstrip('.')} — see '{path} --help'", cause.ctx)
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class DagqGroup(click.Group):
+    """The ``dagq`` group: renders click's usage errors as dagq's own one-line errors."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise OneLineUsageError(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            if isinstance(exc, OneLineUsageError):
+                raise
+            raise OneLineUsageError(exc) from None
+
+
+@click.group(cls=DagqGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(None, "-V", "--version", package_name="dagq", message="%(prog)s %(version)s")
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """dagq: durable workflows of tasks, from one laptop to a fleet."""
@@ -216,8 +259,8 @@ def coordinator(
     "--import-path",
     "import_paths",
     multiple=True,
-    type=click.Path(file_okay=False),
-    help="A directory to import Python tasks from (repeatable).",
+    type=click.Path(file_okay=False, exists=True),
+    help="A directory to import Python tasks from (repeatable; it must exist).",
 )
 @click.option(
     "--idle-timeout",

@@ -60,9 +60,9 @@ def run_coordinator(
 ) -> int:
     """The body of ``dagq coordinator``; returns the exit code.
 
-    1 when another coordinator holds the lease, when the lease is lost (taken over, or
-    not renewed in time), or when the lease keeper died: the process never goes on
-    writing without it.
+    2 when another coordinator holds the lease (refused at start); 1 when the lease is
+    lost (taken over, or not renewed in time), or when the lease keeper died: the
+    process never goes on writing without it.
     """
     setup_logging()
 
@@ -76,12 +76,13 @@ def run_coordinator(
         try:
             await coordinator.run(stop, break_lease=break_lease)
         except LeaseHeld as held:
-            log.error(
-                "another coordinator serves this store: %s; stop it first, or pass "
-                "--break-lease if it is dead",
-                held,
+            print(
+                f"error: another coordinator serves this store: {held}; stop it first, or "
+                "pass --break-lease if it is dead",
+                file=sys.stderr,
+                flush=True,
             )
-            return 1
+            return 2  # refused before doing anything, like any usage error
         except (LeaseLost, BackgroundFailed) as exc:
             log.error("coordinator stopped: %s", exc)
             return 1
