@@ -96,7 +96,7 @@ def test_doctor_warns_until_the_dead_letters_are_purged(cli: DagqCli) -> None:
     shown = cli.run("dlq", "show", one["key"])
     assert shown.code == 0 and "not a task" in shown.stdout
 
-    purged = cli.run("dlq", "purge", "--all")
+    purged = cli.run("dlq", "purge", "--all", "--yes")
 
     assert purged.code == 0, purged.output
     assert "purged 2" in purged.stdout

@@ -186,7 +186,7 @@ def test_purge_older_than_removes_only_finished_workflows_past_the_cutoff(cli: D
     age(cli, "old", days=3)
     age(cli, "old-pending", days=3)
 
-    result = cli.run("purge", "--older-than", "2")
+    result = cli.run("purge", "--older-than", "2", "--yes")
 
     assert result.code == 0, result.output
     assert "purged 1 " in result.stdout

@@ -14,6 +14,9 @@ from typing import Any, Literal, NoReturn, TypeVar
 
 import click
 
+from dagq.cli.log_output import LogFormat, log_options
+from dagq.cli.log_output import configure as configure_logging
+
 DEFAULT_STORE = "sqlite:///.dagq/dagq.db"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -25,10 +28,13 @@ def store_option(function: F) -> F:
     return click.option(
         "--store",
         "store_url",
+        metavar="URL",
         envvar="DAGQ_STORE",
         default=DEFAULT_STORE,
         show_default=True,
-        help="Store URL (sqlite:///path.db, memory://); env DAGQ_STORE.",
+        help="Where state lives: sqlite:///relative/path.db or sqlite:////absolute/path.db "
+        "(one file, several processes), azure://ACCOUNT/PREFIX (Azure Storage; pip install "
+        "'dagq[azure]'), memory:// (this process only); env DAGQ_STORE.",
     )(function)
 
 
@@ -93,8 +99,8 @@ class DagqGroup(click.Group):
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """dagq: durable workflows of tasks, from one laptop to a fleet."""
-    if ctx.invoked_subcommand == "config":  # it reads (or replaces) a broken file itself
-        return
+    if ctx.invoked_subcommand in ("config", "completion"):  # no settings needed (config
+        return  # reads, or replaces, a broken file itself)
     from dagq import config
     from dagq.cli.settings import default_map
     from dagq.errors import DagqError
@@ -138,6 +144,7 @@ def main(ctx: click.Context) -> None:
     metavar="MODULE:FUNCTION",
     help=PROCESSOR_HELP,
 )
+@log_options("warning")
 def run(
     *,
     file: Path,
@@ -147,9 +154,13 @@ def run(
     store_url: str,
     quiet: bool,
     processor: str | None,
+    log_level: str,
+    log_format: LogFormat,
 ) -> None:
     """Run a workflow FILE (YAML, JSON or Python) in this process until it ends."""
     from dagq.cli.run import run_command
+
+    configure_logging(log_level, log_format)
 
     sys.exit(
         run_command(file, params, workers, workflow_id, store_url, quiet=quiet, processor=processor)
@@ -180,6 +191,23 @@ def validate(*, file: Path) -> None:
 
 
 @main.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(*, shell: str) -> None:
+    """Print the shell completion script for SHELL (commands, options, choices).
+
+    \b
+    bash:  eval "$(dagq completion bash)"   (in ~/.bashrc)
+    zsh:   eval "$(dagq completion zsh)"    (in ~/.zshrc)
+    fish:  dagq completion fish > ~/.config/fish/completions/dagq.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    completer = get_completion_class(shell)
+    assert completer is not None  # the choice admits only shells click supports
+    click.echo(completer(main, {}, "dagq", "_DAGQ_COMPLETE").source())
+
+
+@main.command()
 def schema() -> None:
     """Print the JSON Schema of workflow files (for editor completion)."""
     import json
@@ -194,6 +222,13 @@ def json_option(function: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON (stable fields).")(
         function
     )
+
+
+def yes_option(function: F) -> F:
+    """``--yes``: do a destructive bulk action without asking."""
+    return click.option(
+        "-y", "--yes", is_flag=True, help="Do not ask for confirmation (needed without a terminal)."
+    )(function)
 
 
 def _exit(run: Callable[[], int]) -> NoReturn:
@@ -223,11 +258,20 @@ def _exit(run: Callable[[], int]) -> NoReturn:
     help="Seconds the coordinator lease lasts unless renewed (renewed every third of it); "
     "a coordinator that cannot renew stops before it expires.",
 )
+@log_options("info")
 def coordinator(
-    *, store_url: str, break_lease: bool, log_interval: float, lease_ttl: float
+    *,
+    store_url: str,
+    break_lease: bool,
+    log_interval: float,
+    lease_ttl: float,
+    log_level: str,
+    log_format: LogFormat,
 ) -> None:
     """Advance every workflow of the store until stopped (SIGTERM/SIGINT: graceful)."""
     from dagq.cli.serve import run_coordinator
+
+    configure_logging(log_level, log_format)
 
     _exit(
         lambda: run_coordinator(
@@ -299,8 +343,11 @@ def coordinator(
     "past its timeout cannot be stopped).",
 )
 @click.option("--processor", default=None, metavar="MODULE:FUNCTION", help=PROCESSOR_HELP)
+@log_options("info")
 def worker(
     *,
+    log_level: str,
+    log_format: LogFormat,
     store_url: str,
     queues: tuple[str, ...],
     concurrency: int,
@@ -317,6 +364,8 @@ def worker(
     from dagq.runners.python import add_import_paths, check_processor
     from dagq.validation import check_queue_name
     from dagq.worker import WorkerOptions
+
+    configure_logging(log_level, log_format)
 
     def body() -> int:
         for queue in queues:
@@ -597,14 +646,20 @@ def doctor(*, store_url: str, as_json: bool) -> None:
     help="Purge every finished workflow older than this.",
 )
 @click.option("--force", is_flag=True, help="Also purge an unfinished workflow.")
+@yes_option
 @store_option
 def purge(
-    *, workflow_id: str | None, older_than: float | None, force: bool, store_url: str
+    *, workflow_id: str | None, older_than: float | None, force: bool, yes: bool, store_url: str
 ) -> None:
-    """Remove a workflow's state, outputs, logs and index row (finished ones only)."""
+    """Remove a workflow's state, outputs, logs and index row (finished ones only).
+
+    --older-than asks for confirmation on a terminal, and needs --yes elsewhere.
+    """
     from dagq.cli.admin import run_purge
 
-    _exit(lambda: run_purge(store_url, workflow_id, older_than_days=older_than, force=force))
+    _exit(
+        lambda: run_purge(store_url, workflow_id, older_than_days=older_than, force=force, yes=yes)
+    )
 
 
 @main.group(name="quarantine")
@@ -676,12 +731,18 @@ def dlq_replay(*, keys: tuple[str, ...], every: bool, queue: str | None, store_u
 @click.argument("keys", nargs=-1)
 @click.option("--all", "every", is_flag=True, help="Every dead letter (of --queue).")
 @click.option("--queue", default=None, help="With --all: only this queue's.")
+@yes_option
 @store_option
-def dlq_purge(*, keys: tuple[str, ...], every: bool, queue: str | None, store_url: str) -> None:
-    """Remove dead letters for good."""
+def dlq_purge(
+    *, keys: tuple[str, ...], every: bool, queue: str | None, yes: bool, store_url: str
+) -> None:
+    """Remove dead letters for good.
+
+    --all asks for confirmation on a terminal, and needs --yes elsewhere.
+    """
     from dagq.cli.dlq import run_purge
 
-    _exit(lambda: run_purge(store_url, keys, every=every, queue=queue))
+    _exit(lambda: run_purge(store_url, keys, every=every, queue=queue, yes=yes))
 
 
 @main.command()

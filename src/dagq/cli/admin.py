@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from dagq.cli.confirmation import confirm
 from dagq.cli.inspect import EXIT_FAILED, EXIT_OK, console, print_json, with_client
 from dagq.client import Client
 from dagq.errors import StoreUnavailable, UsageError
@@ -37,11 +38,21 @@ def run_doctor(store_url: str, *, as_json: bool) -> int:
 
 
 def run_purge(
-    store_url: str, workflow_id: str | None, *, older_than_days: float | None, force: bool
+    store_url: str,
+    workflow_id: str | None,
+    *,
+    older_than_days: float | None,
+    force: bool,
+    yes: bool = False,
 ) -> int:
-    """``dagq purge ID`` or ``dagq purge --older-than DAYS``."""
+    """``dagq purge ID`` or ``dagq purge --older-than DAYS`` (confirmed first)."""
     if (workflow_id is None) == (older_than_days is None):
         raise UsageError("give either a workflow ID or --older-than DAYS")
+    if older_than_days is not None:
+        confirm(
+            f"purge every finished workflow older than {older_than_days:g} day(s) from {store_url}",
+            yes=yes,
+        )
     if workflow_id is not None:
         deleted = with_client(store_url, lambda c: purge(c.store, workflow_id, force=force))
         console().print(f"purged {workflow_id} ({deleted} document(s))")

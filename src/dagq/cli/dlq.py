@@ -8,6 +8,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from dagq import dead_letters
+from dagq.cli.confirmation import confirm
 from dagq.cli.inspect import EXIT_OK, console, print_json, when, with_client
 from dagq.client import Client
 from dagq.errors import UsageError
@@ -100,8 +101,13 @@ def run_replay(store_url: str, keys: tuple[str, ...], *, every: bool, queue: str
     return _apply(store_url, keys, every, queue=queue, verb="replay", action=dead_letters.replay)
 
 
-def run_purge(store_url: str, keys: tuple[str, ...], *, every: bool, queue: str | None) -> int:
-    """``dagq dlq purge KEY... | --all``: removed for good."""
+def run_purge(
+    store_url: str, keys: tuple[str, ...], *, every: bool, queue: str | None, yes: bool = False
+) -> int:
+    """``dagq dlq purge KEY... | --all``: removed for good (``--all`` confirmed first)."""
+    if every and not keys:
+        which = f"of queue '{queue}' " if queue else ""
+        confirm(f"remove every dead letter {which}from {store_url} for good", yes=yes)
     return _apply(store_url, keys, every, queue=queue, verb="purge", action=dead_letters.purge)
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from dagq import keys
+from dagq.cli import log_output
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.errors import DagqError, LeaseHeld, LeaseLost
 from dagq.stores import open_store
@@ -23,12 +24,10 @@ log = logging.getLogger("dagq")
 
 
 def setup_logging(verbose: bool = False) -> None:
-    """One line per event on stderr, with a timestamp."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """One line per event on stderr, with a timestamp — unless the command configured
+    logging already (``--log-level``, ``--log-format``: :mod:`dagq.cli.log_output`)."""
+    if not logging.getLogger().handlers:
+        log_output.configure("debug" if verbose else "info")
 
 
 def serve(body: Callable[[asyncio.Event], Awaitable[int]]) -> int:
