@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagq import quarantine
+from dagq.client import Client
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.definition import WorkflowDef
-from dagq.errors import DamagedData, LeaseHeld, LeaseLost
+from dagq.errors import DamagedData, LeaseHeld, LeaseLost, UsageError
 from dagq.plan import Plan
 from dagq.state import QUARANTINED, WORKFLOW_TERMINAL, RunState
 from dagq.stores.base import Store
-from dagq.submission import SubmitResult, submit
+from dagq.submission import SubmitResult, new_request_id, submit
 from dagq.views import read_checked
 from dagq.worker import Worker, WorkerOptions
 
@@ -45,14 +46,24 @@ QUARANTINE_CHECK_S = 1.0
 Observer = Callable[[Plan, RunState], Awaitable[None] | None]
 
 
+#: The cancel reason of a run interrupted by Ctrl-C: ``dagq run --id`` takes it up again.
+INTERRUPTED = "cancelled by Ctrl-C"
+
+
 @dataclass(frozen=True, slots=True)
-class LocalRun:
-    """How an in-process run ended."""
+class Start:
+    """What :meth:`LocalRunner.start` found: a new run, one to resume, or nothing to do."""
 
     workflow_id: str
-    status: str
-    resumed: bool
-    already_finished: bool
+    created: bool
+    #: Why the run is quarantined (it waits for a person), else None.
+    quarantined: str | None = None
+    #: The status of a run that had ended already (nothing runs), else None.
+    finished: str | None = None
+    #: An interrupted run (Ctrl-C) whose cancelled tasks run again.
+    reopened: bool = False
+    #: Why an interrupted run could not be taken up again (its undos ran, say).
+    not_reopened: str | None = None
 
 
 class LocalRunner:
@@ -79,6 +90,52 @@ class LocalRunner:
         #: Why the workflow was quarantined, once drive() returned ``quarantined``.
         self.quarantine_reason: str | None = None
         self._quarantine_checked = 0.0
+        #: The retry request drive() waits to see applied before a terminal state counts.
+        self._awaiting: str | None = None
+        #: Take a run interrupted by Ctrl-C up again once its cancellation has ended
+        #: (set for a resumed run; the caller clears it when this run is interrupted).
+        self.resume_interrupted = False
+
+    async def start(
+        self, definition: WorkflowDef, *, params: Mapping[str, Any], workflow_id: str | None
+    ) -> Start:
+        """Submit or find the run, and decide what :meth:`drive` does with it: run it,
+        resume it, take an interrupted (Ctrl-C) one up again, or nothing (it ended, or
+        is quarantined)."""
+        submitted = await self.submit(definition, params=params, workflow_id=workflow_id)
+        wid, created = submitted.workflow_id, submitted.created
+        held = await quarantine.read(self.store, wid)
+        if held is not None and held[0].released_at is None:
+            return Start(wid, created, quarantined=held[0].reason)
+        first = await self.current_state()
+        # A Ctrl-C's cancel may still be on its way (the process quit at once): a run
+        # resumed here that ends by it is taken up again.
+        self.resume_interrupted = not created and first.status not in WORKFLOW_TERMINAL
+        if first.cancel_reason == INTERRUPTED and first.status == "cancelling":
+            return Start(wid, created, reopened=True)
+        if first.cancel_reason == INTERRUPTED and first.status == "cancelled":
+            try:
+                await self.reopen()
+            except UsageError as exc:
+                return Start(wid, created, finished=first.status, not_reopened=str(exc))
+            return Start(wid, created, reopened=True)
+        if first.status in WORKFLOW_TERMINAL:
+            return Start(wid, created, finished=first.status)
+        return Start(wid, created)
+
+    async def reopen(self, tasks: Sequence[str] | None = None) -> None:
+        """Re-run the failed, upstream_failed and cancelled tasks (or ``tasks``) of the
+        finished run; :meth:`drive` goes on until the retried run ends. UsageError if
+        there is nothing to retry."""
+        assert self.submitted is not None
+        request_id = new_request_id()
+        await Client(self.store).retry(
+            self.submitted.workflow_id,
+            list(tasks) if tasks else None,
+            ack_timeout_s=0,
+            request_id=request_id,
+        )
+        self._awaiting = request_id
 
     async def submit(
         self, definition: WorkflowDef, *, params: Mapping[str, Any], workflow_id: str | None
@@ -140,7 +197,7 @@ class LocalRunner:
                     result = observer(plan, current)
                     if result is not None:
                         await result
-                if current.status in WORKFLOW_TERMINAL:
+                if current.status in WORKFLOW_TERMINAL and await self._ended(current):
                     return current.status
                 if self.stop.is_set():  # stopped from outside (SIGTERM): resumable later
                     return current.status
@@ -153,6 +210,27 @@ class LocalRunner:
         finally:
             self.stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _ended(self, current: RunState) -> bool:
+        """Whether a terminal state is the end: not while a retry asked for is not yet
+        applied, nor for an interrupted run to take up again once its cancel is done."""
+        if self._awaiting is not None:
+            if self._awaiting not in current.requests:
+                return False
+            self._awaiting = None  # applied: the retried run ended (or it was refused)
+            return True
+        if self.resume_interrupted and current.cancel_reason == INTERRUPTED:
+            assert self.submitted is not None
+            stored = await read_checked(self.store, self.submitted.workflow_id, self.submitted.plan)
+            if stored is None or stored[0].status not in WORKFLOW_TERMINAL:
+                return False  # the end is not on disk yet; a retry reads it from there
+            self.resume_interrupted = False
+            try:
+                await self.reopen()
+            except UsageError:  # its undos ran: it stays cancelled
+                return True
+            return False
+        return True
 
     async def _quarantined(self) -> str | None:
         """Why the workflow is quarantined, if it is (asked of the store at most once a

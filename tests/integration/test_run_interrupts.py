@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.cli_harness import DagqCli, Finished, pid_alive, read_pids, wait_until
+from tests.integration.cli_harness import (
+    DagqCli,
+    Finished,
+    lines,
+    pid_alive,
+    read_pids,
+    wait_until,
+)
 
 #: The shell records its PID and that of a child it waits for.
 SPAWNS_A_CHILD = "echo $$ >> {tag}.shell.pids; sleep {seconds} & echo $! >> {tag}.child.pids; wait"
@@ -139,8 +146,54 @@ def test_second_ctrl_c_quits_at_once_with_130_without_a_traceback(cli: DagqCli) 
     assert time.monotonic() - sent < 5
     assert "Traceback" not in result.output
     assert "never retrieved" not in result.output
-    assert "workflow sleepy is recorded as being cancelled" in result.stdout
+    assert "workflow sleepy is safe on disk: resume it with: dagq run" in result.stdout
+    assert "--id sleepy" in result.stdout
     wait_until(lambda: _all_gone(pids), timeout_s=5, what=f"processes {pids} to be gone")
+
+
+def interruptible(cli: DagqCli) -> Path:
+    """'first' runs once; 'nap' sleeps until the file 'resume' exists, then succeeds."""
+    nap = "test -f resume && exit 0; " + SPAWNS_A_CHILD.format(tag="nap", seconds=60)
+    return cli.workflow(
+        "again.yaml",
+        {
+            "name": "again",
+            "tasks": [
+                {"name": "first", "cmd": "echo ran >> first.runs"},
+                {"name": "nap", "depends_on": ["first"], "cmd": nap},
+                {"name": "after", "depends_on": ["nap"], "cmd": "touch after.ran"},
+            ],
+        },
+    )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("presses", [1, 2])
+def test_a_run_interrupted_by_ctrl_c_resumes_with_the_same_id(cli: DagqCli, presses: int) -> None:
+    wf = interruptible(cli)
+    running = cli.start("run", wf, "--id", "again")
+    wait_until(
+        lambda: read_pids(cli.workdir / "nap.child.pids"), timeout_s=15, what="the nap to start"
+    )
+    running.send(signal.SIGINT)
+    if presses == 2:
+        wait_until(
+            lambda: "cancelling" in running.stdout_file.read_text(encoding="utf-8"),
+            timeout_s=5,
+            what="the first Ctrl-C to be acknowledged",
+        )
+        running.send(signal.SIGINT)
+    stopped = running.wait(timeout_s=10)
+    assert "resume it with: dagq run" in stopped.stdout, stopped.output
+    (cli.workdir / "resume").touch()
+
+    resumed = cli.run("run", wf, "--id", "again", timeout_s=40)
+
+    assert resumed.code == 0, resumed.output
+    assert "resuming workflow again (interrupted by Ctrl-C)" in resumed.stdout
+    assert "workflow completed" in resumed.verdict()
+    assert (cli.workdir / "after.ran").exists()
+    assert lines(cli.workdir / "first.runs") == ["ran"]  # completed tasks are kept
 
 
 @pytest.mark.timeout(60)

@@ -440,11 +440,58 @@ def cancel(*, workflow_id: str, store_url: str) -> None:
 @main.command()
 @click.argument("workflow_id")
 @click.option("--task", "tasks", multiple=True, help="Only this task (repeatable).")
+@click.option(
+    "--run",
+    "here",
+    is_flag=True,
+    help="Drive the retried run in this process, as dagq run does (no coordinator or "
+    "workers needed).",
+)
+@click.option(
+    "--workers",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 1024),
+    help="With --run: how many tasks run at once.",
+)
+@click.option(
+    "--import-path",
+    "import_paths",
+    multiple=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="With --run: a directory to import Python tasks from (repeatable).",
+)
+@click.option("--quiet", is_flag=True, help="With --run: no live progress; only the summary.")
 @store_option
-def retry(*, workflow_id: str, tasks: tuple[str, ...], store_url: str) -> None:
-    """Re-run the failed, upstream_failed and cancelled tasks of a finished workflow."""
+def retry(
+    *,
+    workflow_id: str,
+    tasks: tuple[str, ...],
+    here: bool,
+    workers: int,
+    import_paths: tuple[str, ...],
+    quiet: bool,
+    store_url: str,
+) -> None:
+    """Re-run the failed, upstream_failed and cancelled tasks of a finished workflow.
+
+    A coordinator and workers take the retried run up; with --run, this process does.
+    """
     from dagq.cli.control import run_retry
 
+    if here:
+        from dagq.cli.run import retry_run_command
+
+        sys.exit(
+            retry_run_command(
+                store_url,
+                workflow_id,
+                list(tasks),
+                workers=workers,
+                import_paths=import_paths,
+                quiet=quiet,
+            )
+        )
     _exit(lambda: run_retry(store_url, workflow_id, list(tasks)))
 
 

@@ -126,7 +126,7 @@ def run_retry(store_url: str, workflow_id: str, tasks: list[str]) -> int:
     if not taken_up:
         print(
             "warning: no coordinator has taken the request up yet; it runs when one does "
-            "(start one: dagq coordinator)",
+            f"(start one: dagq coordinator), or run it here: dagq retry {workflow_id} --run",
             file=sys.stderr,
         )
     return EXIT_OK

@@ -13,19 +13,18 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from dagq import quarantine
 from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from dagq.cli.display import LiveProgress, print_summary
 from dagq.definition import WorkflowDef
 from dagq.errors import DagqError
 from dagq.loading import load_file
-from dagq.local import LocalRunner
+from dagq.local import INTERRUPTED, LocalRunner, Start
 from dagq.plan import parse_param
 from dagq.runners.python import add_import_paths, check_processor
 from dagq.state import QUARANTINED, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
 from dagq.stores import open_store
 from dagq.stores.base import Store
-from dagq.submission import request_cancel
+from dagq.submission import Submitted, request_cancel, require_submitted
 from dagq.views import load_view
 
 #: The exit code of a run stopped by SIGTERM (the shell convention, 128 + 15).
@@ -83,6 +82,48 @@ def run_command(
         return EXIT_USAGE
 
 
+def retry_run_command(
+    store_url: str,
+    workflow_id: str,
+    tasks: list[str],
+    *,
+    workers: int,
+    import_paths: tuple[str, ...],
+    quiet: bool = False,
+) -> int:
+    """``dagq retry ID --run``: retry a finished run and drive it here, as ``dagq run``
+    does (no cluster needed); returns the process exit code."""
+    console = Console(stderr=False, highlight=False)
+    try:
+        submitted = asyncio.run(_submitted(store_url, workflow_id))
+        return asyncio.run(
+            _run(
+                console,
+                submitted.definition,
+                overrides=submitted.params,
+                workers=workers,
+                workflow_id=workflow_id,
+                store_url=store_url,
+                import_paths=[*import_paths, str(Path.cwd())],
+                quiet=quiet,
+                source="FILE",
+                processor=None,
+                retry_tasks=tasks,
+            )
+        )
+    except DagqError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return EXIT_USAGE
+
+
+async def _submitted(store_url: str, workflow_id: str) -> Submitted:
+    store = open_store(store_url, create=False)
+    try:
+        return await require_submitted(store, workflow_id)
+    finally:
+        await store.close()
+
+
 async def _run(
     console: Console,
     definition: WorkflowDef,
@@ -95,24 +136,38 @@ async def _run(
     quiet: bool,
     source: str,
     processor: str | None,
+    retry_tasks: list[str] | None = None,
 ) -> int:
     store = open_store(store_url)
     try:
         runner = LocalRunner(store, workers=workers, import_paths=import_paths, processor=processor)
-        submitted = await runner.submit(definition, params=overrides, workflow_id=workflow_id)
-        wid = submitted.workflow_id
-        held = await quarantine.read(store, wid)
-        if held is not None and held[0].released_at is None:
-            return _quarantined(console, wid, held[0].reason)
-        first = await runner.current_state()
-        if first.status in ("completed", "failed", "cancelled"):
+        if retry_tasks is not None:  # dagq retry --run: the run exists and has ended
+            await runner.submit(definition, params=overrides, workflow_id=workflow_id)
+            await runner.reopen(retry_tasks)
+            assert runner.submitted is not None
+            start = Start(runner.submitted.workflow_id, created=False)
+        else:
+            start = await runner.start(definition, params=overrides, workflow_id=workflow_id)
+        wid = start.workflow_id
+        resume = f"dagq run {shlex.quote(source)} --id {wid}"
+        if start.quarantined is not None:
+            return _quarantined(console, wid, start.quarantined)
+        if start.finished is not None:
             console.print(f"workflow {wid} already finished; its result:")
+            if start.not_reopened is not None:
+                console.print(f"[yellow]it was interrupted, but {escape(start.not_reopened)}[/]")
             return await _summarize(console, store, wid, None)
-        if not submitted.created:
+        if start.reopened:
+            console.print(
+                f"resuming workflow {wid} (interrupted by Ctrl-C): its cancelled tasks run again"
+            )
+        elif retry_tasks is not None:
+            console.print(f"retrying workflow {wid} here")
+        elif not start.created:
             console.print(f"resuming workflow {wid}")
         await _note_others(console, store, wid)
         started = time.monotonic()
-        interrupts = _Interrupts(store, wid, console, runner.stop)
+        interrupts = _Interrupts(store, wid, console, runner, resume)
         interrupts.install()
         try:
             progress = LiveProgress(console, wid, definition.name)
@@ -126,12 +181,12 @@ async def _run(
         if status == QUARANTINED:
             return _quarantined(console, wid, runner.quarantine_reason or "?")
         if interrupts.count:
-            console.print("[yellow]cancelled by Ctrl-C[/]")
+            console.print(f"[yellow]cancelled by Ctrl-C; resume it with: {escape(resume)}[/]")
         code = await _summarize(console, store, wid, time.monotonic() - started)
         if interrupts.terminated and status not in WORKFLOW_TERMINAL:
             console.print(
                 f"[yellow]stopped by SIGTERM; workflow {wid} is unfinished, resume it with: "
-                f"dagq run {shlex.quote(source)} --id {wid}[/]"
+                f"{escape(resume)}[/]"
             )
             return EXIT_TERMINATED
         return code if status != "completed" else EXIT_OK
@@ -179,12 +234,14 @@ class _Interrupts:
     """
 
     def __init__(
-        self, store: Store, workflow_id: str, console: Console, stop: asyncio.Event
+        self, store: Store, workflow_id: str, console: Console, runner: LocalRunner, resume: str
     ) -> None:
         self.store = store
         self.workflow_id = workflow_id
         self.console = console
-        self.stop = stop
+        self.runner = runner
+        self.stop = runner.stop
+        self.resume = resume
         self.count = 0
         self.terminated = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -209,13 +266,12 @@ class _Interrupts:
         self.count += 1
         if self.count > 1:
             self.console.print(
-                f"[red]stopped at once; workflow {self.workflow_id} is recorded as being "
-                "cancelled (its state is safe on disk)[/]"
+                f"[red]stopped at once; workflow {self.workflow_id} is safe on disk: resume "
+                f"it with: {escape(self.resume)}[/]"
             )
             raise SystemExit(130)
         self.console.print("[yellow]cancelling… (Ctrl-C again to quit at once)[/]")
-        task = asyncio.ensure_future(
-            request_cancel(self.store, self.workflow_id, "cancelled by Ctrl-C")
-        )
+        self.runner.resume_interrupted = False  # this run ends cancelled, as asked
+        task = asyncio.ensure_future(request_cancel(self.store, self.workflow_id, INTERRUPTED))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
