@@ -71,3 +71,68 @@ def test_client_example_in_the_readme_is_valid_python() -> None:
     source = next(b for b in blocks("python") if "Client(" in b)
     compile(source, "README", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     assert "client.wait(" in source
+
+
+def _python_block(marker: str) -> str:
+    return next(b for b in blocks("python") if marker in b)
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    """A directory with the examples, as a fresh clone has them."""
+    import shutil
+
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    return tmp_path
+
+
+def _python(source: str, cwd: Path, timeout_s: float) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", source],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_embedded_run_example_in_the_readme_runs_as_written(scratch: Path) -> None:
+    shown = _python(_python_block("dagq.run("), scratch, 100)
+
+    assert shown.startswith("completed {")
+    assert (scratch / ".dagq" / "dagq.db").is_file()  # the default store of dagq run
+
+
+@pytest.mark.timeout(180)
+def test_the_client_example_in_the_readme_runs_as_written(scratch: Path) -> None:
+    from tests.integration.cli_harness import DagqCli, wait_until
+
+    store = "sqlite:///.dagq/dagq.db"
+    with DagqCli(scratch) as cli:
+        coordinator = cli.start("coordinator", "--store", store)
+        worker = cli.start("worker", "--import-path", "examples", "--store", store)
+        for process, line in ((coordinator, "holds the lease"), (worker, " serving ")):
+            wait_until(lambda p=process, w=line: w in p.stderr(), timeout_s=30, what=f"'{line}'")
+
+        shown = _python(_python_block("Client("), scratch, 150).splitlines()
+
+    assert shown[0].startswith("completed {")
+    assert shown[1].startswith("{")  # the report's output
+    assert shown[2] == "['contracts']"
+
+
+def test_the_param_declarations_in_the_readme_are_valid() -> None:
+    from dagq.params import param_specs
+
+    block = next(b for b in blocks("yaml") if "type: string, choices" in b)
+    specs = param_specs(yaml.safe_load(block)["params"])
+
+    assert specs["shards"].required
+    assert specs["mode"].choices == ("fast", "full")

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from dagq.builder import Workflow
     from dagq.client import Client, SyncClient
     from dagq.definition import WorkflowDef
+    from dagq.embedded import RunResult, run, run_async
     from dagq.loading import load_file
     from dagq.runners import TaskContext
     from dagq.workflow_definition import WorkflowDefinition
@@ -22,6 +23,7 @@ __all__ = [
     "DagqError",
     "NonRetryable",
     "RetryAfter",
+    "RunResult",
     "SyncClient",
     "TaskContext",
     "ValidationError",
@@ -30,6 +32,8 @@ __all__ = [
     "WorkflowDefinition",
     "__version__",
     "load_file",
+    "run",
+    "run_async",
 ]
 
 _LAZY = {
@@ -38,6 +42,9 @@ _LAZY = {
     "Workflow": "dagq.builder",
     "WorkflowDef": "dagq.definition",
     "load_file": "dagq.loading",
+    "RunResult": "dagq.embedded",
+    "run": "dagq.embedded",
+    "run_async": "dagq.embedded",
     "TaskContext": "dagq.runners",
     "WorkflowDefinition": "dagq.workflow_definition",
 }

@@ -213,7 +213,11 @@ class Client:
     ) -> Submission:
         """Store a workflow (a definition, a builder, or a YAML/JSON/Python file path)."""
         result = await submit(
-            self.store, _definition(workflow), params=params, workflow_id=workflow_id, tenant=tenant
+            self.store,
+            as_definition(workflow),
+            params=params,
+            workflow_id=workflow_id,
+            tenant=tenant,
         )
         return Submission(id=result.workflow_id, created=result.created)
 
@@ -641,7 +645,8 @@ class SyncClient:
         self.close()
 
 
-def _definition(workflow: WorkflowDef | Workflow | str | Path) -> WorkflowDef:
+def as_definition(workflow: WorkflowDef | Workflow | str | Path) -> WorkflowDef:
+    """A definition from a definition, a builder, or a YAML/JSON/Python file path."""
     if isinstance(workflow, WorkflowDef):
         return workflow
     if isinstance(workflow, Workflow):
