@@ -123,6 +123,20 @@ class LocalRunner:
             return Start(wid, created, finished=first.status)
         return Start(wid, created)
 
+    async def start_retry(
+        self,
+        definition: WorkflowDef,
+        *,
+        params: Mapping[str, Any],
+        workflow_id: str,
+        tasks: Sequence[str] | None = None,
+    ) -> Start:
+        """Find the finished run and retry it (``dagq retry --run``); UsageError if there
+        is nothing to retry."""
+        submitted = await self.submit(definition, params=params, workflow_id=workflow_id)
+        await self.reopen(tasks)
+        return Start(submitted.workflow_id, created=False, reopened=True)
+
     async def reopen(self, tasks: Sequence[str] | None = None) -> None:
         """Re-run the failed, upstream_failed and cancelled tasks (or ``tasks``) of the
         finished run; :meth:`drive` goes on until the retried run ends. UsageError if

@@ -142,29 +142,20 @@ async def _run(
     try:
         runner = LocalRunner(store, workers=workers, import_paths=import_paths, processor=processor)
         if retry_tasks is not None:  # dagq retry --run: the run exists and has ended
-            await runner.submit(definition, params=overrides, workflow_id=workflow_id)
-            await runner.reopen(retry_tasks)
-            assert runner.submitted is not None
-            start = Start(runner.submitted.workflow_id, created=False)
+            assert workflow_id is not None
+            start = await runner.start_retry(
+                definition, params=overrides, workflow_id=workflow_id, tasks=retry_tasks
+            )
+            console.print(f"retrying workflow {start.workflow_id} here")
         else:
             start = await runner.start(definition, params=overrides, workflow_id=workflow_id)
+            _announce(console, start)
         wid = start.workflow_id
         resume = f"dagq run {shlex.quote(source)} --id {wid}"
         if start.quarantined is not None:
             return _quarantined(console, wid, start.quarantined)
         if start.finished is not None:
-            console.print(f"workflow {wid} already finished; its result:")
-            if start.not_reopened is not None:
-                console.print(f"[yellow]it was interrupted, but {escape(start.not_reopened)}[/]")
             return await _summarize(console, store, wid, None)
-        if start.reopened:
-            console.print(
-                f"resuming workflow {wid} (interrupted by Ctrl-C): its cancelled tasks run again"
-            )
-        elif retry_tasks is not None:
-            console.print(f"retrying workflow {wid} here")
-        elif not start.created:
-            console.print(f"resuming workflow {wid}")
         await _note_others(console, store, wid)
         started = time.monotonic()
         interrupts = _Interrupts(store, wid, console, runner, resume)
@@ -192,6 +183,23 @@ async def _run(
         return code if status != "completed" else EXIT_OK
     finally:
         await store.close()
+
+
+def _announce(console: Console, start: Start) -> None:
+    """Say what this run does with an id that existed already."""
+    wid = start.workflow_id
+    if start.quarantined is not None:
+        return
+    if start.finished is not None:
+        console.print(f"workflow {wid} already finished; its result:")
+        if start.not_reopened is not None:
+            console.print(f"[yellow]it was interrupted, but {escape(start.not_reopened)}[/]")
+    elif start.reopened:
+        console.print(
+            f"resuming workflow {wid} (interrupted by Ctrl-C): its cancelled tasks run again"
+        )
+    elif not start.created:
+        console.print(f"resuming workflow {wid}")
 
 
 def _quarantined(console: Console, workflow_id: str, reason: str) -> int:
