@@ -121,6 +121,15 @@ def param_spec(name: str, value: Any) -> ParamSpec:
     return replace(spec, default=default)
 
 
+def describe_params(params: Mapping[str, Any]) -> str:
+    """The params of a definition in one line: ``n: int = 3, mode: one of "a", "b"``."""
+    parts = []
+    for name, spec in param_specs(params).items():
+        value = " (required)" if spec.required else f" = {_show(spec.default)}"
+        parts.append(f"{name}: {spec.describe()}{value}")
+    return ", ".join(parts)
+
+
 def infer_type(default: Any) -> ParamType | None:
     """The type a default implies (None: any type)."""
     if isinstance(default, bool):

@@ -137,3 +137,14 @@ def test_validate_checks_param_declarations(
     result = cli.run("validate", "bad.yaml")
 
     assert_one_clear_line(result, "bad.yaml", *mentions)
+
+
+def test_validate_lists_each_param_with_its_type_and_default(cli: DagqCli) -> None:
+    result = cli.run("validate", "typed.yaml")
+
+    assert result.code == 0, result.output
+    assert (
+        '  params: documents: int = 3, ratio: float in [0, 1] = 0.5, mode: one of "fast", '
+        '"full" = "fast", label: string = "x", dry: bool = false, tags: list = ["a"], '
+        "extra: object = {}" in result.stdout
+    )

@@ -178,6 +178,7 @@ def validate(*, file: Path) -> None:
     from dagq.cli.run import load_definition
     from dagq.definition import rule_set
     from dagq.errors import DagqError
+    from dagq.params import describe_params
     from dagq.validation import warnings
 
     try:
@@ -188,6 +189,8 @@ def validate(*, file: Path) -> None:
         click.echo(f"warning: {file}: {warning}", err=True)
     click.echo(f"{file}: ok — workflow '{definition.name}', {len(definition.tasks)} tasks")
     click.echo(f"  {rule_set(definition).describe()}")
+    if definition.params:
+        click.echo(f"  params: {describe_params(definition.params)}")
 
 
 @main.command()
