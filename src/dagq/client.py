@@ -21,7 +21,7 @@ from dagq import dead_letters, keys, quarantine
 from dagq.builder import Workflow, load_python_file
 from dagq.dead_letters import DeadLetterInfo
 from dagq.definition import WorkflowDef
-from dagq.errors import DamagedData, UsageError, WorkflowNotFound
+from dagq.errors import DamagedData, TaskNotFound, UsageError, WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
 from dagq.loading import load_file
 from dagq.messages import decode_tasks
@@ -293,6 +293,29 @@ class Client:
             if cursor is None:
                 break
         return rows
+
+    async def list_page(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[builtins.list[WorkflowSummary], str | None]:
+        """One page of runs, newest first, and the cursor of the next page (None: the
+        last); ``cursor`` is one a previous page returned."""
+        if status is not None and status not in WORKFLOW_STATUSES:
+            known = ", ".join(sorted(WORKFLOW_STATUSES))
+            raise UsageError(f"unknown workflow status {status!r} (known: {known})")
+        page = await self.store.index.query(
+            status=[status] if status else None,
+            name=name,
+            tenant=tenant,
+            limit=limit,
+            cursor=cursor,
+        )
+        return [_summary(row) for row in page.rows], page.cursor
 
     async def tasks(self, workflow_id: str, *, state: str | None = None) -> builtins.list[TaskInfo]:
         """Every task of a run (or those in one state)."""
@@ -745,7 +768,7 @@ def _carried(body: bytes) -> set[tuple[str, str, int]]:
 def _task_index(plan: Plan, workflow_id: str, task: str) -> int:
     index = plan.by_name.get(task)
     if index is None:
-        raise UsageError(f"workflow {workflow_id} has no task named '{echo(task)}'")
+        raise TaskNotFound(f"workflow {workflow_id} has no task named '{echo(task)}'")
     return index
 
 
