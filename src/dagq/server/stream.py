@@ -5,14 +5,15 @@ history, which never changes (docs/architecture.md: one chunk per state flush). 
 client that reconnects with ``Last-Event-ID`` gets every entry after that one, from
 whichever server it reaches. Once the run has ended (its state, the truth, says so)
 and every entry has been sent, an ``end`` event carries the final status and the
-stream closes.
+stream closes. When the server shuts down, a ``shutdown`` event tells the client to
+reconnect (to this server once it is back, or to another) and the stream ends cleanly.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
+import anyio
 import msgspec
 
 from dagq.client import Client
@@ -22,10 +23,16 @@ from dagq.state import WORKFLOW_TERMINAL
 
 
 async def history_events(
-    client: Client, workflow_id: str, after: tuple[int, int] | None, *, poll_s: float
-) -> AsyncIterator[dict[str, str]]:
+    client: Client,
+    workflow_id: str,
+    after: tuple[int, int] | None,
+    *,
+    poll_s: float,
+    stopping: anyio.Event,
+) -> AsyncIterator[dict[str, str | int]]:
     """The events of ``workflow_id`` after position ``after`` (all if None), then
-    ``end``; polls the store every ``poll_s`` seconds while nothing new is there."""
+    ``end``; polls the store every ``poll_s`` seconds while nothing new is there, and
+    says ``shutdown`` once ``stopping`` is set."""
     position = after
     # The chunk holding ``after`` is read again (from its start) to find what follows.
     start = None if after is None or after[0] == 0 else after[0] - 1
@@ -45,7 +52,11 @@ async def history_events(
             ending = await _ended(client, workflow_id)
             if ending:  # read once more: the last flush wrote its chunk before its state
                 continue
-        await asyncio.sleep(poll_s)
+        with anyio.move_on_after(poll_s):
+            await stopping.wait()
+        if stopping.is_set():
+            yield {"event": "shutdown", "data": "the server is stopping; reconnect", "retry": 1000}
+            return
 
 
 async def _ended(client: Client, workflow_id: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from sse_starlette import EventSourceResponse
 from starlette.responses import Response
@@ -35,6 +36,8 @@ def _ok(struct: type[Any], *statuses: int) -> dict[int | str, dict[str, Any]]:
     return {200: {"content": json_schema(struct)}, **problems.openapi_responses(*statuses)}
 
 
+#: How long a stream gets to say goodbye when the server stops.
+STREAM_GRACE_S = 5.0
 #: Index rows a listing looks through for one page, at most (a created range that
 #: matches nothing must not scan a store of millions).
 SCAN_ROWS = 10_000
@@ -276,8 +279,16 @@ async def stream_events(
     await require_submitted(api.client.store, workflow_id)
     resume = last_event_id or after
     position = resources.parse_event_id(resume) if resume else None
-    found = history_events(api.client, workflow_id, position, poll_s=api.settings.stream_poll_s)
-    return EventSourceResponse(found, ping=int(api.settings.stream_ping_s) or None)
+    stopping = anyio.Event()
+    found = history_events(
+        api.client, workflow_id, position, poll_s=api.settings.stream_poll_s, stopping=stopping
+    )
+    return EventSourceResponse(
+        found,
+        ping=api.settings.stream_ping_s,
+        shutdown_event=stopping,
+        shutdown_grace_period=STREAM_GRACE_S,
+    )
 
 
 @router.get(
