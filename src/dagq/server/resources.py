@@ -99,7 +99,7 @@ class Graph(msgspec.Struct, frozen=True, kw_only=True):
     counts: dict[str, int]
 
 
-class Health(msgspec.Struct, frozen=True, kw_only=True):
+class Health(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A liveness or readiness answer."""
 
     status: str

@@ -1,14 +1,17 @@
 """``dagq server``: check the options and the store, then serve with uvicorn.
 
-uvicorn handles SIGTERM and SIGINT: it stops accepting connections, lets open
-requests finish (server-sent event streams are ended by sse-starlette as the server
-shuts down), closes the store and exits 0.
+On SIGTERM or SIGINT uvicorn stops accepting connections and lets open requests
+finish (streams are told to end: :mod:`dagq.server.stream`), then the store is
+closed and the process exits 0. A second SIGINT stops waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import signal
+from types import FrameType
+from typing import Any
 
 from dagq.errors import UsageError
 from dagq.server import require_extra
@@ -55,9 +58,25 @@ def run_server(store_url: str, *, host: str, port: int) -> int:
         log_level="info",
         server_header=False,
     )
-    server = uvicorn.Server(config)
+    server = _server_class()(config)
     server.run()
     return 0 if server.started else 1
+
+
+def _server_class() -> type[Any]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, except that a signal that stopped it gracefully is not
+        raised again once it has (uvicorn's default): a drained shutdown exits 0."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop waiting for requests
+            else:
+                self.should_exit = True
+
+    return Server
 
 
 async def _check_store(store_url: str) -> None:
