@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import anyio
+import anyio.to_thread
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from sse_starlette import EventSourceResponse
 from starlette.responses import Response
@@ -72,8 +73,11 @@ async def submit_workflow(
     send again."""
 
     async def run(_: str | None) -> Response:
-        found = bodies.read_submission(
-            await request.body(), request.headers.get("content-type"), workflow_id
+        found = await anyio.to_thread.run_sync(  # a large YAML body parses for seconds
+            bodies.read_submission,
+            await request.body(),
+            request.headers.get("content-type"),
+            workflow_id,
         )
         definition = found.definition or await _submitted_before(api, who, found.name or "")
         result = await api.client.submit(
@@ -330,7 +334,9 @@ async def workflow_graph(workflow_id: WorkflowId, who: Who, api: Server) -> Resp
 )
 async def preview_graph(request: Request, who: Who) -> Response:
     """Validate a definition (YAML or JSON body) and draw it: nodes and edges."""
-    definition = bodies.read_definition(await request.body(), request.headers.get("content-type"))
+    definition = await anyio.to_thread.run_sync(
+        bodies.read_definition, await request.body(), request.headers.get("content-type")
+    )
     try:
         plan = compile_plan(definition, resolve_params(definition, {}))
     except (UsageError, ValidationError) as exc:
