@@ -254,6 +254,38 @@ def test_cancel_ends_a_waiting_run(http: httpx.Client) -> None:
     assert problem(http.post(f"{location}/cancel"), 409)["detail"].endswith("nothing to cancel")
 
 
+def test_a_failed_task_shows_its_error_and_attempts_and_is_retried_by_name(
+    http: httpx.Client,
+) -> None:
+    failing = {
+        "name": "api-failing",
+        "tasks": [
+            {"name": "ok", "cmd": "true"},
+            {"name": "boom", "cmd": "echo broken >&2; exit 3"},
+        ],
+    }
+    location = http.post("/v1/workflows", json={"definition": failing}).headers["location"]
+    ended = wait_for_end(http, location)
+    assert ended["status"] == "failed"
+    assert [t["name"] for t in ended["failed"]] == ["boom"]
+    task = http.get(f"{location}/tasks/boom").json()
+    assert task["status"] == "failed" and "broken" in task["full_error"], task
+    assert [(a["attempt"], a["outcome"]) for a in task["attempts"]] == [(1, "failed")]
+
+    assert (
+        "nope" in problem(http.post(f"{location}/retry", json={"tasks": ["nope"]}), 404)["detail"]
+    )
+    problem(http.post(f"{location}/retry", json={"tasks": ["boom"], "all": True}), 422)
+    problem(http.post(f"{location}/retry", json={"tasks": ["ok"]}), 409)  # nothing to re-run
+    retried = http.post(f"{location}/retry", json={"tasks": ["boom"]})
+    assert retried.status_code == 202, retried.text
+    assert retried.json()["taken_up"] is True
+    assert wait_for_end(http, location)["status"] == "failed"
+    attempts = http.get(f"{location}/tasks/boom").json()["attempts"]
+    assert [(a["attempt"], a["outcome"]) for a in attempts] == [(1, "failed"), (2, "failed")]
+    assert http.get(f"{location}/tasks/ok").json()["attempt"] == 1  # kept, not re-run
+
+
 # --- idempotency ----------------------------------------------------------------------
 
 
