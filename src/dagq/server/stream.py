@@ -48,10 +48,9 @@ async def history_events(
             status = await client.status(workflow_id)
             yield {"event": "end", "data": msgspec.json.encode(detail(status)).decode()}
             return
-        if not chunks:
-            ending = await _ended(client, workflow_id)
-            if ending:  # read once more: the last flush wrote its chunk before its state
-                continue
+        elif await _ended(client, workflow_id):
+            ending = True  # read once more: the last flush wrote its chunk before its state
+            continue
         with anyio.move_on_after(poll_s):
             await stopping.wait()
         if stopping.is_set():
