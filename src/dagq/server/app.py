@@ -15,6 +15,7 @@ from dagq.server import actions, health, problems, resources, workflows
 from dagq.server.context import Api, Settings
 from dagq.server.idempotency import Keys
 from dagq.server.limits import BodyLimit
+from dagq.views import PlanCache
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -22,7 +23,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = Client(settings.store_url, create=True)
+        client = Client(settings.store_url, create=True, plans=PlanCache())
         app.state.api = Api(settings=settings, client=client, keys=Keys(client.store))
         try:
             yield

@@ -217,7 +217,7 @@ async def task_output(workflow_id: WorkflowId, name: TaskName, who: Who, api: Se
 async def get_task(workflow_id: WorkflowId, name: TaskName, who: Who, api: Server) -> Response:
     """A task with its attempts (sent, ended, outcome), its whole error and its events."""
     await guard(api, who, workflow_id)
-    _, plan, st = await load_run(api.client.store, workflow_id)
+    _, plan, st = await load_run(api.client.store, workflow_id, plans=api.client.plans)
     if name not in plan.by_name:
         await api.client.error(workflow_id, name)  # raises TaskNotFound naming it
     info = task_info(plan, st, plan.by_name[name])
@@ -303,7 +303,7 @@ async def stream_events(
 async def workflow_graph(workflow_id: WorkflowId, who: Who, api: Server) -> Response:
     """Nodes (with state and queue), edges and counts per state."""
     await guard(api, who, workflow_id)
-    submitted, plan, st = await load_run(api.client.store, workflow_id)
+    submitted, plan, st = await load_run(api.client.store, workflow_id, plans=api.client.plans)
     states = [TaskStatus(code).label for code in st.task_status]
     return answer(
         resources.graph_of(
