@@ -21,7 +21,7 @@ from dagq import dead_letters, keys, quarantine
 from dagq.builder import Workflow, load_python_file
 from dagq.dead_letters import DeadLetterInfo
 from dagq.definition import WorkflowDef
-from dagq.errors import DamagedData, UsageError, WorkflowNotFound
+from dagq.errors import DamagedData, TaskNotFound, UsageError, WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
 from dagq.loading import load_file
 from dagq.messages import decode_tasks
@@ -42,13 +42,14 @@ from dagq.state import (
 from dagq.stores import open_store
 from dagq.stores.base import IndexRow, Store
 from dagq.submission import (
+    Submitted,
     new_request_id,
     request_cancel,
     request_retry,
     request_signal,
     submit,
 )
-from dagq.views import LayerSummary, layer_summary, load_run
+from dagq.views import LayerSummary, PlanCache, layer_summary, load_run
 
 if TYPE_CHECKING:
     from dagq.explanation import Explanation
@@ -183,10 +184,17 @@ def workflow_status(name: str, plan: Plan, st: RunState) -> WorkflowStatus:
 class Client:
     """Operations on the workflows of one store."""
 
-    def __init__(self, store: Store | str, *, create: bool = True) -> None:
-        """``store`` is a Store or a URL; ``create=False`` refuses a store that does not exist."""
+    def __init__(
+        self, store: Store | str, *, create: bool = True, plans: PlanCache | None = None
+    ) -> None:
+        """``store`` is a Store or a URL; ``create=False`` refuses a store that does not
+        exist; ``plans`` keeps compiled plans between calls (for a long-lived client)."""
         self.store = open_store(store, create=create) if isinstance(store, str) else store
         self._owns_store = isinstance(store, str)
+        self.plans = plans
+
+    async def _load(self, workflow_id: str) -> tuple[Submitted, Plan, RunState]:
+        return await load_run(self.store, workflow_id, plans=self.plans)
 
     async def close(self) -> None:
         """Release the store if this client opened it."""
@@ -233,12 +241,12 @@ class Client:
             reason, at = str(exc), time.time()
         else:
             if held is None or held[0].released_at is not None:
-                submitted, plan, st = await load_run(self.store, workflow_id)
+                submitted, plan, st = await self._load(workflow_id)
                 return workflow_status(submitted.definition.name, plan, st)
             reason, at = held[0].reason, held[0].at
         error = f"quarantined: {reason}"
         try:
-            submitted, plan, st = await load_run(self.store, workflow_id)
+            submitted, plan, st = await self._load(workflow_id)
         except DamagedData:
             return await self._quarantined_status(workflow_id, at, error)
         found = workflow_status(submitted.definition.name, plan, st)
@@ -298,10 +306,33 @@ class Client:
                 break
         return rows
 
+    async def list_page(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[builtins.list[WorkflowSummary], str | None]:
+        """One page of runs, newest first, and the cursor of the next page (None: the
+        last); ``cursor`` is one a previous page returned."""
+        if status is not None and status not in WORKFLOW_STATUSES:
+            known = ", ".join(sorted(WORKFLOW_STATUSES))
+            raise UsageError(f"unknown workflow status {status!r} (known: {known})")
+        page = await self.store.index.query(
+            status=[status] if status else None,
+            name=name,
+            tenant=tenant,
+            limit=limit,
+            cursor=cursor,
+        )
+        return [_summary(row) for row in page.rows], page.cursor
+
     async def tasks(self, workflow_id: str, *, state: str | None = None) -> builtins.list[TaskInfo]:
         """Every task of a run (or those in one state)."""
         _check_state(state)
-        _, plan, st = await load_run(self.store, workflow_id)
+        _, plan, st = await self._load(workflow_id)
         infos = [task_info(plan, st, i) for i in range(st.n_tasks)]
         return [t for t in infos if state is None or t.status == state]
 
@@ -328,7 +359,7 @@ class Client:
         ids = workflow_ids if explicit else await self._scan_ids()
         for workflow_id in ids or []:
             try:
-                _, plan, st = await load_run(self.store, workflow_id)
+                _, plan, st = await self._load(workflow_id)
             except (DamagedData, WorkflowNotFound):
                 if explicit:
                     raise
@@ -366,7 +397,7 @@ class Client:
     async def summary(self, workflow_id: str) -> LayerSummary:
         """A run's progress per layer of its DAG (the depth of a task: the longest path
         from a root to it), with counts per task state."""
-        submitted, plan, st = await load_run(self.store, workflow_id)
+        submitted, plan, st = await self._load(workflow_id)
         return layer_summary(submitted.definition.name, plan, st)
 
     async def explain(self, workflow_id: str, task: str) -> Explanation:
@@ -375,7 +406,7 @@ class Client:
         from dagq.explanation import Facts, explain
 
         reason = await self._quarantine_reason(workflow_id)
-        submitted, plan, st = await load_run(self.store, workflow_id)
+        submitted, plan, st = await self._load(workflow_id)
         i = _task_index(plan, workflow_id, task)
         history = await read_history(self.store, workflow_id)
         facts = Facts(
@@ -422,7 +453,7 @@ class Client:
 
     async def output(self, workflow_id: str, task: str) -> Any:
         """The output of a completed task (fetched from its document if stored by reference)."""
-        _, plan, st = await load_run(self.store, workflow_id)
+        _, plan, st = await self._load(workflow_id)
         i = _task_index(plan, workflow_id, task)
         if st.task_status[i] != TaskStatus.COMPLETED:
             label = TaskStatus(st.task_status[i]).label
@@ -446,7 +477,7 @@ class Client:
     ) -> str:
         """The kept stdout/stderr tail of an attempt (the latest by default); ``item``
         names one instance of a foreach task, ``undo`` the task's compensation."""
-        _, plan, st = await load_run(self.store, workflow_id)
+        _, plan, st = await self._load(workflow_id)
         i, number = _attempt(plan, st, workflow_id, task, attempt, item=item, undo=undo)
         key = keys.log(workflow_id, i, number, item=item, undo=undo)
         doc = await self.store.documents.get(key)
@@ -468,7 +499,7 @@ class Client:
         and this returns it. ``item`` names one instance of a foreach task, ``undo``
         the task's compensation.
         """
-        _, plan, st = await load_run(self.store, workflow_id)
+        _, plan, st = await self._load(workflow_id)
         i, number = _attempt(plan, st, workflow_id, task, attempt, item=item, undo=undo)
         key = keys.error(workflow_id, i, number, item=item, undo=undo)
         doc = await self.store.documents.get(key)
@@ -478,7 +509,7 @@ class Client:
 
     async def events(self, workflow_id: str) -> builtins.list[HistoryEntry]:
         """The run's history, oldest first."""
-        await load_run(self.store, workflow_id)
+        await self._load(workflow_id)
         return await read_history(self.store, workflow_id)
 
     async def signal(
@@ -492,7 +523,7 @@ class Client:
         run ended. Returns the request id; sending again with the same ``request_id``
         acts once.
         """
-        _, plan, st = await load_run(self.store, workflow_id)
+        _, plan, st = await self._load(workflow_id)
         if st.status in WORKFLOW_TERMINAL:
             raise UsageError(f"workflow {workflow_id} already {st.status}; signals no longer count")
         waiting = [t for t in plan.tasks if t.wait is not None and t.wait.signal == name]
@@ -545,7 +576,7 @@ class Client:
         A retry the coordinator refused (the run changed meanwhile) is an error
         saying why. Sending again with the same ``request_id`` acts once.
         """
-        _, plan, st = await load_run(self.store, workflow_id)
+        _, plan, st = await self._load(workflow_id)
         if st.status not in WORKFLOW_TERMINAL:
             raise UsageError(f"workflow {workflow_id} is still {st.status}; retry it once it ends")
         _check_retryable(plan, st, workflow_id, tasks)
@@ -576,7 +607,7 @@ class Client:
         deadline = time.monotonic() + timeout_s
         delay = 0.02
         while await self.store.leases.get(keys.COORDINATOR_LEASE) is not None:
-            _, _, st = await load_run(self.store, workflow_id)
+            _, _, st = await self._load(workflow_id)
             if st.status not in WORKFLOW_TERMINAL or st.updated_at != updated_at:
                 return True
             if request_id in st.requests:  # applied, yet the run did not re-open
@@ -750,7 +781,7 @@ def _carried(body: bytes) -> set[tuple[str, str, int]]:
 def _task_index(plan: Plan, workflow_id: str, task: str) -> int:
     index = plan.by_name.get(task)
     if index is None:
-        raise UsageError(f"workflow {workflow_id} has no task named '{echo(task)}'")
+        raise TaskNotFound(f"workflow {workflow_id} has no task named '{echo(task)}'")
     return index
 
 

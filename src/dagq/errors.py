@@ -43,6 +43,10 @@ class WorkflowNotFound(UsageError):
     """No workflow with that id exists in the store."""
 
 
+class TaskNotFound(UsageError):
+    """A workflow has no task with that name."""
+
+
 class WorkflowExists(DagqError):
     """A workflow with that id exists already, with a different definition."""
 

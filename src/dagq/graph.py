@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dagq.definition import WorkflowDef
 
 FORMATS = ("mermaid", "dot", "text")
 
@@ -32,6 +36,20 @@ class Node:
     policy: str
     condition: str | None
     state: str | None = None
+
+
+def nodes_of(definition: WorkflowDef, states: Sequence[str] | None = None) -> list[Node]:
+    """The nodes of a definition's DAG, with each task's state if ``states`` is given."""
+    return [
+        Node(
+            name=task.name,
+            parents=list(dict.fromkeys(task.depends_on)),  # a parent listed twice: one edge
+            policy=str(task.dep_policy),
+            condition=task.condition,
+            state=states[i] if states else None,
+        )
+        for i, task in enumerate(definition.tasks)
+    ]
 
 
 def render(nodes: Sequence[Node], fmt: str, *, note: str | None = None) -> str:

@@ -43,17 +43,30 @@ def encode_chunk(entries: list[HistoryEntry]) -> bytes:
 
 async def read_history(store: Store, workflow_id: str) -> list[HistoryEntry]:
     """Every entry of a workflow's history, oldest first."""
-    entries: list[HistoryEntry] = []
+    chunks = await read_chunks(store, workflow_id)
+    return _dated([entry for _, entries in chunks for entry in entries])
+
+
+async def read_chunks(
+    store: Store, workflow_id: str, *, after: int | None = None
+) -> list[tuple[int, list[HistoryEntry]]]:
+    """The history chunks of a workflow after sequence number ``after`` (every chunk
+    if None), oldest first, each with its sequence number: the position of an entry,
+    (sequence, index in its chunk), never changes, so a reader can resume from it."""
+    chunks: list[tuple[int, list[HistoryEntry]]] = []
     prefix = keys.history_prefix(workflow_id)
-    start: str | None = None
+    start = None if after is None else keys.history(workflow_id, after)
+    last_at: float | None = None
     while True:
         names = await store.documents.list(prefix, start_after=start, limit=1000)
         for name in names:
             doc = await store.documents.get(name)
-            if doc is not None:
-                entries.extend(_decode_chunk(name, doc.data, entries[-1].at if entries else None))
+            if doc is not None and name[len(prefix) :].isdigit():
+                entries = _decode_chunk(name, doc.data, last_at)
+                chunks.append((int(name[len(prefix) :]), entries))
+                last_at = entries[-1].at if entries else last_at
         if len(names) < 1000:
-            return _dated(entries)
+            return chunks
         start = names[-1]
 
 

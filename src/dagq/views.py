@@ -7,7 +7,7 @@ here writes.
 from __future__ import annotations
 
 import zlib
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import msgspec
@@ -95,15 +95,51 @@ def run_view(
 _DECODING = (ValueError, KeyError, IndexError, TypeError, zlib.error, msgspec.MsgspecError)
 
 
-async def load_run(store: Store, workflow_id: str) -> tuple[Submitted, Plan, RunState]:
-    """Read a workflow's definition and current state from the store.
+class PlanCache:
+    """Compiled plans of the runs read most recently, up to ``max_tasks`` tasks in all.
+
+    A definition never changes once submitted, and compiling a large one costs far more
+    than reading its state (a 10,000-task plan: ~250 ms): a long-lived reader (the HTTP
+    server) compiles each once. Keyed by id and fingerprint, so a run purged and
+    submitted again with another definition is compiled afresh.
+    """
+
+    def __init__(self, max_tasks: int = 200_000) -> None:
+        self.max_tasks = max_tasks
+        self._plans: OrderedDict[tuple[str, str], Plan] = OrderedDict()
+        self._tasks = 0
+
+    def plan(self, submitted: Submitted) -> Plan:
+        """The plan of a submitted workflow, compiled if not kept."""
+        key = (submitted.workflow_id, submitted.fingerprint)
+        found = self._plans.get(key)
+        if found is not None:
+            self._plans.move_to_end(key)
+            return found
+        found = compile_plan(submitted.definition, submitted.params)
+        self._plans[key] = found
+        self._tasks += len(found.tasks)
+        while self._tasks > self.max_tasks and len(self._plans) > 1:
+            _, dropped = self._plans.popitem(last=False)
+            self._tasks -= len(dropped.tasks)
+        return found
+
+
+async def load_run(
+    store: Store, workflow_id: str, *, plans: PlanCache | None = None
+) -> tuple[Submitted, Plan, RunState]:
+    """Read a workflow's definition and current state from the store (its plan from
+    ``plans`` if given).
 
     A document that cannot be decoded is DamagedData naming the workflow (one line
     for the user, never a traceback).
     """
     try:
         submitted = await require_submitted(store, workflow_id)
-        plan = compile_plan(submitted.definition, submitted.params)
+        if plans is None:
+            plan = compile_plan(submitted.definition, submitted.params)
+        else:
+            plan = plans.plan(submitted)
     except _DECODING as exc:
         raise DamagedData(
             f"the definition of workflow '{workflow_id}' cannot be read: {cut(str(exc), 300)}"

@@ -393,6 +393,22 @@ def worker(
     _exit(body)
 
 
+@main.command()
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind: loopback only (127.0.0.1, ::1, localhost) until access control exists.",
+)
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@store_option
+def server(*, host: str, port: int, store_url: str) -> None:
+    """Serve the HTTP job API (/v1; OpenAPI at /docs) until SIGTERM; needs dagq[server]."""
+    from dagq.server.runner import run_server
+
+    _exit(lambda: run_server(store_url, host=host, port=port))
+
+
 # --- submitting and controlling ------------------------------------------------------------
 
 

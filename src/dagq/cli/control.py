@@ -169,13 +169,4 @@ async def _submitted_nodes(
 
 
 def _nodes(definition: WorkflowDef, states: list[str] | None) -> list[graph.Node]:
-    return [
-        graph.Node(
-            name=task.name,
-            parents=list(dict.fromkeys(task.depends_on)),  # a parent listed twice: one edge
-            policy=str(task.dep_policy),
-            condition=task.condition,
-            state=states[i] if states else None,
-        )
-        for i, task in enumerate(definition.tasks)
-    ]
+    return graph.nodes_of(definition, states)

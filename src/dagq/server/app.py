@@ -1,0 +1,70 @@
+"""The FastAPI application: routes, problem handlers, body limit, OpenAPI document."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from dagq.client import Client
+from dagq.server import actions, health, problems, resources, workflows
+from dagq.server.context import Api, Settings
+from dagq.server.idempotency import Keys
+from dagq.server.limits import BodyLimit
+from dagq.views import PlanCache
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The API of one store; the store is opened at startup and closed at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = Client(settings.store_url, create=True, plans=PlanCache())
+        app.state.api = Api(settings=settings, client=client, keys=Keys(client.store))
+        try:
+            yield
+        finally:
+            await client.close()
+
+    app = FastAPI(
+        title="dagq",
+        summary="The HTTP job API of dagq: submit workflows, watch them, act on them.",
+        version=_version(),
+        lifespan=lifespan,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+        redoc_url=None,
+    )
+    problems.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    for router in (workflows.router, actions.router, health.router):
+        app.include_router(router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, with the response structs' schemas (from msgspec) added."""
+    if app.openapi_schema is None:
+        document = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        _, components = msgspec.json.schema_components(
+            resources.SCHEMAS, ref_template="#/components/schemas/{name}"
+        )
+        document.setdefault("components", {}).setdefault("schemas", {}).update(components)
+        app.openapi_schema = document
+    return app.openapi_schema
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dagq")
+    except PackageNotFoundError:
+        return "0"

@@ -1,0 +1,73 @@
+"""What every route shares: the server's settings, its client of the store, and the
+helpers that answer in JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from dagq.client import Client
+from dagq.errors import WorkflowNotFound
+from dagq.server.access import Caller
+from dagq.server.idempotency import Keys
+from dagq.server.limits import MAX_BODY_BYTES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """How a server behaves; ``dagq server`` fills it from its options."""
+
+    store_url: str
+    max_body_bytes: int = MAX_BODY_BYTES
+    #: How often a stream looks for new events while there are none.
+    stream_poll_s: float = 0.2
+    #: Seconds between keep-alive comments on an idle stream.
+    stream_ping_s: float = 15.0
+    #: How long ``POST …/retry`` waits for a coordinator to take the retry up.
+    retry_ack_s: float = 10.0
+    #: What ``Retry-After`` tells a client to wait before polling a new run.
+    retry_after_s: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    """The server's state, one per process (``app.state.api``)."""
+
+    settings: Settings
+    client: Client
+    keys: Keys
+
+
+def api_of(request: Request) -> Api:
+    """The server's state (a FastAPI dependency)."""
+    found: Api = request.app.state.api
+    return found
+
+
+def answer(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """``value`` as JSON (msgspec: the structs' own field names and order)."""
+    return Response(
+        msgspec.json.encode(value),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+async def guard(api: Api, who: Caller, workflow_id: str) -> None:
+    """Refuse (as not found) a workflow outside the caller's tenant; a caller of the
+    default tenant sees every workflow."""
+    if not who.tenant:
+        return
+    row = await api.client.store.index.get(workflow_id)
+    if row is None or row.tenant != who.tenant:
+        raise WorkflowNotFound(f"no workflow '{workflow_id}'")
+
+
+def json_schema(struct: type[Any]) -> dict[str, Any]:
+    """The OpenAPI ``responses`` content of a route answering with ``struct``."""
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{struct.__name__}"}}}

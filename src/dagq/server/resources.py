@@ -1,0 +1,232 @@
+"""What the API answers with: typed, frozen structs (their JSON Schema is the OpenAPI
+document's) and the functions that build them from the client's views."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from dagq import graph
+from dagq.client import TaskInfo, WorkflowStatus, WorkflowSummary
+from dagq.definition import WorkflowDef
+from dagq.history import HistoryEntry
+from dagq.server.problems import Problem, ProblemError
+
+
+class Accepted(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A request taken up: what it is about and where to watch it."""
+
+    id: str
+    #: For a submission: whether this request created the workflow (False: it existed).
+    created: bool | None = None
+    #: For cancel, retry and signal: the id the coordinator acts on once.
+    request_id: str | None = None
+    #: For a retry: whether a coordinator took it up before the answer.
+    taken_up: bool | None = None
+    status_url: str
+
+
+class WorkflowDetail(WorkflowStatus, frozen=True, kw_only=True):
+    """A run: its status, counts, progress (0 to 1) and failed tasks."""
+
+    progress: float
+
+
+class WorkflowPage(msgspec.Struct, frozen=True, kw_only=True):
+    """A page of runs, newest first; ``next_cursor`` fetches the next (None: the last)."""
+
+    items: list[WorkflowSummary]
+    next_cursor: str | None
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of a run's history; ``id`` orders them and resumes a stream."""
+
+    id: str
+    at: float
+    kind: str
+    task: str | None
+    attempt: int
+    detail: str | None
+
+
+class Attempt(msgspec.Struct, frozen=True, kw_only=True):
+    """One attempt of a task, from its history: when it went out, how it ended."""
+
+    attempt: int
+    sent_at: float | None
+    ended_at: float | None
+    outcome: str | None
+    detail: str | None
+
+
+class TaskDetail(TaskInfo, frozen=True, kw_only=True):
+    """A task with its attempts, its whole error text, and its events."""
+
+    attempts: list[Attempt]
+    full_error: str | None
+    events: list[Event]
+
+
+class GraphNode(msgspec.Struct, frozen=True, kw_only=True):
+    """A task as a node: policy, condition, queue, and state (for a submitted run)."""
+
+    name: str
+    queue: str
+    policy: str
+    condition: str | None
+    state: str | None
+
+
+class GraphEdge(msgspec.Struct, frozen=True, kw_only=True):
+    """A dependency: ``target`` depends on ``source`` (conditional: it has a condition)."""
+
+    source: str
+    target: str
+    conditional: bool
+
+
+class Graph(msgspec.Struct, frozen=True, kw_only=True):
+    """A workflow's DAG: nodes, edges and (for a run) the count of tasks per state."""
+
+    name: str
+    id: str | None
+    status: str | None
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+    counts: dict[str, int]
+
+
+class Health(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A liveness or readiness answer."""
+
+    status: str
+    store: str | None = None
+
+
+#: Every struct the OpenAPI document describes.
+SCHEMAS: tuple[Any, ...] = (
+    Accepted,
+    WorkflowDetail,
+    WorkflowPage,
+    Event,
+    TaskDetail,
+    TaskInfo,
+    Graph,
+    Health,
+    Problem,
+)
+
+#: Final workflow states that still hold nothing to do (terminal, for progress).
+_ENDS = frozenset({"completed", "failed", "cancelled", "skipped", "upstream_failed"})
+_EVENT_ID = re.compile(r"^(\d{1,18})-(\d{1,9})\Z")
+
+
+def status_url(workflow_id: str) -> str:
+    """Where a run's status lives."""
+    return f"/v1/workflows/{workflow_id}"
+
+
+def detail(status: WorkflowStatus) -> WorkflowDetail:
+    """The status with its progress."""
+    progress = status.done / status.total if status.total else 1.0
+    return WorkflowDetail(**msgspec.structs.asdict(status), progress=round(progress, 4))
+
+
+def event_id(seq: int, index: int) -> str:
+    """The id of the ``index``-th entry of history chunk ``seq``."""
+    return f"{seq}-{index}"
+
+
+def parse_event_id(text: str) -> tuple[int, int]:
+    """(chunk, index) from an event id; 400 naming it if it is not one."""
+    found = _EVENT_ID.match(text.strip())
+    if found is None:
+        raise ProblemError(
+            "malformed-request", f"{text[:40]!r} is not an event id (chunk-index, as sent)"
+        )
+    return int(found[1]), int(found[2])
+
+
+def events(
+    chunks: list[tuple[int, list[HistoryEntry]]], after: tuple[int, int] | None
+) -> list[Event]:
+    """The entries of history chunks as events, those after position ``after`` only."""
+    found = []
+    for seq, entries in chunks:
+        for i, e in enumerate(entries):
+            if after is not None and (seq, i) <= after:
+                continue
+            found.append(
+                Event(
+                    id=event_id(seq, i),
+                    at=e.at,
+                    kind=e.kind,
+                    task=e.task,
+                    attempt=e.attempt,
+                    detail=e.detail,
+                )
+            )
+    return found
+
+
+def attempts(task: str, history: list[Event]) -> list[Attempt]:
+    """A task's attempts as its history tells them (each ``dispatched`` opens one)."""
+    found: dict[int, dict[str, Any]] = {}
+    for e in history:
+        if e.task != task or e.attempt < 1:
+            continue
+        seen = found.setdefault(
+            e.attempt,
+            {
+                "attempt": e.attempt,
+                "sent_at": None,
+                "ended_at": None,
+                "outcome": None,
+                "detail": None,
+            },
+        )
+        if e.kind == "dispatched":
+            seen["sent_at"] = seen["sent_at"] or e.at
+        elif e.kind in _ENDS or e.kind == "retried":
+            seen.update(ended_at=e.at, outcome=e.kind, detail=e.detail)
+    return [Attempt(**found[n]) for n in sorted(found)]
+
+
+def graph_of(
+    definition: WorkflowDef,
+    queues: list[str],
+    *,
+    states: list[str] | None = None,
+    workflow_id: str | None = None,
+    status: str | None = None,
+) -> Graph:
+    """A definition's DAG as nodes and edges (with task states for a run); ``queues``
+    are the tasks' queues as the plan resolved them."""
+    nodes = graph.nodes_of(definition, states)
+    counts: dict[str, int] = {}
+    for state in states or []:
+        counts[state] = counts.get(state, 0) + 1
+    return Graph(
+        name=definition.name,
+        id=workflow_id,
+        status=status,
+        nodes=[
+            GraphNode(
+                name=n.name,
+                queue=queue,
+                policy=n.policy,
+                condition=n.condition,
+                state=n.state,
+            )
+            for n, queue in zip(nodes, queues, strict=True)
+        ],
+        edges=[
+            GraphEdge(source=parent, target=n.name, conditional=n.condition is not None)
+            for n in nodes
+            for parent in n.parents
+        ],
+        counts=counts,
+    )

@@ -1,0 +1,344 @@
+"""``/v1/workflows`` and ``/v1/graph``: submit runs and look at them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from sse_starlette import EventSourceResponse
+from starlette.responses import Response
+
+from dagq.client import TaskInfo, WorkflowSummary, task_info
+from dagq.definition import WorkflowDef
+from dagq.errors import UsageError, ValidationError, WorkflowNotFound
+from dagq.history import read_chunks
+from dagq.plan import compile_plan, resolve_params
+from dagq.server import bodies, idempotency, problems, resources
+from dagq.server.access import Caller, caller
+from dagq.server.context import Api, answer, api_of, guard, json_schema
+from dagq.server.resources import Accepted, status_url
+from dagq.server.stream import history_events
+from dagq.state import TaskStatus
+from dagq.submission import load_submitted, require_submitted
+from dagq.views import load_run
+
+router = APIRouter(prefix="/v1")
+Who = Annotated[Caller, Depends(caller)]
+Server = Annotated[Api, Depends(api_of)]
+WorkflowId = Annotated[str, Path(description="The workflow's id.")]
+TaskName = Annotated[str, Path(description="The task's name (may contain '/').")]
+
+
+def _ok(struct: type[Any], *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses: 200 with ``struct``, and the problems of ``statuses``."""
+    return {200: {"content": json_schema(struct)}, **problems.openapi_responses(*statuses)}
+
+
+#: How long a stream gets to say goodbye when the server stops.
+STREAM_GRACE_S = 5.0
+#: Index rows a listing looks through for one page, at most (a created range that
+#: matches nothing must not scan a store of millions).
+SCAN_ROWS = 10_000
+
+
+@router.post(
+    "/workflows",
+    status_code=202,
+    summary="Submit a workflow",
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/yaml": {"schema": {"type": "string"}},
+                "application/json": {"schema": {"type": "object"}},
+            }
+        }
+    },
+    responses={
+        202: {"description": "Accepted: watch Location", "content": json_schema(Accepted)},
+        **problems.openapi_responses(400, 404, 409, 413, 415, 422),
+    },
+)
+async def submit_workflow(
+    request: Request,
+    who: Who,
+    api: Server,
+    workflow_id: Annotated[str | None, Query(alias="id", description="Name the run.")] = None,
+) -> Response:
+    """Submit a definition (YAML or JSON body), or ``{"definition" | "name", "params",
+    "id"}`` as JSON, where ``name`` re-submits the newest workflow of that name. Answers
+    202 with ``Location`` (the run's status); an ``Idempotency-Key`` makes it safe to
+    send again."""
+
+    async def run(_: str | None) -> Response:
+        found = await anyio.to_thread.run_sync(  # a large YAML body parses for seconds
+            bodies.read_submission,
+            await request.body(),
+            request.headers.get("content-type"),
+            workflow_id,
+        )
+        definition = found.definition or await _submitted_before(api, who, found.name or "")
+        result = await api.client.submit(
+            definition, params=found.params, workflow_id=found.workflow_id, tenant=who.tenant
+        )
+        url = status_url(result.id)
+        headers = {"Location": url, "Retry-After": str(api.settings.retry_after_s)}
+        return answer(Accepted(id=result.id, created=result.created, status_url=url), 202, headers)
+
+    return await idempotency.once(api.keys, request, who.tenant, run, problems.render)
+
+
+async def _submitted_before(api: Api, who: Caller, name: str) -> WorkflowDef:
+    """The definition of the newest workflow called ``name`` (of the caller's tenant)."""
+    page = await api.client.store.index.query(name=name, tenant=who.tenant or None, limit=1)
+    submitted = await load_submitted(api.client.store, page.rows[0].id) if page.rows else None
+    if submitted is None:
+        raise WorkflowNotFound(
+            f"no workflow named '{name}' was submitted before; send its definition"
+        )
+    return submitted.definition
+
+
+@router.get(
+    "/workflows",
+    summary="List workflows",
+    responses={
+        200: {"content": json_schema(resources.WorkflowPage)},
+        **problems.openapi_responses(409, 422),
+    },
+)
+async def list_workflows(
+    *,
+    who: Who,
+    api: Server,
+    status: str | None = None,
+    name: str | None = None,
+    created_after: Annotated[
+        str | None, Query(description="Epoch seconds or ISO 8601 (inclusive).")
+    ] = None,
+    created_before: Annotated[
+        str | None, Query(description="Epoch seconds or ISO 8601 (exclusive).")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: str | None = None,
+) -> Response:
+    """Runs newest first, filtered by status, name and creation time; pass
+    ``next_cursor`` as ``cursor`` for the next page."""
+    after, before = (
+        _moment(created_after, "created_after"),
+        _moment(created_before, "created_before"),
+    )
+    items: list[WorkflowSummary] = []
+    scanned = 0
+    while len(items) < limit and scanned < SCAN_ROWS:
+        rows, cursor = await api.client.list_page(
+            status=status,
+            name=name,
+            tenant=who.tenant or None,
+            limit=min(limit - len(items), 500),
+            cursor=cursor,
+        )
+        scanned += len(rows)
+        items += [r for r in rows if _within(r.created_at, after, before)]
+        if cursor is None or (after is not None and rows and rows[-1].created_at < after):
+            cursor = None  # newest first: nothing older can be in range
+            break
+    return answer(resources.WorkflowPage(items=items, next_cursor=cursor))
+
+
+def _moment(text: str | None, field: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValidationError(
+            f"{field}={text[:40]!r} is neither epoch seconds nor an ISO 8601 time"
+        ) from None
+    return moment.timestamp()
+
+
+def _within(at: float, after: float | None, before: float | None) -> bool:
+    return (after is None or at >= after) and (before is None or at < before)
+
+
+@router.get(
+    "/workflows/{workflow_id}",
+    summary="A workflow's status",
+    responses={
+        200: {"content": json_schema(resources.WorkflowDetail)},
+        **problems.openapi_responses(404),
+    },
+)
+async def get_workflow(workflow_id: WorkflowId, who: Who, api: Server) -> Response:
+    """Status, counts per task state, progress and failed tasks."""
+    await guard(api, who, workflow_id)
+    return answer(resources.detail(await api.client.status(workflow_id)))
+
+
+@router.get(
+    "/workflows/{workflow_id}/tasks",
+    summary="A workflow's tasks",
+    responses=_ok(TaskInfo, 404, 409),
+)
+async def list_tasks(
+    workflow_id: WorkflowId, who: Who, api: Server, state: str | None = None
+) -> Response:
+    """Every task (or those in ``state``): state, attempt, queue, timing, error."""
+    await guard(api, who, workflow_id)
+    return answer(await api.client.tasks(workflow_id, state=state))
+
+
+@router.get(
+    "/workflows/{workflow_id}/tasks/{name:path}/output",
+    summary="A task's output",
+    responses={200: {"content": {"application/json": {}}}, **problems.openapi_responses(404, 409)},
+)
+async def task_output(workflow_id: WorkflowId, name: TaskName, who: Who, api: Server) -> Response:
+    """The output of a completed task, as JSON (409 while it has none)."""
+    await guard(api, who, workflow_id)
+    return answer(await api.client.output(workflow_id, name))
+
+
+@router.get(
+    "/workflows/{workflow_id}/tasks/{name:path}",
+    summary="One task",
+    responses={
+        200: {"content": json_schema(resources.TaskDetail)},
+        **problems.openapi_responses(404),
+    },
+)
+async def get_task(workflow_id: WorkflowId, name: TaskName, who: Who, api: Server) -> Response:
+    """A task with its attempts (sent, ended, outcome), its whole error and its events."""
+    await guard(api, who, workflow_id)
+    _, plan, st = await load_run(api.client.store, workflow_id, plans=api.client.plans)
+    if name not in plan.by_name:
+        await api.client.error(workflow_id, name)  # raises TaskNotFound naming it
+    info = task_info(plan, st, plan.by_name[name])
+    history = resources.events(await read_chunks(api.client.store, workflow_id), None)
+    own = [e for e in history if e.task is not None and _of_task(e.task, name)]
+    full_error = None
+    if info.attempt > 0 and info.error is not None:
+        full_error = await api.client.error(workflow_id, name)
+    fields: dict[str, Any] = {f: getattr(info, f) for f in info.__struct_fields__}
+    return answer(
+        resources.TaskDetail(
+            **fields, attempts=resources.attempts(name, own), full_error=full_error, events=own
+        )
+    )
+
+
+def _of_task(entry_task: str, name: str) -> bool:
+    """An entry of the task itself, of one of its instances (``name[3]``) or its undo."""
+    return entry_task == name or entry_task.startswith((f"{name}[", f"{name}#"))
+
+
+@router.get(
+    "/workflows/{workflow_id}/events",
+    summary="A workflow's history",
+    responses={
+        200: {"content": json_schema(resources.Event)},
+        **problems.openapi_responses(400, 404),
+    },
+)
+async def list_events(
+    workflow_id: WorkflowId,
+    who: Who,
+    api: Server,
+    after: Annotated[str | None, Query(description="Only the events after this id.")] = None,
+) -> Response:
+    """Every history entry, oldest first, each with the id a stream would give it."""
+    await guard(api, who, workflow_id)
+    await require_submitted(api.client.store, workflow_id)
+    position = resources.parse_event_id(after) if after else None
+    start = None if position is None or position[0] == 0 else position[0] - 1
+    chunks = await read_chunks(api.client.store, workflow_id, after=start)
+    return answer(resources.events(chunks, position))
+
+
+@router.get(
+    "/workflows/{workflow_id}/stream",
+    summary="Stream a workflow's events (SSE)",
+    responses={
+        200: {"description": "text/event-stream of events", "content": {"text/event-stream": {}}},
+        **problems.openapi_responses(400, 404),
+    },
+)
+async def stream_events(
+    workflow_id: WorkflowId,
+    who: Who,
+    api: Server,
+    last_event_id: Annotated[str | None, Header()] = None,
+    after: Annotated[str | None, Query(description="Like Last-Event-ID.")] = None,
+) -> EventSourceResponse:
+    """Server-sent events: every history entry (``id:`` resumes it with
+    ``Last-Event-ID``), then ``end`` with the final status once the run has ended."""
+    await guard(api, who, workflow_id)
+    await require_submitted(api.client.store, workflow_id)
+    resume = last_event_id or after
+    position = resources.parse_event_id(resume) if resume else None
+    stopping = anyio.Event()
+    found = history_events(
+        api.client, workflow_id, position, poll_s=api.settings.stream_poll_s, stopping=stopping
+    )
+    return EventSourceResponse(
+        found,
+        ping=api.settings.stream_ping_s,
+        shutdown_event=stopping,
+        shutdown_grace_period=STREAM_GRACE_S,
+    )
+
+
+@router.get(
+    "/workflows/{workflow_id}/graph",
+    summary="A workflow's DAG with task states",
+    responses=_ok(resources.Graph, 404),
+)
+async def workflow_graph(workflow_id: WorkflowId, who: Who, api: Server) -> Response:
+    """Nodes (with state and queue), edges and counts per state."""
+    await guard(api, who, workflow_id)
+    submitted, plan, st = await load_run(api.client.store, workflow_id, plans=api.client.plans)
+    states = [TaskStatus(code).label for code in st.task_status]
+    return answer(
+        resources.graph_of(
+            submitted.definition,
+            [t.queue for t in plan.tasks],
+            states=states,
+            workflow_id=workflow_id,
+            status=st.status,
+        )
+    )
+
+
+@router.post(
+    "/graph",
+    summary="The DAG of a definition not yet submitted",
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/yaml": {"schema": {"type": "string"}},
+                "application/json": {"schema": {"type": "object"}},
+            }
+        }
+    },
+    responses={
+        200: {"content": json_schema(resources.Graph)},
+        **problems.openapi_responses(400, 413, 415, 422),
+    },
+)
+async def preview_graph(request: Request, who: Who) -> Response:
+    """Validate a definition (YAML or JSON body) and draw it: nodes and edges."""
+    definition = await anyio.to_thread.run_sync(
+        bodies.read_definition, await request.body(), request.headers.get("content-type")
+    )
+    try:
+        plan = compile_plan(definition, resolve_params(definition, {}))
+    except (UsageError, ValidationError) as exc:
+        raise ValidationError(f"{bodies.SOURCE}: {exc}") from None
+    return answer(resources.graph_of(definition, [t.queue for t in plan.tasks]))
