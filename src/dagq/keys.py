@@ -8,6 +8,8 @@ from dagq.validation import check_workflow_id
 COMPLETIONS_QUEUE = "_completions"
 #: The lease that makes one coordinator the only writer of runtime state.
 COORDINATOR_LEASE = "coordinator"
+#: Where workers keep their records (:mod:`dagq.registry`).
+WORKERS_PREFIX = "workers/"
 
 
 def definition(workflow_id: str) -> str:
@@ -119,6 +121,25 @@ def attempt_name(task_name: str, *, item: int = -1, undo: bool = False) -> str:
 def idempotency_key(workflow_id: str, task_name: str, *, item: int = -1, undo: bool = False) -> str:
     """The key a task's side effects can be deduplicated by: the same for every attempt."""
     return f"{workflow_id}/{attempt_name(task_name, item=item, undo=undo)}"
+
+
+def worker(worker_id: str) -> str:
+    """A worker's record: who it is, what it serves and runs, when it was last seen."""
+    return f"{WORKERS_PREFIX}{worker_id}"
+
+
+def live_log_prefix(
+    workflow_id: str, task: int, attempt: int, *, item: int = -1, undo: bool = False
+) -> str:
+    """The chunks of an attempt's output sent while it runs (``dagq logs --follow``)."""
+    return f"{log(workflow_id, task, attempt, item=item, undo=undo)}-live/"
+
+
+def live_log(
+    workflow_id: str, task: int, attempt: int, seq: int, *, item: int = -1, undo: bool = False
+) -> str:
+    """One chunk of an attempt's live output; ``seq`` counts from 0."""
+    return f"{live_log_prefix(workflow_id, task, attempt, item=item, undo=undo)}{seq:06d}"
 
 
 def quarantine(workflow_id: str) -> str:

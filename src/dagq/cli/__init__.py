@@ -256,6 +256,14 @@ def coordinator(
     "past its timeout cannot be stopped).",
 )
 @click.option("--processor", default=None, metavar="MODULE:FUNCTION", help=PROCESSOR_HELP)
+@click.option(
+    "--heartbeat",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    help="Seconds between rewrites of this worker's record (dagq workers); it counts "
+    "as gone after 3 missed.",
+)
 def worker(
     *,
     store_url: str,
@@ -268,6 +276,7 @@ def worker(
     backlog: int | None,
     isolation: Literal["process", "thread"],
     processor: str | None,
+    heartbeat: float,
 ) -> None:
     """Run tasks from the given queues until stopped (SIGTERM: finish, then release)."""
     from dagq.cli.serve import run_worker
@@ -292,10 +301,21 @@ def worker(
             shutdown_grace_s=grace,
             backlog=backlog,
             isolation=isolation,
+            heartbeat_s=heartbeat,
         )
         return run_worker(store_url, options)
 
     _exit(body)
+
+
+@main.command()
+@store_option
+@json_option
+def workers(*, store_url: str, as_json: bool) -> None:
+    """Live workers: id, host, pid, queues, running tasks, version, started, last seen."""
+    from dagq.cli.workers import run_workers
+
+    _exit(lambda: run_workers(store_url, as_json=as_json))
 
 
 # --- submitting and controlling ------------------------------------------------------------
