@@ -34,6 +34,7 @@ from dagq.errors import DagqError, DamagedData, MessageLost, PermanentError
 from dagq.holding import Held, delete, give_back, split
 from dagq.jobq import WATCHED_SUFFIX
 from dagq.leasing import default_owner
+from dagq.live_logs import LiveLog
 from dagq.messages import (
     TaskFinished,
     TaskMessage,
@@ -644,8 +645,31 @@ class Worker:
         spec = task.spec
         if task.timeout_s is not None:  # the task's deadline leaves this attempt less time
             spec = msgspec.structs.replace(spec, timeout_s=task.timeout_s)
+        live = LiveLog(
+            self.store.documents,
+            keys.live_log_prefix(
+                task.workflow_id, task.task, task.attempt, item=task.item_index, undo=task.undo
+            ),
+        )
+        try:
+            return await self._run(task, spec, ctx, inputs, stored, queue=queue, live=live)
+        finally:
+            await live.close()
+
+    async def _run(
+        self,
+        task: TaskMessage,
+        spec: TaskSpec,
+        ctx: TaskContext,
+        inputs: dict[str, Any],
+        stored: StoredInputs | None,
+        *,
+        queue: str,
+        live: LiveLog,
+    ) -> Outcome:
+        """Run the attempt with the runner its kind needs."""
         if spec.kind == "shell":
-            return await run_shell(spec, ctx, work_dir=self.options.work_dir)
+            return await run_shell(spec, ctx, work_dir=self.options.work_dir, live=live.write)
         processor = spec.kind == "processor"
         if processor:
             if self.options.processor is None:
@@ -668,6 +692,7 @@ class Worker:
             executor=self._executor,
             processor=processor,
             inputs=stored,
+            live=live.write,
         )
 
     def _cancel_file(self) -> str:

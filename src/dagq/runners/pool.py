@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import pickle
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,7 @@ import msgspec
 import dagq
 from dagq.payloads import OUTPUT_INLINE_BYTES
 from dagq.runners import Outcome, StoredInputs, TaskContext
+from dagq.runners.capture import FifoCapture, Sink
 from dagq.runners.child import HEADER, Reply, Request
 
 log = logging.getLogger("dagq.worker")
@@ -246,6 +250,9 @@ class TaskPool:
         self._waiters: deque[asyncio.Future[_Process]] = deque()
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: A directory of the pool's own for the FIFOs that capture tasks' output.
+        self._scratch: str | None = None
+        self._captures = 0
         #: Processes started so far (for tests and stats).
         self.started = 0
 
@@ -258,23 +265,28 @@ class TaskPool:
         *,
         processor: bool = False,
         inputs: StoredInputs | None = None,
+        live: Sink | None = None,
     ) -> Outcome:
         """Run one task in a pool process; its outcome. Cancelling kills the process.
 
         ``processor``: ``call`` is a worker's processor, given ``args`` (the task's
         kwargs) as keyword arguments. ``inputs``, if given, are decoded in that process
-        into ``ctx.inputs``.
+        into ``ctx.inputs``. What the task writes to stdout and stderr (and logs) is
+        kept for the attempt's log and handed to ``live`` as it comes.
         """
         process = await self._acquire()
+        capture: FifoCapture | None = None
         try:
+            capture = await self._capture(live)
             paths = list(sys.path)
             changed = None if paths == process.paths else paths
-            data = Request(call, args, ctx, changed, processor, inputs).pack()
+            logs = None if capture is None else capture.paths
+            data = Request(call, args, ctx, changed, processor, inputs, logs).pack()
             process.paths = paths
             reply = await asyncio.wait_for(process.call(data), timeout_s)
         except TimeoutError:
             process.kill()
-            return Outcome(
+            outcome = Outcome(
                 ok=False, error=f"timed out after {timeout_s:g}s; its process was killed"
             )
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -282,13 +294,38 @@ class TaskPool:
             process.kill_group()  # what the task started, if any of it is still there
             process.killed = True
             log.warning("the Python process running %s %s", ctx.task, how)
-            return Outcome(ok=False, error=f"its Python process {how} while running it")
+            outcome = Outcome(ok=False, error=f"its Python process {how} while running it")
         except BaseException:  # cancelled (the task must stop), or a bug here
             process.kill()
+            if capture is not None:
+                await asyncio.shield(capture.close(linger_s=0.1))
             raise
+        else:
+            outcome = _outcome(reply)
         finally:
             self._release(process)
-        return _outcome(reply)
+        if capture is None:
+            return outcome
+        await capture.close()
+        return dataclasses.replace(outcome, log=capture.log(outcome.log.decode("utf-8", "replace")))
+
+    async def _capture(self, live: Sink | None) -> FifoCapture | None:
+        """FIFOs for the next attempt's output (None, logged, if they cannot be made)."""
+        try:
+            if self._scratch is None:
+                self._scratch = tempfile.mkdtemp(prefix="dagq-pool-")
+            self._captures += 1
+            capture = FifoCapture(self._scratch, str(self._captures), live)
+        except OSError as exc:
+            log.warning("a Python task's output cannot be captured: %s", exc)
+            return None
+        try:
+            await capture.open()
+        except OSError as exc:
+            log.warning("a Python task's output cannot be captured: %s", exc)
+            await capture.close(linger_s=0)
+            return None
+        return capture
 
     def warm(self) -> None:
         """Start the first process now, before the first task needs it."""
@@ -318,6 +355,9 @@ class TaskPool:
         if self._zygote is not None:
             await self._zygote.close()
             self._zygote = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     # --- processes ----------------------------------------------------------------
 
