@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from dagq.validation import check_workflow_id
 
 #: The coordinator's inbox: task events from workers and commands from clients.
@@ -118,6 +120,19 @@ def attempt_name(task_name: str, *, item: int = -1, undo: bool = False) -> str:
     return f"{name}#undo" if undo else name
 
 
+_ATTEMPT_NAME = re.compile(r"(?P<task>[^\[\]#]+)(?:\[(?P<item>[0-9]{1,9})\])?(?P<undo>#undo)?")
+
+
+def split_attempt_name(name: str) -> tuple[str, int, bool]:
+    """The inverse of :func:`attempt_name`: ``square[2]`` is ``("square", 2, False)``,
+    ``charge#undo`` is ``("charge", -1, True)``; any other text is a plain task name."""
+    found = _ATTEMPT_NAME.fullmatch(name)
+    if found is None:
+        return name, -1, False
+    item = found["item"]
+    return found["task"], -1 if item is None else int(item), found["undo"] is not None
+
+
 def idempotency_key(workflow_id: str, task_name: str, *, item: int = -1, undo: bool = False) -> str:
     """The key a task's side effects can be deduplicated by: the same for every attempt."""
     return f"{workflow_id}/{attempt_name(task_name, item=item, undo=undo)}"
@@ -133,13 +148,6 @@ def live_log_prefix(
 ) -> str:
     """The chunks of an attempt's output sent while it runs (``dagq logs --follow``)."""
     return f"{log(workflow_id, task, attempt, item=item, undo=undo)}-live/"
-
-
-def live_log(
-    workflow_id: str, task: int, attempt: int, seq: int, *, item: int = -1, undo: bool = False
-) -> str:
-    """One chunk of an attempt's live output; ``seq`` counts from 0."""
-    return f"{live_log_prefix(workflow_id, task, attempt, item=item, undo=undo)}{seq:06d}"
 
 
 def quarantine(workflow_id: str) -> str:

@@ -2,7 +2,7 @@
 
 The worker hands every chunk a task writes (shell or Python, stdout and stderr as
 they come) to a :class:`LiveLog`, which stores them as small documents under
-``keys.live_log_prefix`` — ``.../000000``, ``.../000001``, ... — every
+``keys.live_log_prefix`` — ``.../{run}-000000``, ``.../{run}-000001``, ... — every
 ``FLUSH_S`` or as soon as ``CHUNK_BYTES`` are waiting. A follower lists the prefix
 after the last key it printed. What an attempt sends live is bounded
 (``MAX_LIVE_BYTES``; past it, one note says so): the kept tail of the log
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from dagq.stores.base import Documents
 
@@ -44,6 +45,9 @@ class LiveLog:
         self._waiting = bytearray()
         self._sent = 0
         self._seq = 0
+        #: When this run of the attempt began (ms): a message delivered again runs the
+        #: same attempt again, whose chunks come after (never over) the first run's.
+        self._run_id = f"{int(time.time() * 1000):013d}"
         self._cut = False
         self._full = asyncio.Event()
         self._failed = False
@@ -87,7 +91,7 @@ class LiveLog:
         while self._waiting:
             chunk = bytes(self._waiting[:CHUNK_BYTES])
             del self._waiting[:CHUNK_BYTES]
-            key = f"{self._prefix}{self._seq:06d}"
+            key = f"{self._prefix}{self._run_id}-{self._seq:06d}"
             self._seq += 1
             self._sent += len(chunk)
             try:
