@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from dagq import dead_letters, keys, quarantine
+from dagq import dead_letters, keys, quarantine, registry
 from dagq.builder import Workflow, load_python_file
 from dagq.dead_letters import DeadLetterInfo
 from dagq.definition import WorkflowDef
@@ -450,8 +450,12 @@ class Client:
             return {}
         name = plan.tasks[i].queue
         depth = await self.store.queues.depth(name)
+        workers = await registry.live_workers(self.store.documents, now=time.time())
+        serving = sum(w.serves(name, st.workflow_id) for w in workers)
         facts: dict[str, Any] = {
-            "queue": QueueFacts(name, depth.visible, depth.invisible, depth.oldest_age_s)
+            "queue": QueueFacts(
+                name, depth.visible, depth.invisible, depth.oldest_age_s, workers=serving
+            )
         }
         wanted = (st.workflow_id, plan.tasks[i].name, st.attempt[i])
         for letter in await self.store.queues.dead_letters(name, limit=1000):

@@ -185,6 +185,8 @@ def test_doctor_flags_a_queue_no_worker_serves_at_once(cli: DagqCli) -> None:
     human = cli.run("doctor")
     assert human.code == 1
     assert f"dagq worker --queue gup --store {cli.store_url}" in human.stdout
+    explained = cli.json("explain", "typo", "a")
+    assert "no_worker" in [w["kind"] for w in explained["waiting_for"]]
 
 
 def test_doctor_is_content_when_a_live_worker_serves_the_queue(cli: DagqCli) -> None:
