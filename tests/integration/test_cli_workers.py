@@ -214,3 +214,46 @@ def test_doctor_is_content_when_a_live_worker_serves_the_queue(cli: DagqCli) -> 
 
     assert found["queue 'gpu'"]["level"] == "ok"
     assert "1 worker(s) serve it, 1/4 slot(s) busy" in found["queue 'gpu'"]["detail"]
+
+
+def test_a_worker_whose_record_cannot_be_written_still_serves(cli: DagqCli) -> None:
+    cli.start_coordinator()
+    cli.env["DAGQ_FAULTS"] = "documents.put@1-5=fail"  # its first five records fail
+    try:
+        worker = cli.start_worker("--heartbeat", "0.2")
+    finally:
+        del cli.env["DAGQ_FAULTS"]
+    cli.submit_here("served", {"name": "s", "tasks": [{"name": "a", "cmd": "true"}]})
+
+    result = cli.run("status", "served", "--watch", timeout_s=30)
+    record = wait_until(
+        lambda: record_of(cli, worker.pid), timeout_s=10, what="the record, once writes work"
+    )
+
+    assert result.code == 0, result.output
+    assert record["state"] == "serving"
+    assert "cannot write this worker's record (retrying)" in worker.stderr()
+    assert worker.process.poll() is None
+
+
+def test_dagq_runs_own_workers_are_listed_with_the_run_they_serve(cli: DagqCli) -> None:
+    go = cli.workdir / "go"
+    path = cli.workflow(
+        "hold.yaml",
+        {
+            "name": "hold",
+            "tasks": [{"name": "a", "cmd": f"while [ ! -f {go} ]; do sleep 0.05; done"}],
+        },
+    )
+    run = cli.start("run", path, "--id", "held")
+
+    record = wait_until(
+        lambda: next((w for w in listed(cli) if w["pid"] == run.pid), None),
+        timeout_s=20,
+        what="dagq run's worker record",
+    )
+    go.touch()
+
+    assert run.wait(30).code == 0
+    assert record["workflows"] == ["held"]
+    assert listed(cli) == []
