@@ -257,3 +257,14 @@ def test_dagq_runs_own_workers_are_listed_with_the_run_they_serve(cli: DagqCli) 
     assert run.wait(30).code == 0
     assert record["workflows"] == ["held"]
     assert listed(cli) == []
+
+
+def test_the_readme_shows_the_columns_dagq_workers_prints(cli: DagqCli) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    shown = next(
+        line for line in readme.splitlines() if line.startswith("id ") and "last seen" in line
+    )
+
+    header = cli.run("workers").stdout.splitlines()[0]
+
+    assert re.split(r"\s{2,}", shown.strip()) == header.split("\t")
