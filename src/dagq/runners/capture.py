@@ -22,9 +22,6 @@ from pathlib import Path
 
 #: How much of stdout and of stderr is kept, from the end.
 LOG_LIMIT = 64 * 1024
-#: How long output may keep flowing after a Python task ended (something it started
-#: may still hold the FIFOs) before the worker stops reading.
-LINGER_S = 2.0
 
 Sink = Callable[[bytes], None]
 
@@ -62,70 +59,11 @@ def render(stdout: Tail, stderr: Tail, notes: list[str] | None = None) -> bytes:
     return b"--- stdout ---\n" + out + b"\n--- stderr ---\n" + err + extra
 
 
-class _Reader(asyncio.Protocol):
-    def __init__(self, tail: Tail) -> None:
-        self.tail = tail
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+class AttemptOutput:
+    """What one attempt wrote: the tail of each stream."""
 
-    def data_received(self, data: bytes) -> None:
-        self.tail.add(data)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-
-class FifoCapture:
-    """Two FIFOs a pool process writes an attempt's stdout and stderr to.
-
-    The worker opens the read ends first, and holds a write end of each until the
-    attempt ends, so that the reads see no end of file before the pool process has
-    opened them; after that, the end of file comes when the pool process and whatever
-    the task started have closed them (or ``LINGER_S`` later, reading stops).
-    """
-
-    def __init__(self, directory: str, name: str, live: Sink | None = None) -> None:
-        self.paths = (
-            os.path.join(directory, f"{name}.out"),
-            os.path.join(directory, f"{name}.err"),
-        )
+    def __init__(self, live: Sink | None = None) -> None:
         self.stdout, self.stderr = Tail(live), Tail(live)
-        self._held: list[int] = []
-        self._transports: list[asyncio.BaseTransport] = []
-        self._readers: list[_Reader] = []
-
-    async def open(self) -> None:
-        """Make the FIFOs and start reading them."""
-        loop = asyncio.get_running_loop()
-        for path, tail in zip(self.paths, (self.stdout, self.stderr), strict=True):
-            os.mkfifo(path, 0o600)
-            read_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-            self._held.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-            reader = _Reader(tail)
-            transport, _ = await loop.connect_read_pipe(
-                lambda r=reader: r,  # type: ignore[misc]
-                os.fdopen(read_fd, "rb", 0),
-            )
-            self._transports.append(transport)
-            self._readers.append(reader)
-
-    async def close(self, *, linger_s: float = LINGER_S) -> None:
-        """The attempt has ended: read what is left (for up to ``linger_s``), then stop."""
-        for fd in self._held:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._held.clear()
-        if self._readers:
-            await asyncio.wait([r.closed for r in self._readers], timeout=linger_s)
-        for transport in self._transports:
-            transport.close()
-        self._transports.clear()
-        for path in self.paths:
-            with contextlib.suppress(OSError):
-                Path(path).unlink()
 
     def log(self, traceback: str = "") -> bytes:
         """The attempt's log, with the traceback of the exception that failed it."""
@@ -134,3 +72,85 @@ class FifoCapture:
         if not self.stdout.data and not self.stderr.data:
             return traceback.encode("utf-8", "replace")
         return render(self.stdout, self.stderr, ["\n--- traceback ---\n", traceback])
+
+
+class ProcessOutput:
+    """Two FIFOs one pool process writes its attempts' stdout and stderr to.
+
+    Made and opened once per pool process, read as chunks come (a reader on the event
+    loop, no task of its own); the worker also holds a write end of each, so a read
+    never sees an end of file. Each attempt's chunks go to its :class:`AttemptOutput`,
+    between :meth:`begin` and :meth:`end`. The pool process puts its file descriptors
+    back before it replies, so once the reply is in, all the attempt wrote is in the
+    FIFOs, and :meth:`end` reads it without waiting. What something a task left
+    running writes later is dropped.
+    """
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.paths = (
+            os.path.join(directory, f"{name}.out"),
+            os.path.join(directory, f"{name}.err"),
+        )
+        self._fds: list[int] = []
+        self._readers: list[int] = []
+        self._current: AttemptOutput | None = None
+
+    def open(self) -> None:
+        """Make the FIFOs and start reading them (OSError if they cannot be)."""
+        loop = asyncio.get_running_loop()
+        try:
+            for stream, path in enumerate(self.paths):
+                if not os.path.exists(path):
+                    os.mkfifo(path, 0o600)
+                read_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                self._fds.append(read_fd)
+                self._fds.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+                loop.add_reader(read_fd, self._readable, read_fd, stream)
+                self._readers.append(read_fd)
+        except OSError:
+            self.close()
+            raise
+
+    def begin(self, live: Sink | None = None) -> AttemptOutput:
+        """An attempt starts: what comes now is its output."""
+        self._current = AttemptOutput(live)
+        return self._current
+
+    def end(self) -> None:
+        """The attempt has ended (the pool process replied, or died): read what is
+        left in the FIFOs into its output."""
+        for stream, fd in enumerate(self._readers):
+            drained = 0
+            while drained < _DRAIN_LIMIT and (got := self._readable(fd, stream)):
+                drained += got
+        self._current = None
+
+    def close(self) -> None:
+        """Stop reading, close and delete the FIFOs (the pool process is gone)."""
+        loop = asyncio.get_running_loop()
+        for fd in self._readers:
+            loop.remove_reader(fd)
+        self._readers.clear()
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+        for path in self.paths:
+            with contextlib.suppress(OSError):
+                Path(path).unlink()
+
+    def _readable(self, fd: int, stream: int) -> int:
+        """Read a chunk into the current attempt's output; how many bytes came."""
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # BlockingIOError: nothing waiting
+            return 0
+        current = self._current
+        if chunk and current is not None:
+            (current.stdout if stream == 0 else current.stderr).add(chunk)
+        return len(chunk)
+
+
+#: At most this much is read from a FIFO once its attempt ended (a runaway writer
+#: left behind by the task must not keep the worker reading).
+_DRAIN_LIMIT = 4 * 1024 * 1024

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import importlib
 import inspect
@@ -367,6 +368,53 @@ def main(argv: list[str]) -> None:
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class _Redirection:
+    """What :func:`redirected` opens once and reuses from attempt to attempt: the
+    FIFOs (the worker keeps them for the life of this process), this process's own
+    stdout and stderr, and the logging handler."""
+
+    def __init__(self) -> None:
+        self.fifos: dict[tuple[str, str], tuple[int, int]] = {}
+        self.originals: tuple[int, int] | None = None
+        self.handler: logging.Handler | None = None
+
+    def targets(self, paths: tuple[str, str]) -> tuple[int, int]:
+        fds = self.fifos.get(paths)
+        if fds is None:
+            out = os.open(paths[0], os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                err = os.open(paths[1], os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:
+                os.close(out)
+                raise
+            fds = self.fifos[paths] = (out, err)
+        if self.originals is None:
+            self.originals = (
+                fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3),
+                fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 3),
+            )
+        return fds
+
+    def log_handler(self) -> logging.Handler:
+        if self.handler is None:
+            self.handler = logging.StreamHandler(_StderrNow())
+            self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        return self.handler
+
+
+class _StderrNow:
+    """Whatever ``sys.stderr`` is when a record is written."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+_redirection = _Redirection()
+
+
 @contextlib.contextmanager
 def redirected(paths: tuple[str, str] | None) -> Iterator[None]:
     """For one attempt: file descriptors 1 and 2 go to the FIFOs ``paths`` (stdout,
@@ -383,25 +431,22 @@ def redirected(paths: tuple[str, str] | None) -> Iterator[None]:
         yield
         return
     try:
-        opened = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in paths]
+        targets = _redirection.targets(paths)
     except OSError as exc:
         print(f"dagq: the task's output is not captured: {exc}", file=sys.stderr)
         yield
         return
-    saved = [os.dup(1), os.dup(2)]
     streams = (sys.stdout, sys.stderr)
     buffering = [getattr(stream, "line_buffering", False) for stream in streams]
-    for fd, target in zip(opened, (1, 2), strict=True):
-        os.dup2(fd, target)
-        os.close(fd)
+    os.dup2(targets[0], 1)
+    os.dup2(targets[1], 2)
     for stream in streams:
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     root = logging.getLogger()
     level, handler = root.level, None
     if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler = _redirection.log_handler()
         root.addHandler(handler)
         if root.level > logging.INFO or root.level == logging.NOTSET:
             root.setLevel(logging.INFO)
@@ -417,9 +462,9 @@ def redirected(paths: tuple[str, str] | None) -> Iterator[None]:
                 stream.flush()
             with contextlib.suppress(AttributeError, ValueError):
                 stream.reconfigure(line_buffering=was)  # type: ignore[union-attr]
-        for fd, target in zip(saved, (1, 2), strict=True):
-            os.dup2(fd, target)
-            os.close(fd)
+        assert _redirection.originals is not None
+        os.dup2(_redirection.originals[0], 1)
+        os.dup2(_redirection.originals[1], 2)
 
 
 def _die_with(parent: int) -> None:

@@ -38,7 +38,7 @@ import msgspec
 import dagq
 from dagq.payloads import OUTPUT_INLINE_BYTES
 from dagq.runners import Outcome, StoredInputs, TaskContext
-from dagq.runners.capture import FifoCapture, Sink
+from dagq.runners.capture import ProcessOutput, Sink
 from dagq.runners.child import HEADER, Reply, Request
 
 log = logging.getLogger("dagq.worker")
@@ -71,6 +71,8 @@ class _Process:
     #: The import path it was last given.
     paths: list[str] = field(default_factory=list)
     killed: bool = False
+    #: Where its tasks' stdout and stderr go (made at its first task).
+    output: ProcessOutput | None = None
 
     @property
     def alive(self) -> bool:
@@ -97,6 +99,9 @@ class _Process:
     def close_pipes(self) -> None:
         self.writer.close()
         self.read_transport.close()
+        if self.output is not None:
+            self.output.close()
+            self.output = None
 
     async def ended(self) -> str:
         """How it ended, in words (waits a little for the zygote to say)."""
@@ -252,7 +257,6 @@ class TaskPool:
         self._closed = False
         #: A directory of the pool's own for the FIFOs that capture tasks' output.
         self._scratch: str | None = None
-        self._captures = 0
         #: Processes started so far (for tests and stats).
         self.started = 0
 
@@ -275,12 +279,12 @@ class TaskPool:
         kept for the attempt's log and handed to ``live`` as it comes.
         """
         process = await self._acquire()
-        capture: FifoCapture | None = None
+        output = self._output(process)
+        captured = None if output is None else output.begin(live)
         try:
-            capture = await self._capture(live)
             paths = list(sys.path)
             changed = None if paths == process.paths else paths
-            logs = None if capture is None else capture.paths
+            logs = None if output is None else output.paths
             data = Request(call, args, ctx, changed, processor, inputs, logs).pack()
             process.paths = paths
             reply = await asyncio.wait_for(process.call(data), timeout_s)
@@ -297,35 +301,31 @@ class TaskPool:
             outcome = Outcome(ok=False, error=f"its Python process {how} while running it")
         except BaseException:  # cancelled (the task must stop), or a bug here
             process.kill()
-            if capture is not None:
-                await asyncio.shield(capture.close(linger_s=0.1))
             raise
         else:
             outcome = _outcome(reply)
         finally:
+            if output is not None:
+                output.end()
             self._release(process)
-        if capture is None:
+        if captured is None:
             return outcome
-        await capture.close()
-        return dataclasses.replace(outcome, log=capture.log(outcome.log.decode("utf-8", "replace")))
+        traceback = outcome.log.decode("utf-8", "replace")
+        return dataclasses.replace(outcome, log=captured.log(traceback))
 
-    async def _capture(self, live: Sink | None) -> FifoCapture | None:
-        """FIFOs for the next attempt's output (None, logged, if they cannot be made)."""
-        try:
-            if self._scratch is None:
-                self._scratch = tempfile.mkdtemp(prefix="dagq-pool-")
-            self._captures += 1
-            capture = FifoCapture(self._scratch, str(self._captures), live)
-        except OSError as exc:
-            log.warning("a Python task's output cannot be captured: %s", exc)
-            return None
-        try:
-            await capture.open()
-        except OSError as exc:
-            log.warning("a Python task's output cannot be captured: %s", exc)
-            await capture.close(linger_s=0)
-            return None
-        return capture
+    def _output(self, process: _Process) -> ProcessOutput | None:
+        """Where ``process`` writes its tasks' output (None, logged, if that cannot be)."""
+        if process.output is None:
+            try:
+                if self._scratch is None:
+                    self._scratch = tempfile.mkdtemp(prefix="dagq-pool-")
+                output = ProcessOutput(self._scratch, str(process.pid))
+                output.open()
+            except OSError as exc:
+                log.warning("a Python task's output cannot be captured: %s", exc)
+                return None
+            process.output = output
+        return process.output
 
     def warm(self) -> None:
         """Start the first process now, before the first task needs it."""
