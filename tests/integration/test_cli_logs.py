@@ -324,3 +324,19 @@ def test_an_instance_that_does_not_exist_is_a_clear_error(fanned: DagqCli) -> No
 
     assert result.code == 2
     assert result.stderr.strip() == "error: task 'square' has 3 items; there is no item 7"
+
+
+def test_instances_are_listed_for_one_workflow_only(cli: DagqCli) -> None:
+    result = cli.run("tasks", "--instances")
+
+    assert result.code == 2
+    assert result.stderr.strip() == (
+        "error: --instances lists the instances of one workflow: give exactly one ID"
+    )
+
+
+def test_an_instance_and_a_different_item_option_are_refused(fanned: DagqCli) -> None:
+    result = fanned.run("logs", "fan", "square[2]", "--item", "1")
+
+    assert result.code == 2
+    assert result.stderr.strip() == "error: TASK 'square[2]' names instance 2 but --item says 1"
