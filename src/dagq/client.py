@@ -569,6 +569,8 @@ class Client:
             ended = status.label
         elif number and status == TaskStatus.PENDING:
             ended = "failed"  # reset for a retry: that attempt is over
+        elif not number and status in TERMINAL:
+            ended = status.label  # it ended without an attempt (a timer, skipped, ...)
         elif st.status in WORKFLOW_TERMINAL or st.status == QUARANTINED:
             ended = "cancelled" if number else st.status  # it will not run (on)
         return AttemptState(

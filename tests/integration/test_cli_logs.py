@@ -340,3 +340,22 @@ def test_an_instance_and_a_different_item_option_are_refused(fanned: DagqCli) ->
 
     assert result.code == 2
     assert result.stderr.strip() == "error: TASK 'square[2]' names instance 2 but --item says 1"
+
+
+def test_follow_of_a_task_that_runs_no_attempt_ends_when_it_does(cli: DagqCli) -> None:
+    run(
+        cli,
+        "nap",
+        [
+            {"name": "pause", "sleep_s": 0.1},
+            {"name": "never", "cmd": "exit 1", "condition": "false"},
+        ],
+    )
+
+    timer = cli.run("logs", "nap", "pause", "--follow", timeout_s=20)
+    skipped = cli.run("logs", "nap", "never", "--follow", timeout_s=20)
+
+    assert timer.code == 0, timer.output
+    assert "'pause' ran no attempt: it is completed" in timer.stderr
+    assert skipped.code == 1, skipped.output
+    assert "'never' ran no attempt: it is skipped" in skipped.stderr

@@ -41,8 +41,8 @@ def run_follow(
             await asyncio.sleep(POLL_S)
             current = await state(client, attempt)
         if current.attempt == 0:
-            print(f"'{name}' did not run: the workflow is {current.ended}", file=sys.stderr)
-            return EXIT_FAILED
+            print(f"'{name}' ran no attempt: it is {current.ended}", file=sys.stderr)
+            return EXIT_OK if current.ended == "completed" else EXIT_FAILED
         number = current.attempt
         print(f"[following attempt {number} of '{name}']", file=sys.stderr, flush=True)
         shown, after = False, None
