@@ -6,7 +6,7 @@ which it writes when it starts (before it takes any work), rewrites every
 was killed cannot delete its record: a record not rewritten for
 ``EXPIRY_BEATS`` heartbeats is dead. Readers (``dagq workers``, ``doctor``) leave dead
 records out and delete them as they go (only if unchanged since they read them), and
-so does every worker when it starts, so the ``workers/`` prefix does not grow.
+so does every worker once it has started, so the ``workers/`` prefix does not grow.
 
 The record is plain JSON on the documents primitive, so it works on every store.
 Writing it is never allowed to stop a worker: a failure is logged and the next
@@ -101,12 +101,8 @@ class Registration:
         self._failing = False
 
     async def register(self) -> None:
-        """Write the record for the first time, and drop dead workers' records."""
+        """Write the record for the first time (waiting at most a heartbeat)."""
         await self.beat()
-        try:
-            await live_workers(self._documents, now=self._clock())
-        except DagqError as exc:
-            log.debug("cannot tidy the workers' records: %s", exc)
 
     async def beat(self) -> None:
         """Write the record now (a failure is logged; the next beat tries again)."""
@@ -127,7 +123,12 @@ class Registration:
             self._failing = False
 
     async def keep(self) -> None:
-        """Rewrite the record every heartbeat, until cancelled. Never raises."""
+        """Drop dead workers' records, then rewrite this one every heartbeat, until
+        cancelled. Never raises."""
+        try:
+            await live_workers(self._documents, now=self._clock())
+        except Exception as exc:  # tidying is a courtesy: a reader does it too
+            log.debug("cannot tidy the workers' records: %s", exc)
         while True:
             await asyncio.sleep(self._describe().heartbeat_s)
             try:

@@ -53,7 +53,7 @@ async def test_a_record_past_its_expiry_is_left_out_and_deleted(
 ) -> None:
     await registration(store, clock, "dead:1:x").register()
     clock.advance(EXPIRY_BEATS * HEARTBEAT_S + 0.5 + clock.tolerance)
-    await registration(store, clock, "alive:2:y").register()  # tidies on its way in
+    await registration(store, clock, "alive:2:y").register()
 
     listed = await live_workers(store.documents, now=clock())
 
