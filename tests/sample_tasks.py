@@ -182,3 +182,33 @@ def watch_cancel(seconds: float = 20.0) -> str:
             return "noticed"
         time.sleep(0.02)
     return "never noticed"
+
+
+def say(text: str, stderr: str = "", seconds: float = 0.0) -> str:
+    """Print ``text`` (and ``stderr`` there), then sleep: for tests of captured output."""
+    import sys
+    import time
+
+    print(text)
+    if stderr:
+        print(stderr, file=sys.stderr)
+    time.sleep(seconds)
+    return text
+
+
+def hijack_stdout(text: str) -> None:
+    """Replace sys.stdout (and leave it so): the next attempt must not suffer."""
+    import io
+    import sys
+
+    print(text)
+    sys.stdout = io.StringIO()
+
+
+def log_at(level: str, text: str) -> dict[str, Any]:
+    """Log ``text`` at ``level`` through the root logger; what the logger looked like."""
+    import logging
+
+    root = logging.getLogger()
+    getattr(logging, level)(text)
+    return {"level": root.level, "handlers": len(root.handlers)}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from dagq import dead_letters, keys, quarantine
+from dagq import dead_letters, keys, quarantine, registry
 from dagq.builder import Workflow, load_python_file
 from dagq.dead_letters import DeadLetterInfo
 from dagq.definition import WorkflowDef
@@ -32,6 +32,7 @@ from dagq.state import (
     BAD,
     QUARANTINED,
     TERMINAL,
+    UNDO_DONE,
     UNDO_FAILED,
     UNSET,
     WORKFLOW_ACTIVE,
@@ -159,6 +160,41 @@ def task_info(plan: Plan, st: RunState, i: int) -> TaskInfo:
         items=group.counts() if group else None,
         failed_items=group.failed() if group else None,
     )
+
+
+def instance_infos(plan: Plan, st: RunState, i: int) -> list[TaskInfo]:
+    """The public view of the instances of foreach task ``i`` (``name[k]``)."""
+    group = st.groups.get(i)
+    if group is None:
+        return []
+    infos = []
+    for k in range(group.n):
+        started, finished = group.started_at[k], group.finished_at[k]
+        infos.append(
+            TaskInfo(
+                name=keys.attempt_name(plan.tasks[i].name, item=k),
+                status=TaskStatus(group.status[k]).label,
+                attempt=group.attempt[k],
+                queue=plan.tasks[i].queue,
+                started_at=_time(started),
+                finished_at=_time(finished),
+                duration_s=None if UNSET in (started, finished) else finished - started,
+                error=group.errors.get(k),
+                output_ref=group.output_refs.get(k),
+            )
+        )
+    return infos
+
+
+class AttemptState(msgspec.Struct, frozen=True, kw_only=True):
+    """Where one attempt stands, for following its output."""
+
+    #: The attempt's number (0: the task has not run yet).
+    attempt: int
+    #: None while it may still run; else how it ended: ``completed``, ``failed``, ...
+    ended: str | None
+    #: Where its live output is (:meth:`Client.live_output`).
+    live_prefix: str
 
 
 def workflow_status(name: str, plan: Plan, st: RunState) -> WorkflowStatus:
@@ -329,11 +365,18 @@ class Client:
         )
         return [_summary(row) for row in page.rows], page.cursor
 
-    async def tasks(self, workflow_id: str, *, state: str | None = None) -> builtins.list[TaskInfo]:
-        """Every task of a run (or those in one state)."""
+    async def tasks(
+        self, workflow_id: str, *, state: str | None = None, instances: bool = False
+    ) -> builtins.list[TaskInfo]:
+        """Every task of a run (or those in one state); with ``instances``, each
+        foreach task is followed by its instances (``name[0]``, ``name[1]``, ...)."""
         _check_state(state)
         _, plan, st = await self._load(workflow_id)
-        infos = [task_info(plan, st, i) for i in range(st.n_tasks)]
+        infos: builtins.list[TaskInfo] = []
+        for i in range(st.n_tasks):
+            infos.append(task_info(plan, st, i))
+            if instances and i in st.groups:
+                infos += instance_infos(plan, st, i)
         return [t for t in infos if state is None or t.status == state]
 
     async def find_tasks(
@@ -442,8 +485,12 @@ class Client:
             return {}
         name = plan.tasks[i].queue
         depth = await self.store.queues.depth(name)
+        workers = await registry.live_workers(self.store.documents, now=time.time())
+        serving = sum(w.serves(name, st.workflow_id) for w in workers)
         facts: dict[str, Any] = {
-            "queue": QueueFacts(name, depth.visible, depth.invisible, depth.oldest_age_s)
+            "queue": QueueFacts(
+                name, depth.visible, depth.invisible, depth.oldest_age_s, workers=serving
+            )
         }
         wanted = (st.workflow_id, plan.tasks[i].name, st.attempt[i])
         for letter in await self.store.queues.dead_letters(name, limit=1000):
@@ -451,16 +498,26 @@ class Client:
                 facts["dead_letter"] = (letter.key, letter.reason)
         return facts
 
-    async def output(self, workflow_id: str, task: str) -> Any:
-        """The output of a completed task (fetched from its document if stored by reference)."""
+    async def output(self, workflow_id: str, task: str, *, item: int = -1) -> Any:
+        """The output of a completed task (fetched from its document if stored by
+        reference); ``item`` names one instance of a foreach task."""
         _, plan, st = await self._load(workflow_id)
         i = _task_index(plan, workflow_id, task)
-        if st.task_status[i] != TaskStatus.COMPLETED:
-            label = TaskStatus(st.task_status[i]).label
-            raise UsageError(f"task '{echo(task)}' of {workflow_id} is {label}; it has no output")
-        ref = st.output_refs.get(i)
+        if item >= 0:
+            _variant_attempt(st, i, task, item=item, undo=False)  # it exists
+            group = st.groups[i]
+            status, ref = TaskStatus(group.status[item]), group.output_refs.get(item)
+            inline = group.outputs.get(item)
+            task = keys.attempt_name(task, item=item)
+        else:
+            status, ref = TaskStatus(st.task_status[i]), st.output_refs.get(i)
+            inline = st.outputs.get(i)
+        if status != TaskStatus.COMPLETED:
+            raise UsageError(
+                f"task '{echo(task)}' of {workflow_id} is {status.label}; it has no output"
+            )
         if ref is None:
-            return st.outputs.get(i)
+            return inline
         doc = await self.store.documents.get(ref)
         if doc is None:
             raise UsageError(f"the output of '{echo(task)}' ({ref}) is missing from the store")
@@ -507,10 +564,67 @@ class Client:
             return doc.data.decode("utf-8", "replace")
         return _kept_error(st, i, number, item=item, undo=undo)
 
-    async def events(self, workflow_id: str) -> builtins.list[HistoryEntry]:
-        """The run's history, oldest first."""
-        await self._load(workflow_id)
-        return await read_history(self.store, workflow_id)
+    async def events(
+        self, workflow_id: str, *, task: str | None = None
+    ) -> builtins.list[HistoryEntry]:
+        """The run's history, oldest first; with ``task``, only what concerns it: a
+        task's own entries and those of its instances and compensation, or one
+        instance's (``square[2]``)."""
+        _, plan, _ = await self._load(workflow_id)
+        entries = await read_history(self.store, workflow_id)
+        if task is None:
+            return entries
+        name, item, undo = keys.split_attempt_name(task)
+        _task_index(plan, workflow_id, name)
+        if item >= 0 or undo:
+            return [e for e in entries if e.task == task]
+        return [e for e in entries if e.task and keys.split_attempt_name(e.task)[0] == name]
+
+    async def attempt_state(
+        self,
+        workflow_id: str,
+        task: str,
+        *,
+        attempt: int | None = None,
+        item: int = -1,
+        undo: bool = False,
+    ) -> AttemptState:
+        """Where an attempt stands (the latest by default; of one instance or of the
+        task's undo if asked): not run yet, running, or how it ended."""
+        _, plan, st = await self._load(workflow_id)
+        i = _task_index(plan, workflow_id, task)
+        latest, status = _latest(st, i, task, item=item, undo=undo)
+        number = attempt or latest
+        if number > latest and latest:
+            raise UsageError(f"task '{echo(task)}' has no attempt {number} (it has {latest})")
+        ended: str | None = None
+        if number and number < latest:
+            ended = "failed"  # another attempt followed it
+        elif number and status in TERMINAL:
+            ended = status.label
+        elif number and status == TaskStatus.PENDING:
+            ended = "failed"  # reset for a retry: that attempt is over
+        elif not number and status in TERMINAL:
+            ended = status.label  # it ended without an attempt (a timer, skipped, ...)
+        elif st.status in WORKFLOW_TERMINAL or st.status == QUARANTINED:
+            ended = "cancelled" if number else st.status  # it will not run (on)
+        return AttemptState(
+            attempt=number,
+            ended=ended,
+            live_prefix=keys.live_log_prefix(workflow_id, i, max(number, 1), item=item, undo=undo),
+        )
+
+    async def live_output(
+        self, prefix: str, *, after: str | None = None
+    ) -> builtins.list[tuple[str, bytes]]:
+        """The chunks of an attempt's live output (``AttemptState.live_prefix``) sent
+        since the chunk ``after``, in order, with their keys."""
+        found = []
+        for key in await self.store.documents.list(prefix, start_after=after, limit=1000):
+            doc = await self.store.documents.get(key)
+            if doc is not None:
+                found.append((key, doc.data))
+        return found
 
     async def signal(
         self, workflow_id: str, name: str, data: Any = None, *, request_id: str | None = None
@@ -754,6 +868,26 @@ def _variant_attempt(st: RunState, i: int, task: str, *, item: int, undo: bool) 
     if item >= group.n:
         raise UsageError(f"task '{echo(task)}' has {group.n} items; there is no item {item}")
     return max(group.attempt[item], 1)
+
+
+def _latest(
+    st: RunState, i: int, task: str, *, item: int, undo: bool
+) -> tuple[int, TaskStatus | None]:
+    """The latest attempt of a task, an instance or an undo (0: none yet), and its
+    status (None for an undo until it ended)."""
+    if undo:
+        ended = {UNDO_DONE: TaskStatus.COMPLETED, UNDO_FAILED: TaskStatus.FAILED}
+        return st.undo_attempt.get(i, 0), ended.get(st.undo_status.get(i, 0))
+    if item >= 0:
+        group = st.groups.get(i)
+        if group is None:
+            if st.task_status[i] in TERMINAL:
+                raise UsageError(f"task '{echo(task)}' has no items (not a foreach task)")
+            return 0, None  # not expanded yet
+        if item >= group.n:
+            raise UsageError(f"task '{echo(task)}' has {group.n} items; there is no item {item}")
+        return group.attempt[item], TaskStatus(group.status[item])
+    return st.attempt[i], TaskStatus(st.task_status[i])
 
 
 def _check_state(state: str | None) -> None:

@@ -34,6 +34,8 @@ class QueueFacts:
     visible: int
     invisible: int
     oldest_age_s: float
+    #: Live workers on record that serve it (for this workflow); None: not known.
+    workers: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,6 +435,14 @@ def _queue_waits(ctx: _Context, waited_s: float) -> list[Wait]:
                 kind="dead_letter",
                 detail=f"its message was dead-lettered: {reason}",
                 fix=f"after fixing the cause: dagq dlq replay {key}",
+            )
+        )
+    elif facts.queue is not None and facts.queue.workers == 0:
+        waits.append(
+            Wait(
+                kind="no_worker",
+                detail=f"no live worker serves queue '{queue}' (dagq workers lists them)",
+                fix=f"start one: dagq worker -q {queue}",
             )
         )
     elif waited_s > QUEUE_WAIT_S or (

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 from dagq.validation import check_workflow_id
 
 #: The coordinator's inbox: task events from workers and commands from clients.
 COMPLETIONS_QUEUE = "_completions"
 #: The lease that makes one coordinator the only writer of runtime state.
 COORDINATOR_LEASE = "coordinator"
+#: Where workers keep their records (:mod:`dagq.registry`).
+WORKERS_PREFIX = "workers/"
 
 
 def definition(workflow_id: str) -> str:
@@ -116,9 +120,34 @@ def attempt_name(task_name: str, *, item: int = -1, undo: bool = False) -> str:
     return f"{name}#undo" if undo else name
 
 
+_ATTEMPT_NAME = re.compile(r"(?P<task>[^\[\]#]+)(?:\[(?P<item>[0-9]{1,9})\])?(?P<undo>#undo)?")
+
+
+def split_attempt_name(name: str) -> tuple[str, int, bool]:
+    """The inverse of :func:`attempt_name`: ``square[2]`` is ``("square", 2, False)``,
+    ``charge#undo`` is ``("charge", -1, True)``; any other text is a plain task name."""
+    found = _ATTEMPT_NAME.fullmatch(name)
+    if found is None:
+        return name, -1, False
+    item = found["item"]
+    return found["task"], -1 if item is None else int(item), found["undo"] is not None
+
+
 def idempotency_key(workflow_id: str, task_name: str, *, item: int = -1, undo: bool = False) -> str:
     """The key a task's side effects can be deduplicated by: the same for every attempt."""
     return f"{workflow_id}/{attempt_name(task_name, item=item, undo=undo)}"
+
+
+def worker(worker_id: str) -> str:
+    """A worker's record: who it is, what it serves and runs, when it was last seen."""
+    return f"{WORKERS_PREFIX}{worker_id}"
+
+
+def live_log_prefix(
+    workflow_id: str, task: int, attempt: int, *, item: int = -1, undo: bool = False
+) -> str:
+    """The chunks of an attempt's output sent while it runs (``dagq logs --follow``)."""
+    return f"{log(workflow_id, task, attempt, item=item, undo=undo)}-live/"
 
 
 def quarantine(workflow_id: str) -> str:

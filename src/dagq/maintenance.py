@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from dagq import keys
+from dagq import keys, registry
 from dagq.errors import DagqError, UsageError
 from dagq.leasing import holder_is_dead_here
 from dagq.state import QUARANTINED, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
@@ -134,7 +134,8 @@ async def diagnose(store: Store, *, now: float | None = None) -> list[Finding]:
     findings.append(Finding("ok", "store", f"{store.url} is reachable"))
     active = await _active_rows(store)
     findings.append(await _coordinator(store, now, needed=bool(active)))
-    findings += await _queues(store, active, now)
+    workers = await registry.live_workers(store.documents, now=now)
+    findings += await _queues(store, active, now, workers)
     findings += _workflows(active, now)
     findings += await _compensation_failures(store)
     findings += await _quarantined(store)
@@ -225,7 +226,10 @@ async def _active_rows(store: Store) -> list[tuple[str, str, float, float, list[
 
 
 async def _queues(
-    store: Store, active: list[tuple[str, str, float, float, list[str]]], now: float
+    store: Store,
+    active: list[tuple[str, str, float, float, list[str]]],
+    now: float,
+    workers: list[registry.WorkerRecord],
 ) -> list[Finding]:
     buried: dict[str, list[DeadLetter]] = {}
     for letter in await store.queues.dead_letters(None, limit=DEAD_LETTERS_SHOWN):
@@ -253,6 +257,17 @@ async def _queues(
                     "dagq dlq replay KEY (or --all), or dagq dlq purge",
                 )
             )
+        elif name != keys.COMPLETIONS_QUEUE and (depth.visible or depth.invisible):
+            findings.append(
+                _served(
+                    store,
+                    name,
+                    detail,
+                    oldest_s=depth.oldest_age_s,
+                    active=active,
+                    workers=workers,
+                )
+            )
         elif depth.visible and depth.oldest_age_s > QUEUE_WAIT_S:
             fix = (
                 "is a coordinator running? dagq coordinator"
@@ -263,6 +278,40 @@ async def _queues(
         else:
             findings.append(Finding("ok", label, detail))
     return findings
+
+
+def _served(
+    store: Store,
+    queue: str,
+    detail: str,
+    *,
+    oldest_s: float,
+    active: list[tuple[str, str, float, float, list[str]]],
+    workers: list[registry.WorkerRecord],
+) -> Finding:
+    """A queue with tasks in it: is a live worker serving it (for its workflows)?"""
+    label = f"queue '{queue}'"
+    users: list[str | None] = [w for w, *_, queues in active if queue in queues] or [None]
+    serving = [w for w in workers if any(w.serves(queue, u) for u in users)]
+    if not serving:
+        return Finding(
+            "warn",
+            label,
+            f"no live worker serves it; {detail}",
+            f"start one: dagq worker --queue {queue} --store {store.url}",
+        )
+    slots = sum(w.concurrency for w in serving)
+    busy = sum(w.running for w in serving)
+    detail += f"; {len(serving)} worker(s) serve it, {busy}/{slots} slot(s) busy"
+    if oldest_s > QUEUE_WAIT_S:
+        return Finding(
+            "warn",
+            label,
+            detail,
+            f"its workers are busy; more would help: dagq worker --queue {queue} "
+            f"--store {store.url}",
+        )
+    return Finding("ok", label, detail)
 
 
 def _workflows(active: list[tuple[str, str, float, float, list[str]]], now: float) -> list[Finding]:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import itertools
 import logging
 import math
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections import deque
@@ -27,11 +29,12 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from dagq import expression, keys, payloads, reporting
+from dagq import expression, keys, payloads, registry, reporting
 from dagq.errors import DagqError, DamagedData, MessageLost, PermanentError
 from dagq.holding import Held, delete, give_back, split
 from dagq.jobq import WATCHED_SUFFIX
 from dagq.leasing import default_owner
+from dagq.live_logs import LiveLog
 from dagq.messages import (
     TaskFinished,
     TaskMessage,
@@ -117,6 +120,9 @@ class WorkerOptions:
     #: How long a task that watches :func:`dagq.jobq.is_cancelled` gets to end on its
     #: own once it must stop, before it is stopped (others are stopped at once).
     cancel_notice_s: float = 10.0
+    #: How often the worker rewrites its record in the store (:mod:`dagq.registry`);
+    #: it counts as gone after ``registry.EXPIRY_BEATS`` of these without a write.
+    heartbeat_s: float = registry.HEARTBEAT_S
 
 
 @dataclass(eq=False)
@@ -188,7 +194,33 @@ class Worker:
         #: A directory of this worker's own (made when first needed), for cancel files.
         self._scratch: str | None = None
         self._attempts = itertools.count(1)
+        self._started_at = clock()
+        self._stopping = False
+        self._registration = registry.Registration(store.documents, self.record, clock=self.clock)
         add_import_paths(self.options.import_paths)
+
+    def record(self) -> registry.WorkerRecord:
+        """What this worker says about itself in its record (:mod:`dagq.registry`)."""
+        running = [r for r in self._running.values() if r.busy]
+        host, _, rest = self.options.name.partition(":")
+        pid = rest.partition(":")[0]
+        served = self.options.workflows
+        return registry.WorkerRecord(
+            id=self.options.name,
+            host=host or socket.gethostname(),
+            pid=int(pid) if pid.isdigit() else os.getpid(),
+            queues=list(self.options.queues),
+            concurrency=self.options.concurrency,
+            running=len(running),
+            attempts=[_attempt_id(r.task) for r in running[: registry.ATTEMPTS_LISTED]],
+            completed=self.completed,
+            version=_VERSION,
+            started_at=self._started_at,
+            last_seen=self.clock(),
+            heartbeat_s=self.options.heartbeat_s,
+            state="stopping" if self._stopping else "serving",
+            workflows=None if served is None else sorted(served),
+        )
 
     # --- the loop ---------------------------------------------------------------------
 
@@ -202,6 +234,8 @@ class Worker:
         supervisor = Supervisor("worker")
         if self._pool is not None:
             self._pool.warm()
+        await self._registration.register()  # seen before it takes any work
+        supervisor.start("registration", self._registration.keep, restart=True)
         self._outbox.start(supervisor)
         supervisor.start(
             "heartbeat", self._heartbeat, restart=True, max_failures=MAX_BACKGROUND_FAILURES
@@ -213,9 +247,12 @@ class Worker:
             await self._serve(halt)
         finally:
             watch.cancel()
+            self._stopping = True
             deadline = asyncio.get_running_loop().time() + self.options.shutdown_grace_s
             await self._drain(deadline)
             await supervisor.stop("heartbeat")
+            await supervisor.stop("registration")
+            await self._registration.withdraw()
             await self._outbox.close(_CLOSE_S)
             await supervisor.close()
             if self._pool is not None:
@@ -608,8 +645,31 @@ class Worker:
         spec = task.spec
         if task.timeout_s is not None:  # the task's deadline leaves this attempt less time
             spec = msgspec.structs.replace(spec, timeout_s=task.timeout_s)
+        live = LiveLog(
+            self.store.documents,
+            keys.live_log_prefix(
+                task.workflow_id, task.task, task.attempt, item=task.item_index, undo=task.undo
+            ),
+        )
+        try:
+            return await self._run(task, spec, ctx, inputs, stored, queue=queue, live=live)
+        finally:
+            await live.close()
+
+    async def _run(
+        self,
+        task: TaskMessage,
+        spec: TaskSpec,
+        ctx: TaskContext,
+        inputs: dict[str, Any],
+        stored: StoredInputs | None,
+        *,
+        queue: str,
+        live: LiveLog,
+    ) -> Outcome:
+        """Run the attempt with the runner its kind needs."""
         if spec.kind == "shell":
-            return await run_shell(spec, ctx, work_dir=self.options.work_dir)
+            return await run_shell(spec, ctx, work_dir=self.options.work_dir, live=live.write)
         processor = spec.kind == "processor"
         if processor:
             if self.options.processor is None:
@@ -632,6 +692,7 @@ class Worker:
             executor=self._executor,
             processor=processor,
             inputs=stored,
+            live=live.write,
         )
 
     def _cancel_file(self) -> str:
@@ -898,6 +959,22 @@ async def _first(*waits: Any) -> None:
     finally:
         for t in tasks:
             t.cancel()
+
+
+def _attempt_id(task: TaskMessage) -> str:
+    """An attempt as a worker's record names it: its message id."""
+    name = keys.attempt_name(task.name, item=task.item_index, undo=task.undo)
+    return keys.message_id(task.workflow_id, name, task.attempt)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("dagq")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_VERSION = _version()
 
 
 def _remember(cache: dict[str, _V], key: str, value: _V) -> None:

@@ -65,6 +65,7 @@ STORE_COMMANDS = frozenset(
         "quarantine",
         "explain",
         "summary",
+        "workers",
     }
 )
 

@@ -94,10 +94,14 @@ def completed(cli: DagqCli) -> int:
 
 def test_a_500_task_workflow_survives_a_coordinator_kill_on_azure(cli: DagqCli) -> None:
     coordinator = cli.start_coordinator(timeout_s=60)
-    for _ in range(2):
+    workers = [
         cli.start_worker(
             "-q", "default", "-c", "8", "--import-path", str(cli.workdir), timeout_s=60
         )
+        for _ in range(2)
+    ]
+    listed = cli.json("workers", timeout_s=60)  # on record before they take any work
+    assert {w.pid for w in workers} <= {w["pid"] for w in listed}
     submitted = cli.run("submit", workflow(cli), "--id", "big", timeout_s=60)
     assert submitted.code == 0, submitted.output
     wait_until(lambda: completed(cli) >= 100, timeout_s=120, what="100 tasks to complete")

@@ -176,6 +176,23 @@ def test_a_task_sent_long_ago_and_never_started_suspects_no_worker() -> None:
     assert found.waiting_for[1].fix == "start one: dagq worker -q gpu"
 
 
+def test_a_task_sent_to_a_queue_no_live_worker_serves_says_so_at_once() -> None:
+    sim = Sim([{"name": "a", "queue": "gpu"}])
+    sim.start()
+    sim.now += 1
+    found = why(sim, "a", queue=QueueFacts("gpu", 1, 0, 1.0, workers=0))
+    assert kinds(found) == ["queue", "no_worker"]
+    assert "no live worker serves queue 'gpu'" in found.waiting_for[1].detail
+
+
+def test_a_task_sent_to_a_queue_a_live_worker_serves_waits_for_it() -> None:
+    sim = Sim([{"name": "a", "queue": "gpu"}])
+    sim.start()
+    sim.now += 1
+    found = why(sim, "a", queue=QueueFacts("gpu", 1, 0, 1.0, workers=2))
+    assert kinds(found) == ["queue"]
+
+
 def test_a_dead_lettered_message_is_named_with_the_command_that_replays_it() -> None:
     sim = Sim([{"name": "a"}])
     sim.start()

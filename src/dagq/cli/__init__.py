@@ -347,6 +347,14 @@ def coordinator(
 )
 @click.option("--processor", default=None, metavar="MODULE:FUNCTION", help=PROCESSOR_HELP)
 @log_options("info")
+@click.option(
+    "--heartbeat",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    help="Seconds between rewrites of this worker's record (dagq workers); it counts "
+    "as gone after 3 missed.",
+)
 def worker(
     *,
     log_level: str,
@@ -361,6 +369,7 @@ def worker(
     backlog: int | None,
     isolation: Literal["process", "thread"],
     processor: str | None,
+    heartbeat: float,
 ) -> None:
     """Run tasks from the given queues until stopped (SIGTERM: finish, then release)."""
     from dagq.cli.serve import run_worker
@@ -387,6 +396,7 @@ def worker(
             shutdown_grace_s=grace,
             backlog=backlog,
             isolation=isolation,
+            heartbeat_s=heartbeat,
         )
         return run_worker(store_url, options)
 
@@ -407,6 +417,16 @@ def server(*, host: str, port: int, store_url: str) -> None:
     from dagq.server.runner import run_server
 
     _exit(lambda: run_server(store_url, host=host, port=port))
+
+
+@main.command()
+@store_option
+@json_option
+def workers(*, store_url: str, as_json: bool) -> None:
+    """Live workers: id, host, pid, queues, running tasks, version, started, last seen."""
+    from dagq.cli.workers import run_workers
+
+    _exit(lambda: run_workers(store_url, as_json=as_json))
 
 
 # --- submitting and controlling ------------------------------------------------------------
@@ -604,6 +624,11 @@ def list_(
     default=None,
     help="At most this many tasks, 0 for all (default: all of the IDs given; 100 without).",
 )
+@click.option(
+    "--instances",
+    is_flag=True,
+    help="Also list each foreach task's instances (name[0], name[1], ...), of one ID.",
+)
 @store_option
 @json_option
 def tasks(
@@ -613,6 +638,7 @@ def tasks(
     queue: str | None,
     prefix: str | None,
     limit: int | None,
+    instances: bool,
     store_url: str,
     as_json: bool,
 ) -> None:
@@ -620,7 +646,9 @@ def tasks(
     error."""
     from dagq.cli.inspect import TaskFilter, run_tasks
 
-    wanted = TaskFilter(state=state, queue=queue, prefix=prefix, limit=limit)
+    if instances and len(workflow_ids) != 1:
+        fail("--instances lists the instances of one workflow: give exactly one ID")
+    wanted = TaskFilter(state=state, queue=queue, prefix=prefix, limit=limit, instances=instances)
     _exit(lambda: run_tasks(store_url, list(workflow_ids), wanted, as_json=as_json))
 
 
@@ -629,10 +657,24 @@ def tasks(
 @click.argument("task")
 @store_option
 def output(*, workflow_id: str, task: str, store_url: str) -> None:
-    """The output of a completed task, as JSON."""
+    """The output of a completed task, as JSON (of one instance: 'TASK[2]')."""
     from dagq.cli.inspect import run_output
 
-    _exit(lambda: run_output(store_url, workflow_id, task))
+    name, item, undo = _attempt_name(task, item=None, undo=False)
+    if undo:
+        fail(f"TASK '{task}': a compensation has no output")
+    _exit(lambda: run_output(store_url, workflow_id, name, item=item))
+
+
+def _attempt_name(task: str, *, item: int | None, undo: bool) -> tuple[str, int, bool]:
+    """TASK as typed — ``name``, ``name[2]`` (an instance), ``name#undo`` — merged with
+    ``--item`` / ``--undo``."""
+    from dagq.keys import split_attempt_name
+
+    name, index, compensation = split_attempt_name(task)
+    if item is not None and index >= 0 and item != index:
+        fail(f"TASK '{task}' names instance {index} but --item says {item}")
+    return name, item if item is not None else index, undo or compensation
 
 
 @main.command()
@@ -643,6 +685,13 @@ def output(*, workflow_id: str, task: str, store_url: str) -> None:
     "--item", type=click.IntRange(0), default=None, help="One instance of a foreach task."
 )
 @click.option("--undo", is_flag=True, help="The task's compensation.")
+@click.option(
+    "-f",
+    "--follow",
+    is_flag=True,
+    help="Print the attempt's output as it comes (waiting for it to start), until it "
+    "ends; exit 0 if it completed, 1 if not.",
+)
 @store_option
 def logs(
     *,
@@ -651,24 +700,40 @@ def logs(
     attempt: int | None,
     item: int | None,
     undo: bool,
+    follow: bool,
     store_url: str,
 ) -> None:
-    """The kept stdout/stderr of a task's attempt, then its whole error text."""
+    """The kept stdout/stderr of a task's attempt, then its whole error text.
+
+    TASK may name one instance of a foreach task ('TASK[2]') or a compensation
+    ('TASK#undo').
+    """
+    from dagq.cli.follow import run_follow
     from dagq.cli.inspect import run_logs
 
-    index = -1 if item is None else item
-    _exit(lambda: run_logs(store_url, workflow_id, task, attempt=attempt, item=index, undo=undo))
+    name, index, undo = _attempt_name(task, item=item, undo=undo)
+    if follow:
+        _exit(
+            lambda: run_follow(store_url, workflow_id, name, attempt=attempt, item=index, undo=undo)
+        )
+    _exit(lambda: run_logs(store_url, workflow_id, name, attempt=attempt, item=index, undo=undo))
 
 
 @main.command()
 @click.argument("workflow_id")
+@click.option(
+    "--task",
+    default=None,
+    help="Only what concerns this task (with its instances and compensation), or one "
+    "instance ('TASK[2]').",
+)
 @store_option
 @json_option
-def events(*, workflow_id: str, store_url: str, as_json: bool) -> None:
+def events(*, workflow_id: str, task: str | None, store_url: str, as_json: bool) -> None:
     """The history of a workflow: what happened, when, to which task, and why."""
     from dagq.cli.inspect import run_events
 
-    _exit(lambda: run_events(store_url, workflow_id, as_json=as_json))
+    _exit(lambda: run_events(store_url, workflow_id, task=task, as_json=as_json))
 
 
 @main.command()

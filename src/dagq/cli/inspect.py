@@ -186,6 +186,8 @@ class TaskFilter:
     prefix: str | None = None
     #: At most this many (0: all); None: all of the workflows named, 100 across workflows.
     limit: int | None = None
+    #: Each foreach task's instances too (of one workflow).
+    instances: bool = False
 
 
 #: How many tasks ``dagq tasks`` shows across workflows unless told otherwise.
@@ -237,7 +239,7 @@ def run_tasks(store_url: str, workflow_ids: list[str], wanted: TaskFilter, *, as
 
 async def _tasks_of_one(client: Client, workflow_id: str, wanted: TaskFilter) -> list[TaskInfo]:
     """The tasks of one run, as ``Client.tasks`` gives them (no workflow column)."""
-    found = await client.tasks(workflow_id, state=wanted.state)
+    found = await client.tasks(workflow_id, state=wanted.state, instances=wanted.instances)
     found = [
         t
         for t in found
@@ -247,9 +249,9 @@ async def _tasks_of_one(client: Client, workflow_id: str, wanted: TaskFilter) ->
     return found[: wanted.limit] if wanted.limit else found
 
 
-def run_output(store_url: str, workflow_id: str, task: str) -> int:
-    """``dagq output``: the task's output as JSON."""
-    value = with_client(store_url, lambda c: c.output(workflow_id, task))
+def run_output(store_url: str, workflow_id: str, task: str, *, item: int = -1) -> int:
+    """``dagq output``: the task's output (or one instance's) as JSON."""
+    value = with_client(store_url, lambda c: c.output(workflow_id, task, item=item))
     print(msgspec.json.format(msgspec.json.encode(value).decode(), indent=2))
     return EXIT_OK
 
@@ -282,9 +284,9 @@ async def _logs_and_error(
     return text, await client.error(workflow_id, task, attempt=attempt, item=item, undo=undo)
 
 
-def run_events(store_url: str, workflow_id: str, *, as_json: bool) -> int:
-    """``dagq events``: the run's history."""
-    entries = with_client(store_url, lambda c: c.events(workflow_id))
+def run_events(store_url: str, workflow_id: str, *, as_json: bool, task: str | None = None) -> int:
+    """``dagq events``: the run's history (what concerns ``task``, if given)."""
+    entries = with_client(store_url, lambda c: c.events(workflow_id, task=task))
     if as_json:
         print_json(
             [

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import importlib
 import inspect
+import logging
 import os
 import pickle
 import select
@@ -28,7 +30,7 @@ import socket
 import struct
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import msgspec
@@ -78,6 +80,8 @@ class Request(NamedTuple):
     processor: bool = False
     #: Upstream outputs still encoded, decoded here into ``ctx.inputs``.
     inputs: StoredInputs | None = None
+    #: The FIFOs the attempt's stdout and stderr go to (None: left as they are).
+    logs: tuple[str, str] | None = None
 
     def pack(self) -> bytes:
         """The request as it travels."""
@@ -85,14 +89,14 @@ class Request(NamedTuple):
         stored = None
         if self.inputs is not None:
             stored = tuple(getattr(self.inputs, name) for name in _INPUTS_FIELDS)
-        request = (self.call, self.args, ctx, self.paths, self.processor, stored)
+        request = (self.call, self.args, ctx, self.paths, self.processor, stored, self.logs)
         return pickle.dumps(request, pickle.HIGHEST_PROTOCOL)
 
     @classmethod
     def unpack(cls, data: bytes) -> Request:
-        call, args, ctx, paths, processor, stored = pickle.loads(data)
+        call, args, ctx, paths, processor, stored, logs = pickle.loads(data)
         inputs = None if stored is None else StoredInputs(*stored)
-        return cls(call, args, TaskContext(*ctx), paths, processor, inputs)
+        return cls(call, args, TaskContext(*ctx), paths, processor, inputs, logs)
 
     def context(self) -> TaskContext:
         """The task's context, its inputs decoded (DamagedData if they cannot be)."""
@@ -344,21 +348,123 @@ def main(argv: list[str]) -> None:
             sys.path[:] = request.paths
             importlib.invalidate_caches()
             resolve.cache_clear()
-        try:
-            ctx = request.context()
-        except DamagedData as exc:
-            reply = Reply(ok=False, error=f"cannot load upstream outputs: {exc}")
-        else:
+        with redirected(request.logs):
             try:
-                reply = call_task(request.call, request.args, ctx, processor=request.processor)
-            except Exception as exc:  # a fault here fails this task, not the process
-                reply = Reply(ok=False, error=f"the pool process failed it: {describe(exc)}")
-        sys.stdout.flush()
-        sys.stderr.flush()
+                ctx = request.context()
+            except DamagedData as exc:
+                reply = Reply(ok=False, error=f"cannot load upstream outputs: {exc}")
+            else:
+                try:
+                    reply = call_task(request.call, request.args, ctx, processor=request.processor)
+                except Exception as exc:  # a fault here fails this task, not the process
+                    reply = Reply(ok=False, error=f"the pool process failed it: {describe(exc)}")
         try:
             _write(replies, pickle.dumps(tuple(reply), protocol=pickle.HIGHEST_PROTOCOL))
         except BrokenPipeError:  # the parent is gone
             return
+
+
+#: How ``logging`` records of a task show in its log, when the task set up no handler.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _Redirection:
+    """What :func:`redirected` opens once and reuses from attempt to attempt: the
+    FIFOs (the worker keeps them for the life of this process), this process's own
+    stdout and stderr, and the logging handler."""
+
+    def __init__(self) -> None:
+        self.fifos: dict[tuple[str, str], tuple[int, int]] = {}
+        self.originals: tuple[int, int] | None = None
+        self.handler: logging.Handler | None = None
+
+    def targets(self, paths: tuple[str, str]) -> tuple[int, int]:
+        fds = self.fifos.get(paths)
+        if fds is None:
+            out = os.open(paths[0], os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                err = os.open(paths[1], os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:
+                os.close(out)
+                raise
+            fds = self.fifos[paths] = (out, err)
+        if self.originals is None:
+            self.originals = (
+                fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3),
+                fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 3),
+            )
+        return fds
+
+    def log_handler(self) -> logging.Handler:
+        if self.handler is None:
+            self.handler = logging.StreamHandler(_StderrNow())
+            self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        return self.handler
+
+
+class _StderrNow:
+    """Whatever ``sys.stderr`` is when a record is written."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+_redirection = _Redirection()
+
+
+@contextlib.contextmanager
+def redirected(paths: tuple[str, str] | None) -> Iterator[None]:
+    """For one attempt: file descriptors 1 and 2 go to the FIFOs ``paths`` (stdout,
+    stderr), ``sys.stdout`` is line-buffered (so each line shows as it is printed),
+    and the root logger, if nothing set it up, writes INFO and above to stderr.
+
+    Everything is put back afterwards, even if the task replaced ``sys.stdout`` or
+    changed the root logger's level. A FIFO that cannot be opened leaves the output
+    where it was (the attempt runs all the same).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if paths is None:
+        yield
+        return
+    try:
+        targets = _redirection.targets(paths)
+    except OSError as exc:
+        print(f"dagq: the task's output is not captured: {exc}", file=sys.stderr)
+        yield
+        return
+    streams = (sys.stdout, sys.stderr)
+    buffering = [getattr(stream, "line_buffering", False) for stream in streams]
+    os.dup2(targets[0], 1)
+    os.dup2(targets[1], 2)
+    for stream in streams:
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    root = logging.getLogger()
+    level, handler = root.level, None
+    if not root.handlers:
+        handler = _redirection.log_handler()
+        root.addHandler(handler)
+        if root.level > logging.INFO or root.level == logging.NOTSET:
+            root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            root.removeHandler(handler)
+            root.setLevel(level)
+        sys.stdout, sys.stderr = streams
+        for stream, was in zip(streams, buffering, strict=True):
+            with contextlib.suppress(Exception):
+                stream.flush()
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(line_buffering=was)  # type: ignore[union-attr]
+        assert _redirection.originals is not None
+        os.dup2(_redirection.originals[0], 1)
+        os.dup2(_redirection.originals[1], 2)
 
 
 def _die_with(parent: int) -> None:

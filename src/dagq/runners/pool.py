@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import pickle
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,7 @@ import msgspec
 import dagq
 from dagq.payloads import OUTPUT_INLINE_BYTES
 from dagq.runners import Outcome, StoredInputs, TaskContext
+from dagq.runners.capture import ProcessOutput, Sink
 from dagq.runners.child import HEADER, Reply, Request
 
 log = logging.getLogger("dagq.worker")
@@ -67,6 +71,8 @@ class _Process:
     #: The import path it was last given.
     paths: list[str] = field(default_factory=list)
     killed: bool = False
+    #: Where its tasks' stdout and stderr go (made at its first task).
+    output: ProcessOutput | None = None
 
     @property
     def alive(self) -> bool:
@@ -93,6 +99,9 @@ class _Process:
     def close_pipes(self) -> None:
         self.writer.close()
         self.read_transport.close()
+        if self.output is not None:
+            self.output.close()
+            self.output = None
 
     async def ended(self) -> str:
         """How it ended, in words (waits a little for the zygote to say)."""
@@ -246,6 +255,8 @@ class TaskPool:
         self._waiters: deque[asyncio.Future[_Process]] = deque()
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: A directory of the pool's own for the FIFOs that capture tasks' output.
+        self._scratch: str | None = None
         #: Processes started so far (for tests and stats).
         self.started = 0
 
@@ -258,23 +269,28 @@ class TaskPool:
         *,
         processor: bool = False,
         inputs: StoredInputs | None = None,
+        live: Sink | None = None,
     ) -> Outcome:
         """Run one task in a pool process; its outcome. Cancelling kills the process.
 
         ``processor``: ``call`` is a worker's processor, given ``args`` (the task's
         kwargs) as keyword arguments. ``inputs``, if given, are decoded in that process
-        into ``ctx.inputs``.
+        into ``ctx.inputs``. What the task writes to stdout and stderr (and logs) is
+        kept for the attempt's log and handed to ``live`` as it comes.
         """
         process = await self._acquire()
+        output = self._output(process)
+        captured = None if output is None else output.begin(live)
         try:
             paths = list(sys.path)
             changed = None if paths == process.paths else paths
-            data = Request(call, args, ctx, changed, processor, inputs).pack()
+            logs = None if output is None else output.paths
+            data = Request(call, args, ctx, changed, processor, inputs, logs).pack()
             process.paths = paths
             reply = await asyncio.wait_for(process.call(data), timeout_s)
         except TimeoutError:
             process.kill()
-            return Outcome(
+            outcome = Outcome(
                 ok=False, error=f"timed out after {timeout_s:g}s; its process was killed"
             )
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -282,13 +298,34 @@ class TaskPool:
             process.kill_group()  # what the task started, if any of it is still there
             process.killed = True
             log.warning("the Python process running %s %s", ctx.task, how)
-            return Outcome(ok=False, error=f"its Python process {how} while running it")
+            outcome = Outcome(ok=False, error=f"its Python process {how} while running it")
         except BaseException:  # cancelled (the task must stop), or a bug here
             process.kill()
             raise
+        else:
+            outcome = _outcome(reply)
         finally:
+            if output is not None:
+                output.end()
             self._release(process)
-        return _outcome(reply)
+        if captured is None:
+            return outcome
+        traceback = outcome.log.decode("utf-8", "replace")
+        return dataclasses.replace(outcome, log=captured.log(traceback))
+
+    def _output(self, process: _Process) -> ProcessOutput | None:
+        """Where ``process`` writes its tasks' output (None, logged, if that cannot be)."""
+        if process.output is None:
+            try:
+                if self._scratch is None:
+                    self._scratch = tempfile.mkdtemp(prefix="dagq-pool-")
+                output = ProcessOutput(self._scratch, str(process.pid))
+                output.open()
+            except OSError as exc:
+                log.warning("a Python task's output cannot be captured: %s", exc)
+                return None
+            process.output = output
+        return process.output
 
     def warm(self) -> None:
         """Start the first process now, before the first task needs it."""
@@ -318,6 +355,9 @@ class TaskPool:
         if self._zygote is not None:
             await self._zygote.close()
             self._zygote = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     # --- processes ----------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from dagq.errors import DagqError
 from dagq.jobq import task_scope
 from dagq.messages import TaskSpec
 from dagq.runners import Outcome, StoredInputs, TaskContext
+from dagq.runners.capture import Sink
 from dagq.runners.child import ImportFailed, Reply, encode_output, failure, prepare, resolve
 from dagq.runners.pool import TaskPool, output_value
 
@@ -66,17 +67,26 @@ async def run_python(
     executor: Executor | None = None,
     processor: bool = False,
     inputs: StoredInputs | None = None,
+    live: Sink | None = None,
 ) -> Outcome:
     """Call the task's function — in ``pool``, else on ``executor``'s threads — and
     turn its result or exception into an Outcome.
 
     ``processor``: ``spec.call`` is the worker's processor, and ``args`` the task's
     kwargs, given as keyword arguments (with ``ctx`` if it names it). ``inputs`` (with a
-    pool only) are decoded in the pool process into ``ctx.inputs``.
+    pool only) are decoded in the pool process into ``ctx.inputs``. In a pool, what the
+    task writes is captured for its log, and handed to ``live`` as it comes (on threads
+    it is not: they share the worker's stdout).
     """
     if pool is not None:
         return await pool.run(
-            spec.call or "", args, ctx, spec.timeout_s, processor=processor, inputs=inputs
+            spec.call or "",
+            args,
+            ctx,
+            spec.timeout_s,
+            processor=processor,
+            inputs=inputs,
+            live=live,
         )
     if inputs is not None:
         raise ValueError("stored inputs are decoded by pool processes only")

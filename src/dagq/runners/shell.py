@@ -36,17 +36,21 @@ from dagq.errors import DagqError
 from dagq.messages import TaskSpec
 from dagq.payloads import MAX_DEPTH, MAX_OUTPUT_BYTES, encode_json, output_too_large
 from dagq.runners import Outcome, TaskContext, dirsync, tail
+from dagq.runners.capture import Sink, Tail, render
 from dagq.runners.dirsync import DirSync
 
-#: How much of stdout and of stderr is kept, from the end.
-LOG_LIMIT = 64 * 1024
 KILL_GRACE_S = 5.0
 #: How long output may keep flowing after the command exits before leftovers are killed.
 LINGER_S = 2.0
 
 
-async def run_shell(spec: TaskSpec, ctx: TaskContext, *, work_dir: str | None = None) -> Outcome:
-    """Run a shell task to completion, timeout or cancellation (which kills its group)."""
+async def run_shell(
+    spec: TaskSpec, ctx: TaskContext, *, work_dir: str | None = None, live: Sink | None = None
+) -> Outcome:
+    """Run a shell task to completion, timeout or cancellation (which kills its group).
+
+    What it writes is kept (the tail of each stream) and, as it comes, handed to ``live``.
+    """
     with tempfile.TemporaryDirectory(prefix="dagq-", dir=work_dir) as tmp:
         # Upstream outputs may be large: written in a thread, off the event loop.
         files = await asyncio.to_thread(_write_files, Path(tmp), ctx, spec)
@@ -63,7 +67,7 @@ async def run_shell(spec: TaskSpec, ctx: TaskContext, *, work_dir: str | None = 
             return Outcome(ok=False, error=f"cannot start the command: {exc}", retryable=False)
         if sync is not None:
             sync.start()
-        stdout, stderr = _Tail(), _Tail()
+        stdout, stderr = Tail(live), Tail(live)
         readers = asyncio.gather(_pump(process.stdout, stdout), _pump(process.stderr, stderr))
         failure: Outcome | None = None
         try:
@@ -197,7 +201,7 @@ async def _spawn(spec: TaskSpec, env: dict[str, str]) -> asyncio.subprocess.Proc
     return await asyncio.create_subprocess_shell(spec.cmd or "", **common)  # type: ignore[arg-type]
 
 
-def _failure(code: int, spec: TaskSpec, stderr: _Tail) -> Outcome | None:
+def _failure(code: int, spec: TaskSpec, stderr: Tail) -> Outcome | None:
     """The failure a non-zero exit code means (None for zero)."""
     if code == 0:
         return None
@@ -325,41 +329,19 @@ async def _kill_group(process: asyncio.subprocess.Process) -> None:
             continue
 
 
-class _Tail:
-    """The last LOG_LIMIT bytes of a stream."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def add(self, chunk: bytes) -> None:
-        self.data += chunk
-        if len(self.data) > 2 * LOG_LIMIT:
-            del self.data[: len(self.data) - LOG_LIMIT]
-
-    def bytes(self) -> bytes:
-        return bytes(self.data[-LOG_LIMIT:])
-
-    def text(self) -> str:
-        return self.bytes().decode("utf-8", "replace")
-
-
-async def _pump(stream: asyncio.StreamReader | None, sink: _Tail) -> None:
+async def _pump(stream: asyncio.StreamReader | None, sink: Tail) -> None:
     if stream is None:
         return
     while chunk := await stream.read(65536):
         sink.add(chunk)
 
 
-def _stderr_note(stderr: _Tail) -> str:
+def _stderr_note(stderr: Tail) -> str:
     text = tail(stderr.text(), 1500)
     return f"; stderr: {text}" if text else ""
 
 
-def _log(stdout: _Tail, stderr: _Tail, warnings: list[str] | None = None) -> bytes:
-    out, err = stdout.bytes(), stderr.bytes()
-    notes = b""
-    if warnings:  # bg_dirsync_to trouble: the task's log says so, the task goes on
-        notes = ("\n--- warnings ---\n" + "\n".join(warnings)).encode("utf-8", "replace")
-    if not out and not err:
-        return notes.lstrip(b"\n")
-    return b"--- stdout ---\n" + out + b"\n--- stderr ---\n" + err + notes
+def _log(stdout: Tail, stderr: Tail, warnings: list[str] | None = None) -> bytes:
+    # bg_dirsync_to trouble: the task's log says so, the task goes on
+    notes = ["\n--- warnings ---\n", "\n".join(warnings)] if warnings else None
+    return render(stdout, stderr, notes)
