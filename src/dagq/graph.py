@@ -20,18 +20,24 @@ _COLOURS = {
     "skipped": "#fff59d",
     "upstream_failed": "#ffccbc",
     "cancelled": "#bdbdbd",
+    "compensating": "#ffe0b2",
+    "compensated": "#ffe0b2",
+    "compensation_failed": "#e57373",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """One task as drawn: its name, parents, policy and (optionally) state."""
+    """One task as drawn: its name, parents, policy, (optionally) state, and marks for
+    what it does beyond running once (``foreach``, ``loop ≤3``, ``wait_for 'go'``,
+    ``sleep 5s``, ``compensate``)."""
 
     name: str
     parents: Sequence[str]
     policy: str
     condition: str | None
     state: str | None = None
+    marks: Sequence[str] = ()
 
 
 def render(nodes: Sequence[Node], fmt: str, *, note: str | None = None) -> str:
@@ -56,6 +62,8 @@ def _mermaid(nodes: Sequence[Node]) -> str:
     lines = ["flowchart TD"]
     for node in nodes:
         label = _mermaid_text(node.name) + (f"<br/><i>{node.state}</i>" if node.state else "")
+        if node.marks:
+            label += f"<br/><small>{_mermaid_text(' · '.join(node.marks))}</small>"
         lines.append(f'  {ids[node.name]}["{label}"]')
     for node in nodes:
         for parent in node.parents:
@@ -80,7 +88,11 @@ def _mermaid_text(text: str) -> str:
 def _dot(nodes: Sequence[Node]) -> str:
     lines = ["digraph workflow {", "  rankdir=TB;", '  node [shape=box, style="rounded,filled"];']
     for node in nodes:
-        label = _dot_string(node.name, *([node.state] if node.state else []))
+        label = _dot_string(
+            node.name,
+            *([node.state] if node.state else []),
+            *([", ".join(node.marks)] if node.marks else []),
+        )
         colour = _COLOURS.get(node.state or "", "#ffffff")
         lines.append(f'  {_dot_string(node.name)} [label={label}, fillcolor="{colour}"];')
     for node in nodes:
@@ -110,6 +122,8 @@ def _text(nodes: Sequence[Node]) -> str:
             if layer[node.name] != depth:
                 continue
             state = f"[{node.state}] " if node.state else ""
+            if node.marks:
+                state += f"{{{', '.join(node.marks)}}} "
             after = ""
             if node.parents:
                 policy = "" if node.policy == "all" else f" ({node.policy})"

@@ -178,16 +178,31 @@ class Finished:
         return found[-1]
 
 
-def summary_rows(text: str) -> dict[str, list[str]]:
-    """Parse the rows of a summary table printed with box-drawing (or ASCII) borders."""
+#: The summary's columns that ``summary_rows`` returns, in this order.
+SUMMARY_COLUMNS = ("state", "attempts", "duration", "error")
+
+
+def summary_rows(text: str, columns: tuple[str, ...] = SUMMARY_COLUMNS) -> dict[str, list[str]]:
+    """The rows of a summary table by task name: the cells of ``columns``.
+
+    Piped, the table is a header line starting with ``task`` and one tab-separated line
+    per task; on a terminal it has box-drawing borders.
+    """
     rows: dict[str, list[str]] = {}
+    header: list[str] | None = None
     for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped[0] not in "│|":
+        if "\t" in line:
+            cells = line.split("\t")
+        elif line.strip()[:1] in ("│", "┃"):
+            cells = [c.strip() for c in line.strip().strip("│┃").replace("┃", "│").split("│")]
+        else:
+            header = None if not line.strip().startswith(("┏", "┡", "├", "└")) else header
             continue
-        cells = [c.strip() for c in stripped.strip("│|").split("│" if "│" in stripped else "|")]
-        if len(cells) >= 5 and cells[0] and cells[0] != "task":
-            rows[cells[0]] = cells[1:]
+        if cells[0] == "task":
+            header = cells
+        elif header is not None and len(cells) == len(header) and cells[0]:
+            by_name = dict(zip(header, cells, strict=True))
+            rows[cells[0]] = [by_name.get(column, "") for column in columns]
     return rows
 
 

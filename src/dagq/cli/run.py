@@ -15,6 +15,7 @@ from rich.markup import escape
 from dagq import quarantine
 from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from dagq.cli.display import LiveProgress, print_summary
+from dagq.cli.tables import out_console
 from dagq.definition import WorkflowDef
 from dagq.errors import DagqError
 from dagq.loading import load_file
@@ -51,7 +52,7 @@ def run_command(
     processor: str | None = None,
 ) -> int:
     """Run the workflow and return the process exit code."""
-    console = Console(stderr=False, highlight=False)
+    console = out_console()
     import_paths = [str(file.resolve().parent), str(Path.cwd())]
     try:
         definition = load_definition(file)
