@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
+import pty
+import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import textwrap
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -314,6 +319,48 @@ class DagqCli:
             done.stdout.decode("utf-8", "replace"),
             done.stderr.decode("utf-8", "replace"),
         )
+
+    def run_on_terminal(
+        self, *args: str | Path, columns: int = 200, timeout_s: float = 60
+    ) -> Finished:
+        """Run ``dagq`` on a pseudo-terminal ``columns`` wide, as a person at a terminal
+        would; ``stdout`` is what the terminal received (escape sequences and all)."""
+        controller, terminal = pty.openpty()
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+        process = subprocess.Popen(
+            self.command(*args),
+            cwd=self.workdir,
+            env={**self.env, "TERM": "xterm-256color", "COLUMNS": str(columns)},
+            stdin=subprocess.DEVNULL,
+            stdout=terminal,
+            stderr=terminal,
+        )
+        os.close(terminal)
+        chunks = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([controller], [], [], 0.1)
+                if not ready:
+                    if process.poll() is not None:
+                        break
+                    continue
+                try:
+                    chunk = os.read(controller, 65536)
+                except OSError:  # EIO: the command has closed the terminal
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(controller)
+        try:
+            code = process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise AssertionError(f"dagq did not end within {timeout_s:g}s") from None
+        return Finished(code, b"".join(chunks).decode("utf-8", "replace"), "")
 
     def run_many(
         self, commands: dict[str, list[str]], *, timeout_s: float = 60

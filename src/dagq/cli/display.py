@@ -216,7 +216,7 @@ def print_summary(console: Console, view: RunView, *, elapsed_s: float | None = 
         else view.tasks
     )
     for row in rows[:MAX_ROWS]:
-        counted = [str(row.iterations)] * loops + [str(row.undos)] * undos
+        counted = [_count(row.iterations)] * loops + [_count(row.undos)] * undos
         table.add_row(
             row.name,
             state_text(row.status, row.compensation),
@@ -233,6 +233,10 @@ def print_summary(console: Console, view: RunView, *, elapsed_s: float | None = 
             kinds[row.status] = kinds.get(row.status, 0) + 1
         console.print(Text("… and ", style="dim") + counts_text(kinds) + Text(" more", style="dim"))
     console.print(verdict_text(view, elapsed_s))
+
+
+def _count(n: int) -> str:
+    return str(n) if n else "-"
 
 
 #: The order of the summary's rows when not all are shown: problems first.

@@ -17,18 +17,26 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from dagq.cli.display import counts_text, duration, first_line, progress_lines, state_text
+from dagq.cli.display import (
+    counts_text,
+    duration,
+    first_line,
+    progress_lines,
+    state_text,
+    task_state,
+)
 from dagq.cli.inspect import EXIT_FAILED, EXIT_OK, print_json, when, with_client
 from dagq.cli.tables import Listing, Part, out_console, plain_out, printable, rendered, show
 from dagq.client import Client, WorkflowStatus
 from dagq.errors import DagqError
+from dagq.views import UNDO_LABELS, load_run
 
 #: How many root-cause failures ``status`` lists before counting the rest.
 FAILED_SHOWN = 20
 #: How many waiting tasks ``status`` names.
 WAITS_SHOWN = 3
 #: Ready tasks that nobody has taken for this long, with nothing running: a stuck queue.
-STUCK_S = 10.0
+STUCK_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +58,25 @@ class Waiting:
         if self.kind in ("queue", "no_worker", "dead_letter"):
             return f"a worker ({self.task} is not taken from its queue)"
         return f"{self.task}: {self.detail}"
+
+
+#: Run states after which some tasks may have been compensated (undone).
+_UNDONE_AFTER = frozenset({"compensating", "compensation_failed", "failed", "cancelled"})
+
+
+async def undo_line(client: Client, status: WorkflowStatus) -> str | None:
+    """``compensated: charge, book`` for a run whose completed tasks were undone."""
+    if status.status not in _UNDONE_AFTER:
+        return None
+    try:
+        _, plan, st = await load_run(client.store, status.id)
+    except DagqError:
+        return None
+    by_state: dict[str, list[str]] = {}
+    for i, code in st.undo_status.items():
+        shown = task_state("completed", UNDO_LABELS.get(code))
+        by_state.setdefault(shown, []).append(plan.tasks[i].name)
+    return "; ".join(f"{label}: {', '.join(names)}" for label, names in by_state.items()) or None
 
 
 async def waits_of(client: Client, status: WorkflowStatus, now: float) -> list[Waiting]:
@@ -74,7 +101,12 @@ async def waits_of(client: Client, status: WorkflowStatus, now: float) -> list[W
 
 
 def status_view(
-    status: WorkflowStatus, now: float, waits: list[Waiting], *, terminal: bool
+    status: WorkflowStatus,
+    now: float,
+    waits: list[Waiting],
+    *,
+    terminal: bool,
+    undone: str | None = None,
 ) -> list[Part]:
     """Name, state, times, progress, counts, what it waits for (or an ETA), and the
     tasks that failed (upstream_failed ones only counted)."""
@@ -100,6 +132,8 @@ def status_view(
     parts.append(Text(times, style="dim"))
     parts.append(counts_text(status.counts))
     parts += _warnings(status)
+    if undone:
+        parts.append(Text(undone, style="yellow"))
     for wait in waits:
         parts.append(Text(f"{wait.task} {wait.detail}", style="magenta"))
         if wait.fix:
@@ -206,7 +240,8 @@ async def _show(client: Client, out: Console, status: WorkflowStatus, as_json: b
         return
     now = time.time()
     waits = await waits_of(client, status, now)
-    show(out, status_view(status, now, waits, terminal=out.is_terminal))
+    undone = await undo_line(client, status)
+    show(out, status_view(status, now, waits, terminal=out.is_terminal, undone=undone))
 
 
 def _ended(status: WorkflowStatus) -> bool:
