@@ -158,6 +158,9 @@ class LiveProgress:
             return
         now = time.monotonic()
         line = f"{st.status}: {done}/{st.n_tasks} done ({counts_text(st.count_map()).plain})"
+        waiting = waiting_text(plan, st)
+        if waiting:
+            line += f"; {waiting}"
         if now - self._last_plain >= PLAIN_INTERVAL_S and line != self._last_line:
             self.console.print(f"[{duration(elapsed)}] {line}, {rate:.1f} tasks/s")
             self._last_plain, self._last_line = now, line
@@ -192,7 +195,29 @@ class LiveProgress:
             )
             more = f" and {len(running) - 6} more" if len(running) > 6 else ""
             parts.append(Text(f"running now: {shown}{more}", style="blue"))
+        waiting = waiting_text(plan, st)
+        if waiting:
+            parts.append(Text(waiting, style="magenta"))
         return Group(*parts)
+
+
+def waiting_text(plan: Plan, st: RunState, shown: int = 3) -> str:
+    """``waiting: review (signal 'approve'), cool-off (timer, 30s left)`` or ''."""
+    waiting = st.indexes(TaskStatus.WAITING)
+    if not waiting:
+        return ""
+    now = time.time()
+    named = []
+    for i in waiting[:shown]:
+        task = plan.tasks[i]
+        wake = st.wake_at.get(i)
+        if task.wait is not None:
+            named.append(f"{task.name} (signal '{task.wait.signal}')")
+        else:
+            left = f", {duration(max(0.0, wake - now))} left" if wake is not None else ""
+            named.append(f"{task.name} (timer{left})")
+    more = f" and {len(waiting) - shown} more" if len(waiting) > shown else ""
+    return f"waiting: {', '.join(named)}{more}"
 
 
 def print_summary(console: Console, view: RunView, *, elapsed_s: float | None = None) -> None:

@@ -15,7 +15,7 @@ from rich.markup import escape
 from dagq import quarantine
 from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from dagq.cli.display import LiveProgress, print_summary
-from dagq.cli.tables import out_console
+from dagq.cli.tables import out_console, printable
 from dagq.definition import WorkflowDef
 from dagq.errors import DagqError
 from dagq.loading import load_file
@@ -140,7 +140,8 @@ async def _run(
 
 
 def _quarantined(console: Console, workflow_id: str, reason: str) -> int:
-    console.print(f"[bold red]workflow {workflow_id} is quarantined:[/] {escape(reason)}")
+    shown = escape(printable(reason))
+    console.print(f"[bold red]workflow {workflow_id} is quarantined:[/] {shown}")
     console.print(
         f"once the cause is fixed: dagq quarantine release {workflow_id} (its kept events "
         f"are applied then); to drop it: dagq purge --force {workflow_id}",
