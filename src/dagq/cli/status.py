@@ -253,14 +253,15 @@ async def _watch_live(
 ) -> WorkflowStatus:
     status = await client.status(workflow_id)
     now = time.time()
-    view = rendered(status_view(status, now, await waits_of(client, status, now), terminal=True))
+    waits = await waits_of(client, status, now)
+    view = rendered(status_view(status, now, waits, terminal=True), out.width)
     with Live(view, console=out, refresh_per_second=4) as live:
         while not _ended(status):
             await asyncio.sleep(interval_s)
             status = await client.status(workflow_id)
             now = time.time()
             waits = await waits_of(client, status, now)
-            live.update(rendered(status_view(status, now, waits, terminal=True)))
+            live.update(rendered(status_view(status, now, waits, terminal=True), out.width))
     return status
 
 

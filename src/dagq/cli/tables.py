@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+from rich.cells import cell_len
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -67,6 +68,12 @@ def out_console() -> Console:
 
 
 Cell: TypeAlias = str | Text
+#: Columns of free text: on a narrow terminal they fold first.
+FREE_TEXT = frozenset({"error", "detail", "reason", "what", "tasks", "states", "name"})
+#: On a terminal, a value of another column up to this wide is kept on one line.
+KEPT_WIDTH = 40
+#: The room left for each free-text column before short values are kept whole.
+FREE_MIN_WIDTH = 16
 
 
 @dataclass(slots=True)
@@ -102,16 +109,44 @@ class Listing:
         lines += ["\t".join(_plain(cell) for cell in row) for row in self.rows]
         return lines
 
-    def rich_table(self) -> Table:
-        """The terminal form: every column folds long values instead of cutting them."""
+    def rich_table(self, width: int | None = None) -> Table:
+        """The terminal form (``width`` columns wide): every column folds a long value
+        rather than cutting it. Short values (ids, states, times, counts) keep their
+        width while the terminal has room, the first column and the state first; free
+        text (errors, details) is what folds when it is narrow."""
         table = Table(title=self.title and printable(self.title), title_justify="left")
-        for name in self.columns:
+        cells = [[_styled(cell) for cell in row] for row in self.rows]
+        kept = self._kept_widths(cells, width)
+        for k, name in enumerate(self.columns):
             table.add_column(
-                name, overflow="fold", justify="right" if name in self.right else "left"
+                name,
+                overflow="fold",
+                justify="right" if name in self.right else "left",
+                min_width=kept.get(k),
+                # Kept whole: never squeezed by rich (which would fold it after all).
+                no_wrap=k in kept,
             )
-        for row in self.rows:
-            table.add_row(*(_styled(cell) for cell in row))
+        for row in cells:
+            table.add_row(*row)
         return table
+
+    def _kept_widths(self, cells: list[list[Text]], width: int | None) -> dict[int, int]:
+        free = [k for k, name in enumerate(self.columns) if name in FREE_TEXT]
+        budget = (width or 1_000_000) - 3 * len(self.columns) - 1 - FREE_MIN_WIDTH * len(free)
+        first = [0] + [k for k, name in enumerate(self.columns) if name in ("state", "status")]
+        order = list(dict.fromkeys([*first, *range(len(self.columns))]))
+        kept: dict[int, int] = {}
+        for k in order:
+            if k in free:
+                continue
+            longest = max(
+                (cell_len(line) for row in cells for line in row[k].plain.split("\n")), default=0
+            )
+            wanted = max(cell_len(self.columns[k]), longest)
+            if wanted <= min(budget, KEPT_WIDTH):
+                kept[k] = wanted
+                budget -= wanted
+        return kept
 
 
 def _plain(cell: Cell) -> str:
@@ -134,7 +169,7 @@ def show(console: Console, parts: Sequence[Part]) -> None:
     """Print the parts: as rich renderables on a terminal; piped, as plain lines written
     as they are (never wrapped, tabs kept), every value printable."""
     if console.is_terminal:
-        console.print(rendered(parts))
+        console.print(rendered(parts, console.width))
         return
     for part in parts:
         if isinstance(part, Listing):
@@ -151,14 +186,15 @@ def plain_out(console: Console, *lines: str) -> None:
     console.file.flush()
 
 
-def rendered(parts: Sequence[Part]) -> Group:
-    """The parts as one rich renderable (for a terminal, or a live display)."""
-    return Group(*(_rich(part) for part in parts))
+def rendered(parts: Sequence[Part], width: int | None = None) -> Group:
+    """The parts as one rich renderable for a terminal ``width`` columns wide (or a
+    live display)."""
+    return Group(*(_rich(part, width) for part in parts))
 
 
-def _rich(part: Part) -> RenderableType:
+def _rich(part: Part, width: int | None) -> RenderableType:
     if isinstance(part, Listing):
-        return part.rich_table()
+        return part.rich_table(width)
     if isinstance(part, Text):
         return _styled(part)
     if isinstance(part, str):
