@@ -426,6 +426,7 @@ def finish(
             elif counter is state.n_bad and state.task_status[child] == TaskStatus.UPSTREAM_FAILED:
                 # Decided when its first parent failed: its error names the later ones too.
                 state.errors[child] = upstream_error(_failed_parents(plan, state, child))
+                state.touch(child)  # stored with the next delta
 
 
 def settle(plan: Plan, state: RunState, now: float, fx: Effects) -> None:

@@ -112,6 +112,9 @@ def progress_lines(
     if not bar:
         return [head, Text(f"{count}  {timing}")]
     grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")  # what it waits for is never cut short
     grid.add_row(
         ProgressBar(total=max(total, 1), completed=done, width=40),
         Text(count),

@@ -125,7 +125,9 @@ def summary_view(found: LayerSummary, *, bars: bool = True) -> list[Part]:
         for layer in found.layers:
             table.add_row(str(layer.layer), f"{layer.done}/{layer.total}", *_layer_cells(layer))
         return [head, table]
-    grid = Table("layer", "progress", "done", "states", "tasks", box=None, title=None)
+    grid = Table(box=None, title=None)
+    for name in ("layer", "progress", "done", "states", "tasks"):
+        grid.add_column(name, overflow="fold")  # never cut to an ellipsis
     for layer in found.layers:
         grid.add_row(
             str(layer.layer),
