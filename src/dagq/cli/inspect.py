@@ -146,7 +146,7 @@ def run_tasks(store_url: str, workflow_ids: list[str], wanted: TaskFilter, *, as
     for task in tasks:
         table.add_row(
             *([task.workflow] if isinstance(task, WorkflowTask) else []),
-            _task_label(task),
+            task.name,
             state_text(task.status, task.compensation),
             str(task.attempt),
             task.queue,
@@ -156,13 +156,6 @@ def run_tasks(store_url: str, workflow_ids: list[str], wanted: TaskFilter, *, as
         )
     table.print(console())
     return EXIT_OK
-
-
-def _task_label(task: TaskInfo) -> str:
-    """A task's name; a foreach task's with its instances' states."""
-    if not task.items:
-        return task.name
-    return f"{task.name} [{', '.join(f'{n} {s}' for s, n in task.items.items())}]"
 
 
 async def _tasks_of_one(client: Client, workflow_id: str, wanted: TaskFilter) -> list[TaskInfo]:
