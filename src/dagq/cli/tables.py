@@ -14,7 +14,7 @@ terminal or hide the rest of a line.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -93,10 +93,6 @@ class Listing:
         if len(cells) != len(self.columns):
             raise ValueError(f"{len(cells)} cells for {len(self.columns)} columns")
         self.rows.append(list(cells))
-
-    def extend(self, rows: Iterable[Sequence[Cell]]) -> None:
-        for row in rows:
-            self.add_row(*row)
 
     def print(self, console: Console) -> None:
         """Show the listing on ``console`` (a terminal or not, as it is)."""
