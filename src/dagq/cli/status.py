@@ -29,6 +29,8 @@ from dagq.cli.inspect import EXIT_FAILED, EXIT_OK, print_json, when, with_client
 from dagq.cli.tables import Listing, Part, out_console, plain_out, printable, rendered, show
 from dagq.client import Client, WorkflowStatus
 from dagq.errors import DagqError
+from dagq.plan import Plan
+from dagq.state import UNSET, WORKFLOW_ACTIVE, RunState, TaskStatus
 from dagq.views import UNDO_LABELS, load_run
 
 #: How many root-cause failures ``status`` lists before counting the rest.
@@ -41,37 +43,66 @@ STUCK_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """What a task of the run waits for, instead of an ETA."""
+    """What a run waits for, instead of an ETA: a few words for the progress line, the
+    whole story, and the command that would end the wait."""
 
-    task: str
-    kind: str
+    short: str
     detail: str
-    fix: str | None
+    fix: str | None = None
 
-    @property
-    def short(self) -> str:
-        """A few words for the progress line."""
-        if self.kind == "signal":
-            return self.detail.split(";")[0].replace("waits for ", "")
-        if self.kind == "timer":
-            return "a timer" + self.detail.partition("it fires")[2]
-        if self.kind in ("queue", "no_worker", "dead_letter"):
-            return f"a worker ({self.task} is not taken from its queue)"
-        return f"{self.task}: {self.detail}"
+
+def waits_in(plan: Plan, st: RunState, now: float) -> list[Waiting]:
+    """What the run waits for, if it cannot make progress on its own: tasks waiting for
+    a signal or a timer, or — nothing running — ready tasks sent to a queue no worker
+    has taken them from for :data:`STUCK_S` seconds."""
+    if st.status not in WORKFLOW_ACTIVE:
+        return []
+    waiting = st.indexes(TaskStatus.WAITING)
+    if waiting:
+        return [_waiting(plan, st, i, now) for i in waiting[:WAITS_SHOWN]]
+    if st.indexes(TaskStatus.RUNNING):
+        return []
+    sent: dict[str, list[int]] = {}
+    for i in st.indexes(TaskStatus.READY):
+        if st.dispatched_at[i] != UNSET and now - st.dispatched_at[i] > STUCK_S:
+            sent.setdefault(plan.tasks[i].queue, []).append(i)
+    return [
+        Waiting(
+            short=f"a worker on queue '{queue}'",
+            detail=f"{len(found)} task(s) sent to queue '{queue}' "
+            f"{duration(now - min(st.dispatched_at[i] for i in found))} ago and not taken "
+            f"({', '.join(plan.tasks[i].name for i in found[:WAITS_SHOWN])}"
+            f"{' …' if len(found) > WAITS_SHOWN else ''})",
+            fix=f"is a worker serving it? start one: dagq worker -q {queue}",
+        )
+        for queue, found in sent.items()
+    ]
+
+
+def _waiting(plan: Plan, st: RunState, i: int, now: float) -> Waiting:
+    task = plan.tasks[i]
+    wake = st.wake_at.get(i)
+    left = f"{duration(max(0.0, wake - now))}" if wake is not None else None
+    if task.wait is not None:
+        signal = task.wait.signal
+        gives_up = f"; it gives up in {left} ({task.wait.on_timeout})" if left else ""
+        return Waiting(
+            short=f"signal '{signal}'",
+            detail=f"{task.name} waits for signal '{signal}'{gives_up}",
+            fix=f"dagq signal {st.workflow_id} {signal} [--data JSON]",
+        )
+    return Waiting(
+        short=f"a timer (fires in {left})" if left else "a timer",
+        detail=f"{task.name} waits for a durable timer" + (f"; it fires in {left}" if left else ""),
+    )
 
 
 #: Run states after which some tasks may have been compensated (undone).
 _UNDONE_AFTER = frozenset({"compensating", "compensation_failed", "failed", "cancelled"})
 
 
-async def undo_line(client: Client, status: WorkflowStatus) -> str | None:
+def undone_in(plan: Plan, st: RunState) -> str | None:
     """``compensated: charge, book`` for a run whose completed tasks were undone."""
-    if status.status not in _UNDONE_AFTER:
-        return None
-    try:
-        _, plan, st = await load_run(client.store, status.id)
-    except DagqError:
-        return None
     by_state: dict[str, list[str]] = {}
     for i, code in st.undo_status.items():
         shown = task_state("completed", UNDO_LABELS.get(code))
@@ -79,25 +110,22 @@ async def undo_line(client: Client, status: WorkflowStatus) -> str | None:
     return "; ".join(f"{label}: {', '.join(names)}" for label, names in by_state.items()) or None
 
 
-async def waits_of(client: Client, status: WorkflowStatus, now: float) -> list[Waiting]:
-    """What the run waits for, if it is not making progress on its own: tasks waiting
-    for a signal or a timer, or ready tasks a stuck queue holds (nothing running)."""
+async def facts_of(
+    client: Client, status: WorkflowStatus, now: float
+) -> tuple[list[Waiting], str | None]:
+    """What the run waits for, and which tasks were undone — read from its state only
+    when the counts say there may be something to tell."""
     counts = status.counts
-    if status.terminal or status.quarantined:
-        return []
-    names: list[str] = []
-    if counts.get("waiting"):
-        names = [t.name for t in await client.tasks(status.id, state="waiting")]
-    elif counts.get("ready") and not counts.get("running") and now - status.updated_at > STUCK_S:
-        names = [t.name for t in await client.tasks(status.id, state="ready")][:1]
-    found = []
-    for name in names[:WAITS_SHOWN]:
-        try:
-            explained = await client.explain(status.id, name)
-        except DagqError:  # it moved on meanwhile
-            continue
-        found += [Waiting(name, w.kind, w.detail, w.fix) for w in explained.waiting_for[:1]]
-    return found
+    maybe_waits = status.status in WORKFLOW_ACTIVE and (
+        counts.get("waiting") or (counts.get("ready") and not counts.get("running"))
+    )
+    if not maybe_waits and status.status not in _UNDONE_AFTER:
+        return [], None
+    try:
+        _, plan, st = await load_run(client.store, status.id)
+    except DagqError:  # gone or damaged meanwhile: the status says what it can
+        return [], None
+    return waits_in(plan, st, now), undone_in(plan, st)
 
 
 def status_view(
@@ -135,7 +163,7 @@ def status_view(
     if undone:
         parts.append(Text(undone, style="yellow"))
     for wait in waits:
-        parts.append(Text(f"{wait.task} {wait.detail}", style="magenta"))
+        parts.append(Text(wait.detail, style="magenta"))
         if wait.fix:
             parts.append(Text(f"    → {wait.fix}", style="dim"))
     if status.error:
@@ -239,8 +267,7 @@ async def _show(client: Client, out: Console, status: WorkflowStatus, as_json: b
         print_json(status)
         return
     now = time.time()
-    waits = await waits_of(client, status, now)
-    undone = await undo_line(client, status)
+    waits, undone = await facts_of(client, status, now)
     show(out, status_view(status, now, waits, terminal=out.is_terminal, undone=undone))
 
 
@@ -253,15 +280,16 @@ async def _watch_live(
 ) -> WorkflowStatus:
     status = await client.status(workflow_id)
     now = time.time()
-    waits = await waits_of(client, status, now)
-    view = rendered(status_view(status, now, waits, terminal=True), out.width)
+    waits, undone = await facts_of(client, status, now)
+    view = rendered(status_view(status, now, waits, terminal=True, undone=undone), out.width)
     with Live(view, console=out, refresh_per_second=4) as live:
         while not _ended(status):
             await asyncio.sleep(interval_s)
             status = await client.status(workflow_id)
             now = time.time()
-            waits = await waits_of(client, status, now)
-            live.update(rendered(status_view(status, now, waits, terminal=True), out.width))
+            waits, undone = await facts_of(client, status, now)
+            parts = status_view(status, now, waits, terminal=True, undone=undone)
+            live.update(rendered(parts, out.width))
     return status
 
 
@@ -273,7 +301,7 @@ async def _watch_lines(
         started = time.monotonic()
         status = await client.status(workflow_id)
         now = time.time()
-        plain_out(out, status_line(status, now, await waits_of(client, status, now)))
+        plain_out(out, status_line(status, now, (await facts_of(client, status, now))[0]))
         if _ended(status):
             return status
         await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
