@@ -7,6 +7,7 @@ runs that need a coordinator and a worker live in another.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -371,6 +372,17 @@ def test_submit_wait_prints_the_final_status_and_exits_with_its_code(
     first, last = result.stdout.splitlines()
     assert first == f"waited-{state}"
     assert f" waited-{state} {state} 1/1 " in last
+
+
+def test_submit_wait_with_json_prints_the_final_status_document(served: DagqCli) -> None:
+    (served.workdir / "json.go").touch()
+    wf = served.workflow("json.yaml", gated("json", "json.go"))
+
+    result = served.run("submit", wf, "--id", "waited-json", "--wait", "--json", timeout_s=30)
+
+    assert result.code == 0, result.output
+    found = json.loads(result.stdout)
+    assert (found["id"], found["status"], found["done"]) == ("waited-json", "completed", 1)
 
 
 def test_submit_wait_gives_up_at_the_timeout_with_exit_3(served: DagqCli) -> None:
