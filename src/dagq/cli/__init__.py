@@ -343,6 +343,9 @@ def submit(
 
     FILE '-' reads the paths of the files from standard input, one per line.
     """
+    import contextlib
+    import io
+
     from dagq.cli.control import run_submit_many
     from dagq.cli.waiting import wait_for_runs
 
@@ -351,9 +354,12 @@ def submit(
 
     def body() -> int:
         ids: list[str] = []
-        code = run_submit_many(
-            store_url, files, params, workflow_id=workflow_id, as_json=as_json and not wait, ids=ids
-        )
+        # --wait --json prints one document, the final statuses: the ids are in them.
+        quiet = contextlib.redirect_stdout(io.StringIO()) if wait and as_json else None
+        with quiet or contextlib.nullcontext():
+            code = run_submit_many(
+                store_url, files, params, workflow_id=workflow_id, as_json=as_json, ids=ids
+            )
         if not wait or not ids:
             return code
         return max(code, wait_for_runs(store_url, ids, timeout_s=timeout, as_json=as_json))
