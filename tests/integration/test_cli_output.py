@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from dagq import keys
 from dagq.stores.base import OutgoingMessage, Store
 from tests.integration.cli_harness import (
     ROOT,
@@ -494,3 +495,28 @@ def test_an_unreadable_dead_letter_is_shown_escaped_piped_and_on_a_terminal(
     assert tab_rows(listed.stdout, "key")[0]["what"] == escaped
     assert "\x1b[2J" not in on_terminal.stdout
     assert escaped in plain(on_terminal.stdout)
+
+
+def test_quarantine_list_piped_is_a_plain_table(tmp_path: Path) -> None:
+    with DagqCli(tmp_path) as cli:
+        cli.submit_here("victim", {"name": "victim", "tasks": [{"name": "a", "cmd": "true"}]})
+
+        async def damage(store: Store) -> None:
+            await store.documents.put(keys.state("victim"), b"z\x1b[2J\x00 not a state")
+
+        cli.with_store(damage)
+        cli.start_coordinator()
+        wait_until(
+            lambda: cli.json("status", "victim")["status"] == "quarantined",
+            timeout_s=30,
+            what="the quarantine",
+        )
+        result = cli.run("quarantine", "list")
+
+    assert result.code == 0, result.output
+    [row] = tab_rows(result.stdout, "id")
+    assert (row["id"], row["step"]) == ("victim", "load")
+    assert row["reason"]
+    assert "\x1b" not in result.stdout
+    assert not raw_controls(result.stdout)
+    assert not BOX & set(result.stdout)
