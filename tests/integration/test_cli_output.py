@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from dagq import keys
@@ -215,6 +216,24 @@ def test_status_of_a_failed_run_lists_root_causes_and_counts_upstream_failed(
     assert failed[0]["error"] == f"exit code 3; stderr: {ESCAPED}"
     assert f"… and {UPSTREAM + 1} tasks upstream_failed" in result.stdout
     assert "fan-7" not in result.stdout
+
+
+def test_times_of_another_day_carry_their_date(local: DagqCli, failed_run: str) -> None:
+    assert local.run_here("old-run", [{"name": "t", "cmd": "true"}]) == "completed"
+    long_ago = time.time() - 3 * 86_400
+
+    async def backdate(store: Store) -> None:
+        row = await store.index.get("old-run")
+        assert row is not None
+        await store.index.upsert(msgspec.structs.replace(row, created_at=long_ago))
+
+    local.with_store(backdate)
+    listed = tab_rows(local.run("list").stdout, "id")
+
+    [old] = [row for row in listed if row["id"] == "old-run"]
+    assert old["created"] == time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(long_ago))
+    [today] = [row for row in listed if row["id"] == LONG_ID]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", today["created"])
 
 
 def test_terminal_tables_fold_long_values_instead_of_cutting_them(
