@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dagq.definition import WorkflowDef
+    from dagq.definition import TaskDef, WorkflowDef
 
 FORMATS = ("mermaid", "dot", "text")
 
@@ -24,18 +24,24 @@ _COLOURS = {
     "skipped": "#fff59d",
     "upstream_failed": "#ffccbc",
     "cancelled": "#bdbdbd",
+    "compensating": "#ffe0b2",
+    "compensated": "#ffe0b2",
+    "compensation_failed": "#e57373",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """One task as drawn: its name, parents, policy and (optionally) state."""
+    """One task as drawn: its name, parents, policy, (optionally) state, and marks for
+    what it does beyond running once (``foreach``, ``loop ≤3``, ``wait_for 'go'``,
+    ``sleep 5s``, ``compensate``)."""
 
     name: str
     parents: Sequence[str]
     policy: str
     condition: str | None
     state: str | None = None
+    marks: Sequence[str] = ()
 
 
 def nodes_of(definition: WorkflowDef, states: Sequence[str] | None = None) -> list[Node]:
@@ -47,9 +53,27 @@ def nodes_of(definition: WorkflowDef, states: Sequence[str] | None = None) -> li
             policy=str(task.dep_policy),
             condition=task.condition,
             state=states[i] if states else None,
+            marks=_marks(task),
         )
         for i, task in enumerate(definition.tasks)
     ]
+
+
+def _marks(task: TaskDef) -> list[str]:
+    """What a task does beyond running once, for its node."""
+    marks = []
+    if task.foreach is not None:
+        marks.append("foreach" + (f" ≤{task.max_parallel} at once" if task.max_parallel else ""))
+    if task.loop is not None:
+        marks.append(f"loop ≤{task.loop.max_iterations}")
+    if task.wait_for is not None:
+        marks.append(f"wait_for '{task.wait_for.signal}'")
+    if task.sleep_s is not None:
+        sleep = task.sleep_s
+        marks.append(f"sleep {sleep:g}s" if isinstance(sleep, float | int) else f"sleep {sleep}")
+    if task.compensate is not None:
+        marks.append("compensate")
+    return marks
 
 
 def render(nodes: Sequence[Node], fmt: str, *, note: str | None = None) -> str:
@@ -74,6 +98,8 @@ def _mermaid(nodes: Sequence[Node]) -> str:
     lines = ["flowchart TD"]
     for node in nodes:
         label = _mermaid_text(node.name) + (f"<br/><i>{node.state}</i>" if node.state else "")
+        if node.marks:
+            label += f"<br/><small>{_mermaid_text(' · '.join(node.marks))}</small>"
         lines.append(f'  {ids[node.name]}["{label}"]')
     for node in nodes:
         for parent in node.parents:
@@ -98,7 +124,11 @@ def _mermaid_text(text: str) -> str:
 def _dot(nodes: Sequence[Node]) -> str:
     lines = ["digraph workflow {", "  rankdir=TB;", '  node [shape=box, style="rounded,filled"];']
     for node in nodes:
-        label = _dot_string(node.name, *([node.state] if node.state else []))
+        label = _dot_string(
+            node.name,
+            *([node.state] if node.state else []),
+            *([", ".join(node.marks)] if node.marks else []),
+        )
         colour = _COLOURS.get(node.state or "", "#ffffff")
         lines.append(f'  {_dot_string(node.name)} [label={label}, fillcolor="{colour}"];')
     for node in nodes:
@@ -128,6 +158,8 @@ def _text(nodes: Sequence[Node]) -> str:
             if layer[node.name] != depth:
                 continue
             state = f"[{node.state}] " if node.state else ""
+            if node.marks:
+                state += f"{{{', '.join(node.marks)}}} "
             after = ""
             if node.parents:
                 policy = "" if node.policy == "all" else f" ({node.policy})"

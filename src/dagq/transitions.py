@@ -146,8 +146,7 @@ def evaluate(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> Ta
         fx.note(now, "skipped", task.name, detail="all parents were skipped")
         return TaskStatus.SKIPPED
     if decision == UPSTREAM:
-        failed = [plan.tasks[p].name for p in task.parents if state.task_status[p] in BAD]
-        state.errors[i] = f"upstream task(s) did not succeed: {', '.join(failed[:5])}"
+        state.errors[i] = upstream_error(_failed_parents(plan, state, i))
         fx.note(now, "upstream_failed", task.name, detail=state.errors[i])
         return TaskStatus.UPSTREAM_FAILED
     if task.condition is not None:
@@ -195,6 +194,24 @@ def _condition(
         fx.note(now, "skipped", task.name, detail="condition is false")
         return TaskStatus.SKIPPED
     return None
+
+
+#: How many failed parents an upstream_failed task's error names before counting the rest.
+PARENTS_NAMED = 5
+
+
+def _failed_parents(plan: Plan, state: RunState, i: int) -> list[str]:
+    return [plan.tasks[p].name for p in plan.tasks[i].parents if state.task_status[p] in BAD]
+
+
+def upstream_error(failed: list[str]) -> str:
+    """``3 parents did not succeed: a, b, c`` (the first few named, then how many more)."""
+    shown = ", ".join(failed[:PARENTS_NAMED])
+    if len(failed) > PARENTS_NAMED:
+        shown += f" and {len(failed) - PARENTS_NAMED} more"
+    if len(failed) == 1:
+        return f"parent task did not succeed: {shown}"
+    return f"{len(failed)} parent tasks did not succeed: {shown}"
 
 
 def start(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
@@ -406,6 +423,10 @@ def finish(
                 decided = evaluate(plan, state, child, at, fx)
                 if decided is not None:
                     work.append((child, decided, True))
+            elif counter is state.n_bad and state.task_status[child] == TaskStatus.UPSTREAM_FAILED:
+                # Decided when its first parent failed: its error names the later ones too.
+                state.errors[child] = upstream_error(_failed_parents(plan, state, child))
+                state.touch(child)  # stored with the next delta
 
 
 def settle(plan: Plan, state: RunState, now: float, fx: Effects) -> None:

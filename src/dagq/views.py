@@ -17,7 +17,16 @@ from dagq.history import HistoryEntry, read_history
 from dagq.payloads import cut
 from dagq.persistence import Stored, read_state
 from dagq.plan import Plan, compile_plan
-from dagq.state import TERMINAL, UNSET, RunState, TaskStatus
+from dagq.state import (
+    TERMINAL,
+    UNDO_DONE,
+    UNDO_FAILED,
+    UNDO_QUEUED,
+    UNDO_SENT,
+    UNSET,
+    RunState,
+    TaskStatus,
+)
 from dagq.stores.base import Store
 from dagq.submission import Submitted, require_submitted
 
@@ -28,10 +37,18 @@ class TaskRow:
 
     name: str
     status: str
+    #: Tries of the task itself: 1, plus one per retry (a loop's next iteration and a
+    #: compensation are not attempts; they are counted below).
     attempts: int
     duration_s: float | None
     error: str | None
     queue: str
+    #: The iterations a looping task has run (0: it does not loop).
+    iterations: int = 0
+    #: The attempts of its compensation (undo), if one ran.
+    undos: int = 0
+    #: Where its compensation stands: queued, sent, done or failed (None: none ran).
+    compensation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +66,19 @@ class RunView:
     tasks: list[TaskRow]
 
 
+#: Where a compensation stands, by ``RunState.undo_status`` code.
+UNDO_LABELS = {UNDO_QUEUED: "queued", UNDO_SENT: "sent", UNDO_DONE: "done", UNDO_FAILED: "failed"}
+
+
 def task_rows(plan: Plan, st: RunState, history: list[HistoryEntry]) -> list[TaskRow]:
-    """Per-task rows; attempts are counted from the history of dispatches."""
-    dispatches = Counter(e.task for e in history if e.kind == "dispatched")
+    """Per-task rows; attempts are counted from the history of dispatches (a
+    compensation's dispatches and a loop's next iterations apart)."""
+    dispatches = Counter(
+        e.task for e in history if e.kind == "dispatched" and e.detail != "compensation"
+    )
     rows = []
     for i, task in enumerate(plan.tasks):
+        iterations = st.iteration.get(i, 0) if task.loop is not None else 0
         started, finished = st.started_at[i], st.task_finished_at[i]
         duration = None if UNSET in (started, finished) else finished - started
         group = st.groups.get(i)
@@ -65,10 +90,13 @@ def task_rows(plan: Plan, st: RunState, history: list[HistoryEntry]) -> list[Tas
             TaskRow(
                 name=label,
                 status=TaskStatus(st.task_status[i]).label,
-                attempts=dispatches.get(task.name, st.attempt[i]),
+                attempts=dispatches.get(task.name, st.attempt[i]) - max(0, iterations - 1),
                 duration_s=duration,
                 error=st.errors.get(i),
                 queue=task.queue,
+                iterations=iterations,
+                undos=st.undo_attempt.get(i, 0),
+                compensation=UNDO_LABELS.get(st.undo_status.get(i, 0)),
             )
         )
     return rows

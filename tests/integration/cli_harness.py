@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
+import pty
+import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import textwrap
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -179,16 +184,31 @@ class Finished:
         return found[-1]
 
 
-def summary_rows(text: str) -> dict[str, list[str]]:
-    """Parse the rows of a summary table printed with box-drawing (or ASCII) borders."""
+#: The summary's columns that ``summary_rows`` returns, in this order.
+SUMMARY_COLUMNS = ("state", "attempts", "duration", "error")
+
+
+def summary_rows(text: str, columns: tuple[str, ...] = SUMMARY_COLUMNS) -> dict[str, list[str]]:
+    """The rows of a summary table by task name: the cells of ``columns``.
+
+    Piped, the table is a header line starting with ``task`` and one tab-separated line
+    per task; on a terminal it has box-drawing borders.
+    """
     rows: dict[str, list[str]] = {}
+    header: list[str] | None = None
     for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped[0] not in "│|":
+        if "\t" in line:
+            cells = line.split("\t")
+        elif line.strip()[:1] in ("│", "┃"):
+            cells = [c.strip() for c in line.strip().strip("│┃").replace("┃", "│").split("│")]
+        else:
+            header = None if not line.strip().startswith(("┏", "┡", "├", "└")) else header
             continue
-        cells = [c.strip() for c in stripped.strip("│|").split("│" if "│" in stripped else "|")]
-        if len(cells) >= 5 and cells[0] and cells[0] != "task":
-            rows[cells[0]] = cells[1:]
+        if cells[0] == "task":
+            header = cells
+        elif header is not None and len(cells) == len(header) and cells[0]:
+            by_name = dict(zip(header, cells, strict=True))
+            rows[cells[0]] = [by_name.get(column, "") for column in columns]
     return rows
 
 
@@ -300,6 +320,48 @@ class DagqCli:
             done.stdout.decode("utf-8", "replace"),
             done.stderr.decode("utf-8", "replace"),
         )
+
+    def run_on_terminal(
+        self, *args: str | Path, columns: int = 200, timeout_s: float = 60
+    ) -> Finished:
+        """Run ``dagq`` on a pseudo-terminal ``columns`` wide, as a person at a terminal
+        would; ``stdout`` is what the terminal received (escape sequences and all)."""
+        controller, terminal = pty.openpty()
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+        process = subprocess.Popen(
+            self.command(*args),
+            cwd=self.workdir,
+            env={**self.env, "TERM": "xterm-256color", "COLUMNS": str(columns)},
+            stdin=subprocess.DEVNULL,
+            stdout=terminal,
+            stderr=terminal,
+        )
+        os.close(terminal)
+        chunks = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([controller], [], [], 0.1)
+                if not ready:
+                    if process.poll() is not None:
+                        break
+                    continue
+                try:
+                    chunk = os.read(controller, 65536)
+                except OSError:  # EIO: the command has closed the terminal
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(controller)
+        try:
+            code = process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise AssertionError(f"dagq did not end within {timeout_s:g}s") from None
+        return Finished(code, b"".join(chunks).decode("utf-8", "replace"), "")
 
     def run_many(
         self, commands: dict[str, list[str]], *, timeout_s: float = 60

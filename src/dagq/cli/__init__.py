@@ -445,6 +445,19 @@ def workers(*, store_url: str, as_json: bool) -> None:
 @click.option(
     "--id", "workflow_id", default=None, help="Name the workflow (idempotent; one FILE only)."
 )
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Wait for the run(s) to end and print each final status; exit 0 if completed, "
+    "1 if not, 3 at --timeout.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0),
+    default=None,
+    metavar="S",
+    help="With --wait: give up waiting after S seconds (exit 3; the run goes on).",
+)
 @store_option
 @json_option
 def submit(
@@ -452,6 +465,8 @@ def submit(
     files: tuple[str, ...],
     params: tuple[str, ...],
     workflow_id: str | None,
+    wait: bool,
+    timeout: float | None,
     store_url: str,
     as_json: bool,
 ) -> None:
@@ -459,11 +474,28 @@ def submit(
 
     FILE '-' reads the paths of the files from standard input, one per line.
     """
-    from dagq.cli.control import run_submit_many
+    import contextlib
+    import io
 
-    _exit(
-        lambda: run_submit_many(store_url, files, params, workflow_id=workflow_id, as_json=as_json)
-    )
+    from dagq.cli.control import run_submit_many
+    from dagq.cli.waiting import wait_for_runs
+
+    if timeout is not None and not wait:
+        fail("--timeout goes with --wait")
+
+    def body() -> int:
+        ids: list[str] = []
+        # --wait --json prints one document, the final statuses: the ids are in them.
+        quiet = contextlib.redirect_stdout(io.StringIO()) if wait and as_json else None
+        with quiet or contextlib.nullcontext():
+            code = run_submit_many(
+                store_url, files, params, workflow_id=workflow_id, as_json=as_json, ids=ids
+            )
+        if not wait or not ids:
+            return code
+        return max(code, wait_for_runs(store_url, ids, timeout_s=timeout, as_json=as_json))
+
+    _exit(body)
 
 
 @main.command()
@@ -539,19 +571,43 @@ def retry(
 
 @main.command()
 @click.argument("workflow_id")
-@click.option("--watch", is_flag=True, help="Refresh until it ends; exit with its code.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Refresh until it ends (piped: one line per interval); exit with its code.",
+)
+@click.option(
+    "--interval",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(0.1),
+    metavar="S",
+    help="With --watch: seconds between refreshes.",
+)
 @click.option("--by-layer", is_flag=True, help="Progress per layer of the DAG (dagq summary).")
 @store_option
 @json_option
-def status(*, workflow_id: str, watch: bool, by_layer: bool, store_url: str, as_json: bool) -> None:
-    """State, counts, progress, rate, ETA and failed tasks of a workflow."""
-    from dagq.cli.inspect import run_status
+def status(
+    *,
+    workflow_id: str,
+    watch: bool,
+    interval: float,
+    by_layer: bool,
+    store_url: str,
+    as_json: bool,
+) -> None:
+    """State, counts, progress, rate, ETA (or what it waits for) and failed tasks."""
+    from dagq.cli.status import run_status
 
     if by_layer:
         if watch:
             fail("--by-layer and --watch cannot be combined")
         summary_command(workflow_id, store_url, as_json)
-    _exit(lambda: run_status(store_url, workflow_id, watch=watch, as_json=as_json))
+    _exit(
+        lambda: run_status(
+            store_url, workflow_id, watch=watch, as_json=as_json, interval_s=interval
+        )
+    )
 
 
 @main.command()

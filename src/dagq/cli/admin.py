@@ -6,6 +6,7 @@ from rich.text import Text
 
 from dagq.cli.confirmation import confirm
 from dagq.cli.inspect import EXIT_FAILED, EXIT_OK, console, print_json, with_client
+from dagq.cli.tables import printable
 from dagq.client import Client
 from dagq.errors import StoreUnavailable, UsageError
 from dagq.maintenance import Finding, diagnose, purge, purge_older_than
@@ -30,7 +31,7 @@ def run_doctor(store_url: str, *, as_json: bool) -> int:
         for finding in findings:
             mark, style = _MARKS[finding.level]
             line = Text(f"{mark} ", style=style) + Text(f"{finding.check}: ", style="bold")
-            line += Text(finding.detail)
+            line += Text(printable(finding.detail))
             out.print(line)
             if finding.fix:
                 out.print(Text(f"    → {finding.fix}", style="dim"))

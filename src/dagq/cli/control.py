@@ -10,20 +10,27 @@ from pathlib import Path
 import msgspec
 
 from dagq import graph
+from dagq.cli.display import task_state
 from dagq.cli.inspect import EXIT_OK, EXIT_USAGE, console, print_json, with_client
 from dagq.cli.run import load_definition
 from dagq.client import Client
-from dagq.definition import WorkflowDef, rule_set
+from dagq.definition import TaskDef, WorkflowDef, rule_set
 from dagq.errors import DagqError, PayloadTooLarge, UsageError
 from dagq.payloads import MAX_DEPTH
 from dagq.plan import parse_param
 from dagq.state import TaskStatus
 from dagq.submission import check_signal_data
-from dagq.views import load_run
+from dagq.views import UNDO_LABELS, load_run
 
 
 def run_submit(
-    store_url: str, file: Path, params: tuple[str, ...], *, workflow_id: str | None, as_json: bool
+    store_url: str,
+    file: Path,
+    params: tuple[str, ...],
+    *,
+    workflow_id: str | None,
+    as_json: bool,
+    ids: list[str] | None = None,
 ) -> int:
     """``dagq submit``: store the workflow and print its id."""
     definition = load_definition(file)
@@ -33,10 +40,12 @@ def run_submit(
         lambda c: c.submit(definition, params=overrides, workflow_id=workflow_id),
         create=True,
     )
+    if ids is not None:
+        ids.append(submission.id)
     if as_json:
         print_json(submission)
     else:
-        print(submission.id)
+        print(submission.id, flush=True)
     return EXIT_OK
 
 
@@ -56,12 +65,14 @@ def run_submit_many(
     *,
     workflow_id: str | None,
     as_json: bool,
+    ids: list[str] | None = None,
 ) -> int:
     """``dagq submit FILE...``: each file in turn, with its own id; '-' reads paths from
-    standard input. One file given by name keeps the single-file output."""
+    standard input. One file given by name keeps the single-file output. The ids of the
+    runs submitted are added to ``ids`` (for ``--wait``)."""
     if len(files) == 1 and files[0] != "-":
         return run_submit(
-            store_url, Path(files[0]), params, workflow_id=workflow_id, as_json=as_json
+            store_url, Path(files[0]), params, workflow_id=workflow_id, as_json=as_json, ids=ids
         )
     paths = [path for name in files for path in (_stdin_paths() if name == "-" else [name])]
     if not paths:
@@ -80,6 +91,8 @@ def run_submit_many(
         return results
 
     results = with_client(store_url, body, create=True)
+    if ids is not None:
+        ids += [r.id for r in results if r.id is not None]
     if as_json:
         print_json(results)
     return EXIT_USAGE if any(r.error is not None for r in results) else EXIT_OK
@@ -164,7 +177,10 @@ async def _submitted_nodes(
     client: Client, workflow_id: str
 ) -> tuple[WorkflowDef, list[graph.Node]]:
     submitted, _, st = await load_run(client.store, workflow_id)
-    states = [TaskStatus(code).label for code in st.task_status]
+    states = [
+        task_state(TaskStatus(code).label, UNDO_LABELS.get(st.undo_status.get(i, 0)))
+        for i, code in enumerate(st.task_status)
+    ]
     return submitted.definition, _nodes(submitted.definition, states)
 
 

@@ -15,6 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from dagq.cli.tables import Listing, printable
 from dagq.plan import Plan
 from dagq.state import TERMINAL, RunState, TaskStatus
 from dagq.views import RunView
@@ -31,6 +32,16 @@ STYLES = {
     "cancelled": "bright_black",
     "cancelling": "yellow",
     "quarantined": "bold white on red",
+    "compensating": "yellow",
+    "compensated": "yellow",
+    "compensation_failed": "bold white on red",
+}
+#: How a task whose compensation ran is shown, by where the compensation stands.
+COMPENSATION_STATES = {
+    "queued": "compensating",
+    "sent": "compensating",
+    "done": "compensated",
+    "failed": "compensation_failed",
 }
 ORDER = [s.label for s in TaskStatus]
 MAX_ROWS = 40
@@ -47,6 +58,18 @@ def duration(seconds: float | None) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def task_state(status: str, compensation: str | None) -> str:
+    """A task's state as people see it: a completed task that was undone is
+    ``compensated`` (``compensating`` meanwhile, ``compensation_failed`` if it failed)."""
+    return COMPENSATION_STATES.get(compensation or "", status)
+
+
+def state_text(status: str, compensation: str | None = None) -> Text:
+    """:func:`task_state`, coloured."""
+    shown = task_state(status, compensation)
+    return Text(shown, style=STYLES.get(shown, ""))
 
 
 def counts_text(counts: dict[str, int]) -> Text:
@@ -72,19 +95,32 @@ def progress_lines(
     rate: float,
     elapsed: float,
     eta: str | None = None,
+    waiting: str | None = None,
+    bar: bool = True,
 ) -> list[Any]:
-    """Name, id and state; then a progress bar with count, rate, elapsed (and ETA)."""
+    """Name, id and state; then a progress bar (``bar``) with count, rate, elapsed, and
+    the ETA — or, while the run waits for something, what it waits for instead."""
     head = Text.assemble(
         (name, "bold"), "  ", (workflow_id, "dim"), "  ", (status, STYLES.get(status, "bold"))
     )
-    bar = Table.grid(padding=(0, 1))
     timing = f"{rate:,.1f} tasks/s  elapsed {duration(elapsed)}"
-    bar.add_row(
+    if waiting is not None:
+        timing += f"  waiting for {waiting} (no ETA)"
+    elif eta is not None:
+        timing += f"  eta {eta}"
+    count = f"{done:,}/{total:,}  {100 * done / max(total, 1):.0f}%"
+    if not bar:
+        return [head, Text(f"{count}  {timing}")]
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")  # what it waits for is never cut short
+    grid.add_row(
         ProgressBar(total=max(total, 1), completed=done, width=40),
-        Text(f"{done:,}/{total:,}  {100 * done / max(total, 1):.0f}%"),
-        Text(timing + (f"  eta {eta}" if eta is not None else ""), style="dim"),
+        Text(count),
+        Text(timing, style="dim"),
     )
-    return [head, bar]
+    return [head, grid]
 
 
 class LiveProgress:
@@ -125,6 +161,9 @@ class LiveProgress:
             return
         now = time.monotonic()
         line = f"{st.status}: {done}/{st.n_tasks} done ({counts_text(st.count_map()).plain})"
+        waiting = waiting_text(plan, st)
+        if waiting:
+            line += f"; {waiting}"
         if now - self._last_plain >= PLAIN_INTERVAL_S and line != self._last_line:
             self.console.print(f"[{duration(elapsed)}] {line}, {rate:.1f} tasks/s")
             self._last_plain, self._last_line = now, line
@@ -159,46 +198,62 @@ class LiveProgress:
             )
             more = f" and {len(running) - 6} more" if len(running) > 6 else ""
             parts.append(Text(f"running now: {shown}{more}", style="blue"))
+        waiting = waiting_text(plan, st)
+        if waiting:
+            parts.append(Text(waiting, style="magenta"))
         return Group(*parts)
 
 
+def waiting_text(plan: Plan, st: RunState, shown: int = 3) -> str:
+    """``waiting: review (signal 'approve'), cool-off (timer, 30s left)`` or ''."""
+    waiting = st.indexes(TaskStatus.WAITING)
+    if not waiting:
+        return ""
+    now = time.time()
+    named = []
+    for i in waiting[:shown]:
+        task = plan.tasks[i]
+        wake = st.wake_at.get(i)
+        if task.wait is not None:
+            named.append(f"{task.name} (signal '{task.wait.signal}')")
+        else:
+            left = f", {duration(max(0.0, wake - now))} left" if wake is not None else ""
+            named.append(f"{task.name} (timer{left})")
+    more = f" and {len(waiting) - shown} more" if len(waiting) > shown else ""
+    return f"waiting: {', '.join(named)}{more}"
+
+
 def print_summary(console: Console, view: RunView, *, elapsed_s: float | None = None) -> None:
-    """The end-of-run table (problem tasks first) and a one-line verdict."""
-    table = Table(title=f"{view.name}  {view.workflow_id}", title_justify="left")
-    table.add_column("task", overflow="fold")
-    table.add_column("state")
-    table.add_column("attempts", justify="right")
-    table.add_column("duration", justify="right")
-    table.add_column("error", overflow="fold", max_width=80)
-    rank = {
-        label: n
-        for n, label in enumerate(
-            [
-                "failed",
-                "upstream_failed",
-                "cancelled",
-                "running",
-                "ready",
-                "pending",
-                "skipped",
-                "completed",
-            ]
-        )
-    }
+    """The end-of-run table (problem tasks first) and a one-line verdict.
+
+    ``attempts`` counts tries of the task itself; a looping task's iterations and the
+    attempts of a compensation have their own columns, shown when any task has them.
+    """
+    loops = any(row.iterations for row in view.tasks)
+    undos = any(row.undos for row in view.tasks)
+    columns = ["task", "state", "attempts"]
+    columns += ["iterations"] * loops + ["undos"] * undos + ["duration", "error"]
+    table = Listing(
+        columns,
+        title=f"{view.name}  {view.workflow_id}",
+        right=frozenset({"attempts", "iterations", "undos", "duration"}),
+    )
     rows = (
-        sorted(view.tasks, key=lambda r: rank.get(r.status, 99))
+        sorted(view.tasks, key=lambda r: SUMMARY_RANK.get(r.status, 99))
         if len(view.tasks) > MAX_ROWS
         else view.tasks
     )
     for row in rows[:MAX_ROWS]:
+        counted = [_count(row.iterations)] * loops + [_count(row.undos)] * undos
         table.add_row(
             row.name,
-            Text(row.status, style=STYLES.get(row.status, "")),
+            state_text(row.status, row.compensation),
             str(row.attempts),
+            *counted,
             duration(row.duration_s),
             first_line(row.error),
         )
-    console.print(table)
+    table.print(console)
     hidden = rows[MAX_ROWS:]
     if hidden:
         kinds: dict[str, int] = {}
@@ -206,6 +261,19 @@ def print_summary(console: Console, view: RunView, *, elapsed_s: float | None = 
             kinds[row.status] = kinds.get(row.status, 0) + 1
         console.print(Text("… and ", style="dim") + counts_text(kinds) + Text(" more", style="dim"))
     console.print(verdict_text(view, elapsed_s))
+
+
+def _count(n: int) -> str:
+    return str(n) if n else "-"
+
+
+#: The order of the summary's rows when not all are shown: problems first.
+SUMMARY_RANK = {
+    label: n
+    for n, label in enumerate(
+        ["failed", "upstream_failed", "cancelled", "running", "ready", "pending", "skipped"]
+    )
+}
 
 
 def verdict_text(view: RunView, elapsed_s: float | None) -> Text:
@@ -221,7 +289,7 @@ def verdict_text(view: RunView, elapsed_s: float | None) -> Text:
             timing += f", {done / span:,.1f} tasks/s"
     if view.status == "completed":
         return Text(f"✔ workflow completed{timing}", style="bold green")
-    reason = f": {first_line(view.error)}" if view.error else ""
+    reason = f": {printable(first_line(view.error))}" if view.error else ""
     return Text(f"✘ workflow {view.status}{timing}{reason}", style="bold red")
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from rich.table import Column, Table
+import msgspec
 from rich.text import Text
 
 from dagq import dead_letters
 from dagq.cli.confirmation import confirm
 from dagq.cli.inspect import EXIT_OK, console, print_json, when, with_client
+from dagq.cli.tables import Listing, plain_out, printable, printable_bytes
 from dagq.client import Client
 from dagq.errors import UsageError
 from dagq.stores.base import DeadLetter, Store
@@ -23,28 +24,38 @@ def run_list(store_url: str, queue: str | None, limit: int, *, as_json: bool) ->
     async def body(client: Client) -> list[DeadLetter]:
         return await client.store.queues.dead_letters(queue, limit=limit)
 
-    infos = [dead_letters.describe(d) for d in with_client(store_url, body)]
+    found = with_client(store_url, body)
+    infos = [dead_letters.describe(d) for d in found]
     if as_json:
         print_json(infos)
         return EXIT_OK
     if not infos:
         console().print("no dead letters" + (f" in queue {queue!r}" if queue else ""))
         return EXIT_OK
-    table = Table(
-        Column("key", no_wrap=True), "queue", "kind", "what", "deliveries", "reason", "when"
+    table = Listing(
+        ["key", "queue", "kind", "what", "deliveries", "reason", "when"],
+        right=frozenset({"deliveries"}),
     )
-    for info in infos:
+    for dead, info in zip(found, infos, strict=True):
         table.add_row(
             info.key,
             info.queue,
             Text(info.kind, style="red" if info.kind == "unreadable" else ""),
-            info.summary,
+            _what(dead, info),
             str(info.deliveries),
             info.reason,
             when(info.dead_at),
         )
-    console().print(table)
+    table.print(console())
     return EXIT_OK
+
+
+def _what(dead: DeadLetter, info: dead_letters.DeadLetterInfo) -> str:
+    """What it carried; for an unreadable one its first bytes, each one that is not
+    UTF-8 text shown as ``\\xNN``."""
+    if info.kind != "unreadable":
+        return info.summary
+    return printable_bytes(dead.body[:60])
 
 
 def run_show(store_url: str, key: str, *, as_json: bool) -> int:
@@ -65,17 +76,17 @@ def run_show(store_url: str, key: str, *, as_json: bool) -> int:
         ("queue", info.queue),
         ("message id", info.message_id),
         ("kind", info.kind),
-        ("what", info.summary),
+        ("what", _what(dead, info)),
         ("deliveries", str(info.deliveries)),
         ("reason", info.reason),
         ("dead since", when(info.dead_at)),
         ("size", f"{info.size} bytes"),
     ]:
-        out.print(Text(f"{label}: ", style="bold") + Text(value))
-    if isinstance(content, str):  # unreadable: shown as text
-        out.print(content)
+        out.print(Text(f"{label}: ", style="bold") + Text(printable(value)))
+    if isinstance(content, str):  # unreadable: its bytes, escaped where not text
+        plain_out(out, printable_bytes(dead.body))
     else:
-        out.print_json(data=content)
+        plain_out(out, msgspec.json.format(msgspec.json.encode(content).decode(), indent=2))
     return EXIT_OK
 
 

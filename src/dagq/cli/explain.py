@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from rich.console import Group
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
 from dagq.cli.display import STYLES, counts_text, first_line
 from dagq.cli.inspect import EXIT_OK, console, print_json, when, with_client
+from dagq.cli.tables import Listing, Part, show
 from dagq.explanation import Explanation
-from dagq.views import LayerSummary
+from dagq.views import Layer, LayerSummary
 
 #: How many of a task's events explain prints (all of them with --json).
 EVENTS_SHOWN = 12
@@ -22,13 +22,13 @@ def run_explain(store_url: str, workflow_id: str, task: str, *, as_json: bool) -
     if as_json:
         print_json(found)
     else:
-        console().print(explanation_view(found))
+        show(console(), explanation_view(found))
     return EXIT_OK
 
 
-def explanation_view(found: Explanation) -> Group:
+def explanation_view(found: Explanation) -> list[Part]:
     """The explanation for people: the verdict first, then each part of the story."""
-    parts: list[Text | Table] = [
+    parts: list[Part] = [
         Text.assemble(
             (found.task, "bold"),
             "  ",
@@ -68,13 +68,13 @@ def explanation_view(found: Explanation) -> Group:
         if wait.fix:
             parts.append(Text(f"    → {wait.fix}", style="dim"))
     if found.events:
-        table = Table("time", "event", "attempt", "detail", box=None, title=None)
+        table = Listing(["time", "event", "attempt", "detail"])
         for event in found.events[-EVENTS_SHOWN:]:
             table.add_row(
-                when(event.at), event.kind, str(event.attempt or ""), first_line(event.detail, 160)
+                when(event.at), event.kind, str(event.attempt or ""), first_line(event.detail, 300)
             )
         parts.append(table)
-    return Group(*parts)
+    return parts
 
 
 def _line(label: str, text: str) -> Text:
@@ -105,12 +105,13 @@ def run_summary(store_url: str, workflow_id: str, *, as_json: bool) -> int:
     if as_json:
         print_json(found)
     else:
-        console().print(summary_view(found))
+        show(console(), summary_view(found, bars=console().is_terminal))
     return EXIT_OK
 
 
-def summary_view(found: LayerSummary) -> Group:
-    """One row per layer: a progress bar, done/total, counts per state, a few names."""
+def summary_view(found: LayerSummary, *, bars: bool = True) -> list[Part]:
+    """One row per layer: a progress bar (on a terminal), done/total, counts per state,
+    a few names."""
     head = Text.assemble(
         (found.name, "bold"),
         "  ",
@@ -119,15 +120,26 @@ def summary_view(found: LayerSummary) -> Group:
         (found.status, STYLES.get(found.status, "bold")),
         f"  {found.done:,}/{found.total:,} tasks done",
     )
-    table = Table("layer", "progress", "done", "states", "tasks", box=None, title=None)
+    if not bars:
+        table = Listing(["layer", "done", "states", "tasks"])
+        for layer in found.layers:
+            table.add_row(str(layer.layer), f"{layer.done}/{layer.total}", *_layer_cells(layer))
+        return [head, table]
+    grid = Table(box=None, title=None)
+    for name in ("layer", "progress", "done", "states", "tasks"):
+        grid.add_column(name, overflow="fold")  # never cut to an ellipsis
     for layer in found.layers:
-        more = layer.total - len(layer.tasks)
-        names = ", ".join(layer.tasks) + (f" … (+{more})" if more > 0 else "")
-        table.add_row(
+        grid.add_row(
             str(layer.layer),
             ProgressBar(total=max(layer.total, 1), completed=layer.done, width=24),
             f"{layer.done:,}/{layer.total:,}",
-            counts_text(layer.counts),
-            names,
+            *_layer_cells(layer),
         )
-    return Group(head, table)
+    return [head, grid]
+
+
+def _layer_cells(layer: Layer) -> tuple[Text, str]:
+    """A layer's counts per state, and its first task names (with how many more)."""
+    more = layer.total - len(layer.tasks)
+    names = ", ".join(layer.tasks) + (f" and {more} more" if more > 0 else "")
+    return counts_text(layer.counts), names

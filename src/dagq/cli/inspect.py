@@ -1,27 +1,27 @@
-"""Commands that look at workflows: status, list, tasks, output, logs, events.
+"""Commands that look at workflows: list, tasks, output, logs, events (and the pieces
+``status`` and the others share).
 
-Each prints for people by default (rich tables, colours only on a terminal) and
-stable JSON with ``--json`` (the fields of the structs in :mod:`dagq.client`).
+Each prints for people by default — rich tables on a terminal, tab-separated lines with
+whole values when piped (:mod:`dagq.cli.tables`) — and stable JSON with ``--json`` (the
+fields of the structs in :mod:`dagq.client`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import msgspec
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Column, Table
+from rich.console import Console
 from rich.text import Text
 
-from dagq.cli.display import STYLES, counts_text, duration, first_line, progress_lines
-from dagq.client import Client, TaskInfo, WorkflowStatus, WorkflowTask
+from dagq.cli.display import STYLES, duration, first_line, state_text
+from dagq.cli.tables import Listing, out_console, printable
+from dagq.client import Client, TaskInfo, WorkflowTask
 from dagq.errors import DagqError
 
 T = TypeVar("T")
@@ -29,8 +29,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def console() -> Console:
-    """stdout, coloured only on a terminal."""
-    return Console(highlight=False)
+    """stdout, coloured only on a terminal; piped, plain lines never wrapped."""
+    return out_console()
 
 
 def with_client(
@@ -60,87 +60,6 @@ def when(timestamp: float | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
-# --- status -------------------------------------------------------------------------
-
-
-def status_view(status: WorkflowStatus, now: float) -> Group:
-    """Name, state, progress bar, counts, rate, ETA, and the failed tasks."""
-    elapsed = (status.finished_at or now) - status.created_at
-    rate = status.done / elapsed if elapsed > 0 else 0.0
-    remaining = status.total - status.done
-    eta = "-" if status.terminal or rate <= 0 else duration(remaining / rate)
-    parts = progress_lines(
-        name=status.name,
-        workflow_id=status.id,
-        status=status.status,
-        done=status.done,
-        total=status.total,
-        rate=rate,
-        elapsed=elapsed,
-        eta=eta,
-    )
-    parts.append(counts_text(status.counts))
-    if status.status == "compensation_failed":
-        parts.append(
-            Text(
-                f"⚠ a compensation failed: side effects may be left half undone; a person must "
-                f"look (dagq tasks {status.id})",
-                style="bold white on red",
-            )
-        )
-    if status.quarantined:
-        parts.append(
-            Text(
-                f"⚠ quarantined: the coordinator set this run aside (other runs go on); "
-                f"fix the cause, then: dagq quarantine release {status.id}",
-                style="bold white on red",
-            )
-        )
-    if status.error:
-        parts.append(Text(f"error: {status.error}", style="red"))
-    if status.failed:
-        table = Table("failed task", "state", "attempt", "error", title=None, box=None)
-        for task in status.failed[:20]:
-            table.add_row(
-                task.name,
-                Text(task.status, style=STYLES[task.status]),
-                str(task.attempt),
-                _cut(task.error),
-            )
-        parts.append(table)
-    return Group(*parts)
-
-
-def run_status(store_url: str, workflow_id: str, *, watch: bool, as_json: bool) -> int:
-    """``dagq status``: once, or refreshed until the run ends (then its exit code)."""
-
-    async def body(client: Client) -> int:
-        status = await client.status(workflow_id)
-        if not watch:
-            _show(status, as_json)
-            return EXIT_OK
-        out = console()
-        if as_json or not out.is_terminal:
-            status = await client.wait(workflow_id, poll_s=1.0)
-            _show(status, as_json)
-        else:
-            with Live(status_view(status, time.time()), console=out, refresh_per_second=4) as live:
-                while not (status.terminal or status.quarantined):
-                    await asyncio.sleep(0.5)
-                    status = await client.status(workflow_id)
-                    live.update(status_view(status, time.time()))
-        return EXIT_OK if status.status == "completed" else EXIT_FAILED
-
-    return with_client(store_url, body)
-
-
-def _show(status: WorkflowStatus, as_json: bool) -> None:
-    if as_json:
-        print_json(status)
-    else:
-        console().print(status_view(status, time.time()))
-
-
 # --- list, tasks, output, logs, events -------------------------------------------------
 
 
@@ -152,14 +71,10 @@ def run_list(
     if as_json:
         print_json(rows)
         return EXIT_OK
-    table = Table(
-        Column("id", no_wrap=True),
-        "name",
-        "status",
-        "progress",
-        Column("created", no_wrap=True),
-        "error",
-    )
+    if not rows:
+        console().print("no workflows")
+        return EXIT_OK
+    table = Listing(["id", "name", "status", "progress", "created", "error"])
     for row in rows:
         done = sum(n for s, n in row.counts.items() if s not in ("pending", "ready", "running"))
         style = STYLES.get(row.status, "")
@@ -171,9 +86,9 @@ def run_list(
             Text(row.status, style=style),
             f"{done}/{row.total}",
             when(row.created_at),
-            _cut(row.error, 60),
+            _cut(row.error, 200),
         )
-    console().print(table if rows else "no workflows")
+    table.print(console())
     return EXIT_OK
 
 
@@ -192,6 +107,10 @@ class TaskFilter:
 
 #: How many tasks ``dagq tasks`` shows across workflows unless told otherwise.
 ACROSS_LIMIT = 100
+
+
+#: The columns of ``dagq tasks`` (after ``workflow`` when several runs are shown).
+TASK_COLUMNS = ("task", "state", "attempt", "queue", "started", "duration", "error")
 
 
 def run_tasks(store_url: str, workflow_ids: list[str], wanted: TaskFilter, *, as_json: bool) -> int:
@@ -219,21 +138,25 @@ def run_tasks(store_url: str, workflow_ids: list[str], wanted: TaskFilter, *, as
         print_json(tasks)
         return EXIT_OK
     across = len(workflow_ids) != 1
-    table = Table(*(["workflow"] if across else []), "task", "state", "attempt", "queue")
-    for column in ("started", "duration", "error"):
-        table.add_column(column)
+    if across and not tasks:
+        console().print("no tasks found")
+        return EXIT_OK
+    table = Listing(
+        [*(["workflow"] if across else []), *TASK_COLUMNS],
+        right=frozenset({"attempt", "duration"}),
+    )
     for task in tasks:
         table.add_row(
             *([task.workflow] if isinstance(task, WorkflowTask) else []),
             task.name,
-            Text(task.status, style=STYLES.get(task.status, "")),
+            state_text(task.status, task.compensation),
             str(task.attempt),
             task.queue,
             when(task.started_at),
             duration(task.duration_s),
             _cut(task.error),
         )
-    console().print(table if tasks or not across else "no tasks found")
+    table.print(console())
     return EXIT_OK
 
 
@@ -270,9 +193,9 @@ def run_logs(
         store_url,
         lambda c: _logs_and_error(c, workflow_id, task, attempt=attempt, item=item, undo=undo),
     )
-    print(text if text else "(no output was captured for this attempt)")
+    print(printable(text) if text else "(no output was captured for this attempt)")
     if error:
-        print(f"--- error ---\n{error}")
+        print(f"--- error ---\n{printable(error)}")
     return EXIT_OK
 
 
@@ -301,12 +224,10 @@ def run_events(store_url: str, workflow_id: str, *, as_json: bool, task: str | N
             ]
         )
         return EXIT_OK
-    table = Table(
-        Column("time", no_wrap=True), Column("event", no_wrap=True), "task", "attempt", "detail"
-    )
+    table = Listing(["time", "event", "task", "attempt", "detail"])
     for e in entries:
         table.add_row(when(e.at), e.kind, e.task or "", str(e.attempt or ""), _cut(e.detail))
-    console().print(table)
+    table.print(console())
     return EXIT_OK
 
 

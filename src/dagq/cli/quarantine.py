@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from rich.table import Column, Table
-
 from dagq.cli.display import first_line
 from dagq.cli.inspect import EXIT_OK, console, print_json, when, with_client
+from dagq.cli.tables import Listing
 
 
 def run_list(store_url: str, *, as_json: bool) -> int:
@@ -17,7 +16,7 @@ def run_list(store_url: str, *, as_json: bool) -> int:
     if not found:
         console().print("no quarantined workflows")
         return EXIT_OK
-    table = Table(Column("id", no_wrap=True), "since", "step", "kept events", "reason")
+    table = Listing(["id", "since", "step", "kept events", "reason"])
     for item in found:
         table.add_row(
             item.id,
@@ -28,7 +27,7 @@ def run_list(store_url: str, *, as_json: bool) -> int:
             str(item.kept_events),
             first_line(item.reason, 200),
         )
-    console().print(table)
+    table.print(console())
     return EXIT_OK
 
 

@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from dagq.cli.display import LiveProgress, print_summary
+from dagq.cli.tables import out_console, printable
 from dagq.definition import WorkflowDef
 from dagq.errors import DagqError
 from dagq.loading import load_file
@@ -51,7 +52,7 @@ def run_command(
     processor: str | None = None,
 ) -> int:
     """Run the workflow and return the process exit code."""
-    console = Console(stderr=False, highlight=False)
+    console = out_console()
     import_paths = [str(file.resolve().parent), str(Path.cwd())]
     try:
         definition = load_definition(file)
@@ -203,7 +204,8 @@ def _announce(console: Console, start: Start) -> None:
 
 
 def _quarantined(console: Console, workflow_id: str, reason: str) -> int:
-    console.print(f"[bold red]workflow {workflow_id} is quarantined:[/] {escape(reason)}")
+    shown = escape(printable(reason))
+    console.print(f"[bold red]workflow {workflow_id} is quarantined:[/] {shown}")
     console.print(
         f"once the cause is fixed: dagq quarantine release {workflow_id} (its kept events "
         f"are applied then); to drop it: dagq purge --force {workflow_id}",
