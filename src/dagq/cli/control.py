@@ -14,7 +14,7 @@ from dagq.cli.display import task_state
 from dagq.cli.inspect import EXIT_OK, EXIT_USAGE, console, print_json, with_client
 from dagq.cli.run import load_definition
 from dagq.client import Client
-from dagq.definition import TaskDef, WorkflowDef, rule_set
+from dagq.definition import WorkflowDef, rule_set
 from dagq.errors import DagqError, PayloadTooLarge, UsageError
 from dagq.payloads import MAX_DEPTH
 from dagq.plan import parse_param
