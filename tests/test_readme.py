@@ -136,3 +136,86 @@ def test_the_param_declarations_in_the_readme_are_valid() -> None:
 
     assert specs["shards"].required
     assert specs["mode"].choices == ("fast", "full")
+
+
+#: What marks each Python block of the README, and the test that runs it as written.
+PYTHON_BLOCKS = {
+    "dagq.run(": "test_the_embedded_run_example_in_the_readme_runs_as_written",
+    "Client(": "test_the_client_example_in_the_readme_runs_as_written",
+    "Workflow(": "test_python_example_in_the_readme_builds_a_valid_definition",
+    "WorkflowDefinition.": "test_the_workflow_definition_example_in_the_readme_runs_as_written",
+}
+#: Shell blocks that show rather than run: benchmarks (minutes long).
+SHOWN_ONLY = ("python -m bench",)
+
+
+def test_every_python_and_shell_block_of_the_readme_is_run_by_a_test() -> None:
+    for source in blocks("python"):
+        marks = [mark for mark in PYTHON_BLOCKS if mark in source]
+        assert len(marks) == 1, f"no one test runs this README block:\n{source}"
+        assert PYTHON_BLOCKS[marks[0]] in globals()
+    for source in blocks("bash")[2:]:
+        assert "dagq server" in source or any(s in source for s in SHOWN_ONLY), source
+
+
+@pytest.mark.timeout(60)
+def test_the_workflow_definition_example_in_the_readme_runs_as_written(scratch: Path) -> None:
+    (scratch / "pipeline.yaml").write_text((ROOT / "examples/document_pipeline.yaml").read_text())
+
+    _python(_python_block("WorkflowDefinition."), scratch, 50)
+
+
+@pytest.mark.timeout(180)
+def test_the_server_example_in_the_readme_runs_as_written(scratch: Path) -> None:
+    """The curl lines, against a real server (on a free port, not 8080), a coordinator
+    and a worker: submit (202 + Location), status, then the stream to the run's end."""
+    import socket
+    import subprocess
+
+    from tests.integration.cli_harness import DagqCli, wait_until
+
+    source = next(b for b in blocks("bash") if "dagq server" in b)
+    server_line, *rest = source.replace("\\\n", " ").splitlines()
+    curls = [line for line in rest if line.startswith("curl")]
+    shown_id = re.search(r"location: /v1/workflows/(\S+)", source)
+    assert shown_id is not None and len(curls) == 3
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def curl(line: str, run_id: str) -> str:
+        line = line.replace("localhost:8080", f"127.0.0.1:{port}")
+        line = line.replace(shown_id.group(1), run_id)
+        done = subprocess.run(
+            ["bash", "-c", line],
+            cwd=scratch,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    store = "sqlite:///.dagq/dagq.db"
+    assert server_line.split("#")[0].split() == ["dagq", "server", "--store", store]
+    with DagqCli(scratch) as cli:
+        coordinator = cli.start("coordinator", "--store", store)
+        worker = cli.start("worker", "--import-path", "examples", "--store", store)
+        server = cli.start("server", "--store", store, "--port", str(port))
+        for process, line in (
+            (coordinator, "holds the lease"),
+            (worker, " serving "),
+            (server, f"127.0.0.1:{port}"),
+        ):
+            wait_until(lambda p=process, w=line: w in p.stderr(), timeout_s=30, what=f"'{line}'")
+
+        submitted = curl(curls[0], "")
+        assert submitted.startswith("HTTP/1.1 202 Accepted"), submitted
+        location = re.search(r"(?im)^location: /v1/workflows/(\S+)", submitted)
+        assert location is not None, submitted
+        run_id = location.group(1)
+        assert '"status"' in curl(curls[1], run_id)
+        streamed = curl(curls[2], run_id)  # ends with the run
+
+    assert "event: end" in streamed and "completed" in streamed.split("event: end")[-1]
