@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal, cast, get_args
@@ -206,8 +207,18 @@ def coerce_text(kind: ParamType | None, text: str, where: str) -> Any:
     return parsed if kind is None else check_value(kind, parsed, where)
 
 
+#: How numbers are written on the command line: plain ASCII digits (Python's int() and
+#: float() would also take ``1_0``, `` 5`` and other scripts' digits).
+_NUMBER = {
+    "int": re.compile(r"[+-]?[0-9]+"),
+    "float": re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"),
+}
+
+
 def _number(kind: Literal["int", "float"], text: str, where: str) -> int | float:
     try:
+        if not _NUMBER[kind].fullmatch(text):
+            raise ValueError(text)
         value: int | float = int(text) if kind == "int" else float(text)
     except ValueError:
         raise ValidationError(f"{where}: expected {_article(kind)}, got {_show(text)}") from None

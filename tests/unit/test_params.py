@@ -72,3 +72,36 @@ async def test_the_client_refuses_a_param_of_the_wrong_type_before_storing() -> 
         assert await store.documents.list("definitions/") == []
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("text", ["1_0", " 5", "5 ", "\u0663", "0x10", "1e3"])
+def test_an_int_from_the_command_line_is_plain_ascii_digits(text: str) -> None:
+    from dagq.params import coerce_text
+
+    with pytest.raises(ValidationError, match="expected an int"):
+        coerce_text("int", text, "param 'n'")
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "expected"),
+    [
+        ("int", "-12", -12),
+        ("int", "+7", 7),
+        ("float", "2.5", 2.5),
+        ("float", "1e-3", 0.001),
+        ("float", ".5", 0.5),
+        ("float", "3", 3.0),
+    ],
+)
+def test_numbers_written_plainly_are_taken(kind: Any, text: str, expected: float) -> None:
+    from dagq.params import coerce_text
+
+    assert coerce_text(kind, text, "param 'n'") == expected
+
+
+@pytest.mark.parametrize("text", ["1_000.5", "nan", "inf", "\u0663.5", " 1.5"])
+def test_a_float_from_the_command_line_is_plainly_written_and_finite(text: str) -> None:
+    from dagq.params import coerce_text
+
+    with pytest.raises(ValidationError, match="expected a"):
+        coerce_text("float", text, "param 'r'")

@@ -61,51 +61,82 @@ async def run_shell(
             sync = DirSync(files.synced, spec.dirsync_to, every_s=every_s, task=ctx.task)
             if warning is not None:
                 sync.warnings.append(warning)
+        # The output pipes are ours, not asyncio's: on Python 3.11 ``process.wait()``
+        # returns only once its own pipes close, which a child the command left running
+        # (``cmd &``) keeps open for as long as it lives.
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         try:
-            process = await _spawn(spec, env)
+            process = await _spawn(spec, env, out_w, err_w)
         except OSError as exc:
+            for fd in (out_r, err_r):
+                os.close(fd)
             return Outcome(ok=False, error=f"cannot start the command: {exc}", retryable=False)
+        finally:
+            os.close(out_w)
+            os.close(err_w)
         if sync is not None:
             sync.start()
         stdout, stderr = Tail(live), Tail(live)
-        readers = asyncio.gather(_pump(process.stdout, stdout), _pump(process.stderr, stderr))
-        failure: Outcome | None = None
+        pipes = [await _read_end(out_r), await _read_end(err_r)]
+        readers = asyncio.gather(_pump(pipes[0][0], stdout), _pump(pipes[1][0], stderr))
         try:
-            await asyncio.wait_for(asyncio.shield(process.wait()), spec.timeout_s)
-        except TimeoutError:
-            await _kill_group(process)
-            await readers
-            failure = Outcome(
-                ok=False,
-                error=f"timed out after {spec.timeout_s:g}s; its process group was killed"
-                + _stderr_note(stderr),
+            return await _finish(
+                spec, process, readers=readers, sync=sync, files=files, stdout=stdout, stderr=stderr
             )
-        except asyncio.CancelledError:
-            await _kill_group(process)
-            readers.cancel()
-            # Collect the readers' cancellation, else asyncio logs it as an error on exit.
-            with contextlib.suppress(asyncio.CancelledError):
-                await readers
-            if sync is not None:
-                await sync.finish(final=False)
-            raise
-        if failure is None:
-            try:  # a background child may hold the pipes open after the task itself ended
-                await asyncio.wait_for(readers, LINGER_S)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-        warnings = [] if sync is None else await sync.finish()
-        log = _log(stdout, stderr, warnings)
-        if failure is None:
-            failure = _failure(process.returncode or 0, spec, stderr)
-        if failure is None:
-            # A thread: reading and parsing (up to the bound) must not hold up the loop.
-            return await asyncio.to_thread(_output, files.output, log, spec.jobq)
-        failure = dataclasses.replace(failure, log=log)
-        if spec.jobq:  # ai4s-jobq keeps what a failed attempt wrote
-            return await asyncio.to_thread(_failed_output, failure, files.output)
-        return failure
+        finally:
+            for _, transport in pipes:
+                transport.close()
+
+
+async def _finish(
+    spec: TaskSpec,
+    process: asyncio.subprocess.Process,
+    *,
+    readers: asyncio.Future[Any],
+    sync: DirSync | None,
+    files: _Files,
+    stdout: Tail,
+    stderr: Tail,
+) -> Outcome:
+    """Wait for the command (to its end, timeout or cancellation), then its output."""
+    failure: Outcome | None = None
+    try:
+        await asyncio.wait_for(asyncio.shield(process.wait()), spec.timeout_s)
+    except TimeoutError:
+        await _kill_group(process)
+        with contextlib.suppress(TimeoutError):  # a child that left the group: not waited for
+            await asyncio.wait_for(readers, LINGER_S)
+        failure = Outcome(
+            ok=False,
+            error=f"timed out after {spec.timeout_s:g}s; its process group was killed"
+            + _stderr_note(stderr),
+        )
+    except asyncio.CancelledError:
+        await _kill_group(process)
+        readers.cancel()
+        # Collect the readers' cancellation, else asyncio logs it as an error on exit.
+        with contextlib.suppress(asyncio.CancelledError):
+            await readers
+        if sync is not None:
+            await sync.finish(final=False)
+        raise
+    if failure is None:
+        try:  # a background child may hold the pipes open after the task itself ended
+            await asyncio.wait_for(readers, LINGER_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    warnings = [] if sync is None else await sync.finish()
+    log = _log(stdout, stderr, warnings)
+    if failure is None:
+        failure = _failure(process.returncode or 0, spec, stderr)
+    if failure is None:
+        # A thread: reading and parsing (up to the bound) must not hold up the loop.
+        return await asyncio.to_thread(_output, files.output, log, spec.jobq)
+    failure = dataclasses.replace(failure, log=log)
+    if spec.jobq:  # ai4s-jobq keeps what a failed attempt wrote
+        return await asyncio.to_thread(_failed_output, failure, files.output)
+    return failure
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,11 +215,23 @@ def _bash() -> str | None:
     return shutil.which("bash")
 
 
-async def _spawn(spec: TaskSpec, env: dict[str, str]) -> asyncio.subprocess.Process:
+async def _read_end(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    """A stream over the read end of a pipe (closed with its transport)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
+    return reader, transport
+
+
+async def _spawn(
+    spec: TaskSpec, env: dict[str, str], stdout: int, stderr: int
+) -> asyncio.subprocess.Process:
     common = {
         "stdin": asyncio.subprocess.DEVNULL,
-        "stdout": asyncio.subprocess.PIPE,
-        "stderr": asyncio.subprocess.PIPE,
+        "stdout": stdout,
+        "stderr": stderr,
         "env": env,
         "cwd": spec.cwd,
         "start_new_session": True,

@@ -1,0 +1,50 @@
+"""A shell task ends when its command does, even if a child it left running holds the
+output pipes open: what it printed is kept, and the leftovers are killed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from dagq.messages import TaskSpec
+from dagq.runners import TaskContext
+from dagq.runners.shell import LINGER_S, run_shell
+
+CTX = TaskContext(workflow_id="wf", task="t", attempt=1, idempotency_key="k")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.timeout(60)
+async def test_a_background_child_holding_the_pipes_does_not_keep_the_task_running(
+    tmp_path: Path,
+) -> None:
+    pids = tmp_path / "child.pid"
+    cmd = f"(while true; do echo tick; sleep 0.2; done) & echo $! > {pids}; echo started"
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+
+    outcome = await asyncio.wait_for(
+        run_shell(TaskSpec(kind="shell", cmd=cmd), CTX, work_dir=str(tmp_path)), 40
+    )
+
+    assert outcome.ok, outcome.error
+    assert loop.time() - began < LINGER_S + 20  # it ended: it did not wait for the child
+    log = (outcome.log or b"").decode()
+    assert "started" in log and "tick" in log
+    child = int(pids.read_text())
+    for _ in range(100):
+        if not _alive(child):
+            break
+        await asyncio.sleep(0.05)
+    assert not _alive(child), "the child left running was not killed"
