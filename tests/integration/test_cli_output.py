@@ -539,3 +539,16 @@ def test_quarantine_list_piped_is_a_plain_table(tmp_path: Path) -> None:
     assert "\x1b" not in result.stdout
     assert not raw_controls(result.stdout)
     assert not BOX & set(result.stdout)
+
+
+def test_piped_tables_keep_every_line_of_an_error(local: DagqCli) -> None:
+    wf = local.workflow(
+        "two-lines.yaml",
+        {"name": "two-lines", "tasks": [{"name": "t", "cmd": "printf 'one\\ntwo\\n' >&2; exit 3"}]},
+    )
+    ran = local.run("run", wf, "--id", "two-lines")
+    assert ran.code == 1, ran.output
+
+    for shown in (ran.stdout, local.run("tasks", "two-lines").stdout, local.run("list").stdout):
+        [row] = [line for line in shown.splitlines() if line.startswith(("t\t", "two-lines\t"))]
+        assert "one\\ntwo" in row, shown  # whole, the newline escaped, on one line

@@ -6,6 +6,7 @@ comes out as plain lines at a calm pace, so logs stay readable.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -251,7 +252,7 @@ def print_summary(console: Console, view: RunView, *, elapsed_s: float | None = 
             str(row.attempts),
             *counted,
             duration(row.duration_s),
-            first_line(row.error),
+            error_cell(row.error),
         )
     table.print(console)
     hidden = rows[MAX_ROWS:]
@@ -291,6 +292,14 @@ def verdict_text(view: RunView, elapsed_s: float | None) -> Text:
         return Text(f"✔ workflow completed{timing}", style="bold green")
     reason = f": {printable(first_line(view.error))}" if view.error else ""
     return Text(f"✘ workflow {view.status}{timing}{reason}", style="bold red")
+
+
+def error_cell(text: str | None, limit: int = 300) -> str:
+    """An error in a table: whole when piped (scripts get every line; a cell shows a
+    newline as ``\\n``), its first line, cut at ``limit``, on a terminal."""
+    if text and text.strip() and not sys.stdout.isatty():
+        return text.strip()
+    return first_line(text, limit)
 
 
 def first_line(text: str | None, limit: int = 300) -> str:

@@ -19,7 +19,7 @@ import msgspec
 from rich.console import Console
 from rich.text import Text
 
-from dagq.cli.display import STYLES, duration, first_line, state_text
+from dagq.cli.display import STYLES, duration, error_cell, state_text
 from dagq.cli.tables import Listing, out_console, printable
 from dagq.client import Client, TaskInfo, WorkflowTask
 from dagq.errors import DagqError
@@ -241,4 +241,4 @@ def guarded(run: Callable[[], int]) -> int:
 
 
 def _cut(text: str | None, limit: int = 200) -> str:
-    return first_line(text, limit)
+    return error_cell(text, limit)
