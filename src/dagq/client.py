@@ -578,7 +578,7 @@ class Client:
         _task_index(plan, workflow_id, name)
         if item >= 0 or undo:
             return [e for e in entries if e.task == task]
-        return [e for e in entries if e.task and keys.split_attempt_name(e.task)[0] == name]
+        return [e for e in entries if e.task and keys.of_task(e.task, name)]
 
     async def attempt_state(
         self,

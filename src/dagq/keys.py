@@ -133,6 +133,11 @@ def split_attempt_name(name: str) -> tuple[str, int, bool]:
     return found["task"], -1 if item is None else int(item), found["undo"] is not None
 
 
+def of_task(attempt_name: str, task_name: str) -> bool:
+    """Is ``attempt_name`` the task's own, one of its instances' or its undo's?"""
+    return split_attempt_name(attempt_name)[0] == task_name
+
+
 def idempotency_key(workflow_id: str, task_name: str, *, item: int = -1, undo: bool = False) -> str:
     """The key a task's side effects can be deduplicated by: the same for every attempt."""
     return f"{workflow_id}/{attempt_name(task_name, item=item, undo=undo)}"

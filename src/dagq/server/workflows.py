@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from sse_starlette import EventSourceResponse
 from starlette.responses import Response
 
+from dagq import keys
 from dagq.client import TaskInfo, WorkflowSummary, task_info
 from dagq.definition import WorkflowDef
 from dagq.errors import UsageError, ValidationError, WorkflowNotFound
@@ -222,7 +223,7 @@ async def get_task(workflow_id: WorkflowId, name: TaskName, who: Who, api: Serve
         await api.client.error(workflow_id, name)  # raises TaskNotFound naming it
     info = task_info(plan, st, plan.by_name[name])
     history = resources.events(await read_chunks(api.client.store, workflow_id), None)
-    own = [e for e in history if e.task is not None and _of_task(e.task, name)]
+    own = [e for e in history if e.task is not None and keys.of_task(e.task, name)]
     full_error = None
     if info.attempt > 0 and info.error is not None:
         full_error = await api.client.error(workflow_id, name)
@@ -232,11 +233,6 @@ async def get_task(workflow_id: WorkflowId, name: TaskName, who: Who, api: Serve
             **fields, attempts=resources.attempts(name, own), full_error=full_error, events=own
         )
     )
-
-
-def _of_task(entry_task: str, name: str) -> bool:
-    """An entry of the task itself, of one of its instances (``name[3]``) or its undo."""
-    return entry_task == name or entry_task.startswith((f"{name}[", f"{name}#"))
 
 
 @router.get(
