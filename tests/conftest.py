@@ -23,6 +23,8 @@ import pytest
 from tests.azurite import Azurite, AzuriteMissing, start
 
 _STARTED = "azurite.json"
+#: The emulator this worker started and the controller stops.
+_KEPT: list[Azurite] = []
 
 
 def _worker() -> bool:
@@ -50,6 +52,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
         if server.process is not None and _worker():  # other workers may still use it
             started = {"pid": server.process.pid, "location": str(server.location)}
             (shared / _STARTED).write_text(json.dumps(started))
+            _KEPT.append(server)  # never collected while it runs (Popen would warn)
     yield server
     if not _worker():
         server.stop()
