@@ -176,6 +176,7 @@ def validate(*, file: Path) -> None:
     and a warning for each thing it says that has no effect (exit 0 all the same).
     """
     from dagq.cli.run import load_definition
+    from dagq.cli.tables import printable
     from dagq.definition import rule_set
     from dagq.errors import DagqError
     from dagq.params import describe_params
@@ -187,7 +188,8 @@ def validate(*, file: Path) -> None:
         fail(str(exc))
     for warning in warnings(definition):
         click.echo(f"warning: {file}: {warning}", err=True)
-    click.echo(f"{file}: ok — workflow '{definition.name}', {len(definition.tasks)} tasks")
+    name = printable(definition.name, one_line=True)
+    click.echo(f"{file}: ok — workflow '{name}', {len(definition.tasks)} tasks")
     click.echo(f"  {rule_set(definition).describe()}")
     if definition.params:
         click.echo(f"  params: {describe_params(definition.params)}")
