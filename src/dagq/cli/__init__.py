@@ -601,6 +601,9 @@ def status(
     """State, counts, progress, rate, ETA (or what it waits for) and failed tasks."""
     from dagq.cli.status import run_status
 
+    given = click.get_current_context().get_parameter_source("interval")
+    if not watch and given is not click.core.ParameterSource.DEFAULT:
+        fail("--interval needs --watch (it is the time between refreshes)")
     if by_layer:
         if watch:
             fail("--by-layer and --watch cannot be combined")
