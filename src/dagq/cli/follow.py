@@ -4,14 +4,19 @@ The worker sends what the task writes every half second (:mod:`dagq.live_logs`);
 this prints each new chunk, and stops when the run's state says the attempt ended
 — completed (exit 0) or anything else (exit 1). A task not started yet is waited
 for. An attempt that ended before anything was streamed shows its kept log.
+
+What it prints is escaped as ``dagq logs`` escapes it (a control character in a task's
+output cannot drive the terminal), a character split between two chunks included.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import sys
 
 from dagq.cli.inspect import EXIT_FAILED, EXIT_OK, with_client
+from dagq.cli.tables import printable
 from dagq.client import AttemptState, Client
 from dagq.keys import attempt_name
 
@@ -45,25 +50,26 @@ def run_follow(
             return EXIT_OK if current.ended == "completed" else EXIT_FAILED
         number = current.attempt
         print(f"[following attempt {number} of '{name}']", file=sys.stderr, flush=True)
-        shown, after = False, None
+        out = _Output()
+        after = None
         while True:
             ended = current.ended  # read before the chunks: every chunk of it is out
             for key, data in await client.live_output(current.live_prefix, after=after):
-                sys.stdout.buffer.write(data)
-                sys.stdout.buffer.flush()
-                shown, after = True, key
+                out.write(data)
+                after = key
             if ended is not None:
                 break
             await asyncio.sleep(POLL_S)
             current = await state(client, number)
-        if not shown:  # it ended before anything was sent live: what was kept
+        out.finish()
+        if not out.shown:  # it ended before anything was sent live: what was kept
             text = await client.logs(workflow_id, task, attempt=number, item=item, undo=undo)
             if text:
-                print(text, flush=True)
+                print(printable(text), flush=True)
         if ended != "completed":
             error = await client.error(workflow_id, task, attempt=number, item=item, undo=undo)
             if error:
-                print(f"--- error ---\n{error}", flush=True)
+                print(f"--- error ---\n{printable(error)}", flush=True)
         print(f"[attempt {number} of '{name}' {ended}]", file=sys.stderr)
         return EXIT_OK if ended == "completed" else EXIT_FAILED
 
@@ -71,3 +77,29 @@ def run_follow(
         return with_client(store_url, body)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+class _Output:
+    """stdout for the chunks of one attempt: decoded across chunk boundaries, escaped."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+        self.shown = False
+        self._last = "\n"
+
+    def write(self, data: bytes) -> None:
+        self._print(self._decoder.decode(data))
+
+    def finish(self) -> None:
+        """Flush a character cut short; on a terminal, end an unfinished last line so
+        that the closing line (on stderr) starts a line of its own."""
+        self._print(self._decoder.decode(b"", final=True))
+        if self.shown and self._last != "\n" and sys.stdout.isatty():
+            self._print("\n")
+
+    def _print(self, text: str) -> None:
+        if not text:
+            return
+        sys.stdout.write(printable(text))
+        sys.stdout.flush()
+        self.shown, self._last = True, text[-1]
