@@ -366,11 +366,14 @@ class DagqCli:
     def run_many(
         self, commands: dict[str, list[str]], *, timeout_s: float = 60
     ) -> dict[str, Finished]:
-        """Run independent ``dagq`` commands side by side, a few at a time; results by key."""
+        """Run independent ``dagq`` commands side by side, a few at a time; results by key.
+
+        Each command has ``timeout_s`` from its own start (on a loaded machine the last
+        of many would not get its share of one deadline for all)."""
         pending = list(commands.items())
         running: dict[str, subprocess.Popen[bytes]] = {}
+        deadlines: dict[str, float] = {}
         results: dict[str, Finished] = {}
-        deadline = time.monotonic() + timeout_s
         try:
             while pending or running:
                 while pending and len(running) < 2 * (os.cpu_count() or 1):
@@ -383,8 +386,10 @@ class DagqCli:
                         stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE,
                     )
+                    deadlines[key] = time.monotonic() + timeout_s
                 key, process = next(iter(running.items()))
-                out, err = process.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                left = max(0.1, deadlines[key] - time.monotonic())
+                out, err = process.communicate(timeout=left)
                 del running[key]
                 results[key] = Finished(
                     process.returncode,
