@@ -23,7 +23,16 @@ QUEUE_WAIT_S = 300.0
 _POLICY_NAMES = {POLICY_ALL: "all", POLICY_ANY: "any", POLICY_ALL_SETTLED: "all_settled"}
 #: History kinds that tell an attempt's story.
 _ATTEMPT_KINDS = frozenset(
-    {"dispatched", "retried", "failed", "completed", "cancelled", "iterated", "exhausted"}
+    {
+        "dispatched",
+        "redelivered",
+        "retried",
+        "failed",
+        "completed",
+        "cancelled",
+        "iterated",
+        "exhausted",
+    }
 )
 
 

@@ -265,6 +265,16 @@ def _on_started(plan: Plan, state: RunState, event: Any, now: float, fx: Effects
             state.held.remove(i)
             state.in_flight += 1
         state.set_status(i, TaskStatus.RUNNING)
+    if event.delivery > 1 and state.started_at[i] != event.at:  # not a repeat of this event
+        worker = f" to worker {event.worker}" if event.worker else ""
+        fx.note(
+            now,
+            "redelivered",
+            plan.tasks[i].name,
+            event.attempt,
+            f"delivered again{worker} (delivery {event.delivery}): the delivery before did "
+            "not finish it — its worker stopped or was killed",
+        )
     state.started_at[i] = event.at
     state.touch(i)
 

@@ -99,6 +99,9 @@ class TaskStarted(msgspec.Struct, frozen=True, tag="started", kw_only=True):
     worker: str = ""
     undo: bool = False
     item: int = -1
+    #: How many times the message carrying the attempt has been delivered (2 and up: a
+    #: delivery before did not finish it).
+    delivery: int = 1
 
 
 class TaskFinished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=True, kw_only=True):

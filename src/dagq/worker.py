@@ -515,6 +515,7 @@ class Worker:
                     worker=self.options.name,
                     undo=task.undo,
                     item=task.item_index,
+                    delivery=running.held.message.dequeue_count,
                 )
             )
             started = self.clock()

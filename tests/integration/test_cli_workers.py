@@ -97,11 +97,11 @@ def test_the_record_names_the_attempts_a_worker_runs(cli: DagqCli) -> None:
     assert record["attempts"] == ["busy/hold/1"]
 
 
-def test_explain_names_the_worker_of_a_running_task_and_suspects_one_killed(
+def test_explain_names_the_worker_of_a_running_task_suspects_one_killed_and_events_tell(
     cli: DagqCli,
 ) -> None:
     cli.start_coordinator()
-    worker = cli.start_worker("--heartbeat", "0.2")
+    worker = cli.start_worker("--heartbeat", "0.2", "--visibility-timeout", "2")
     go = cli.workdir / "go"
     hold = {"name": "hold", "cmd": f"while [ ! -f {go} ]; do sleep 0.05; done"}
     cli.submit_here("lost", {"name": "l", "tasks": [hold]})
@@ -123,11 +123,23 @@ def test_explain_names_the_worker_of_a_running_task_and_suspects_one_killed(
             what="explain to suspect the killed worker",
             interval_s=0.5,
         )
+        cli.start_worker("--heartbeat", "0.2")  # takes the message once it is visible again
+        redelivered = wait_until(
+            lambda: [e for e in cli.json("events", "lost") if e["kind"] == "redelivered"],
+            timeout_s=30,
+            what="the history to tell of the second delivery",
+            interval_s=0.5,
+        )
     finally:
         go.touch()  # the task's shell outlives its killed worker
 
     assert running[0]["kind"] == "worker"
     assert "no live worker reports running it" in lost[0]["detail"]
+    assert [(e["task"], e["attempt"]) for e in redelivered] == [("hold", 1)]
+    assert "delivery 2" in redelivered[0]["detail"]
+    wait_until(
+        lambda: cli.workflow_status("lost") == "completed", timeout_s=20, what="the run to end"
+    )
 
 
 def test_a_worker_stopped_cleanly_deletes_its_record(cli: DagqCli) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dagq import machine
-from dagq.messages import CancelRequested, RetryRequested
+from dagq.messages import CancelRequested, RetryRequested, TaskStarted
 from dagq.plan import POLICY_ALL, POLICY_ALL_SETTLED, POLICY_ANY
 from tests.helpers import Sim
 
@@ -424,3 +424,24 @@ def test_long_skip_chain_does_not_recurse() -> None:
     sim.finish("t0", output=False)
     assert sim.state.status == "completed"
     assert sim.state.counts[6] == 4999  # skipped
+
+
+def test_an_attempt_delivered_again_is_noted_once_in_the_history() -> None:
+    sim = Sim([{"name": "a"}])
+    sim.start()
+    sim.started("a")  # the first delivery's worker dies without reporting
+    sim.now += 70
+
+    def again() -> TaskStarted:
+        return TaskStarted(
+            workflow_id="wf-1", task=0, attempt=1, at=sim.now, worker="w2", delivery=2
+        )
+
+    sim.apply(again())
+    sim.apply(again())  # the same event posted twice (at-least-once)
+
+    [note] = [e for e in sim.history if e.kind == "redelivered"]
+    assert (note.task, note.attempt) == ("a", 1)
+    assert note.detail.startswith("delivered again to worker w2 (delivery 2)")
+    assert sim.status("a") == "running"
+    assert sim.state.attempt[0] == 1  # a delivery is not an attempt
