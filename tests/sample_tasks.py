@@ -170,12 +170,16 @@ def failing_processor(fail: str = "", **_: Any) -> str:
     return "ok"
 
 
-def watch_cancel(seconds: float = 20.0) -> str:
-    """Poll is_cancelled() until it is true; say so (or give up after ``seconds``)."""
+def watch_cancel(seconds: float = 20.0, ready: str = "") -> str:
+    """Poll is_cancelled() until it is true; say so (or give up after ``seconds``).
+    Touches the file ``ready`` (if named) once it watches."""
+    import pathlib
     import time
 
     from dagq.jobq import is_cancelled
 
+    if ready:
+        pathlib.Path(ready).touch()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if is_cancelled():

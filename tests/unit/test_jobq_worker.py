@@ -395,10 +395,12 @@ async def test_a_task_watching_is_cancelled_sees_it_and_may_end_on_its_own(
     assert time.monotonic() - started < worker.options.cancel_notice_s
 
 
-async def test_a_task_not_watching_is_stopped_at_once() -> None:
+async def test_a_task_not_watching_is_stopped_at_once(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
     store = open_memory_store()
     await store.queues.send(
-        "jobs", [OutgoingMessage(encode_task(shell_task(0, "sleep 30")), id="a")]
+        "jobs",
+        [OutgoingMessage(encode_task(shell_task(0, f"touch {ready}; sleep 30")), id="a")],
     )
     stop = asyncio.Event()
     worker = Worker(
@@ -406,9 +408,8 @@ async def test_a_task_not_watching_is_stopped_at_once() -> None:
     )
     serving = asyncio.create_task(worker.run(stop))
     try:
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(cancel_when(store, ready), 20)  # once it runs
         started = time.monotonic()
-        await store.documents.put(keys.control("wf"), msgspec.json.encode({"stop_through": 10}))
         (event,) = await asyncio.wait_for(finished(store, 1), 20)
     finally:
         stop.set()
@@ -417,14 +418,17 @@ async def test_a_task_not_watching_is_stopped_at_once() -> None:
     assert time.monotonic() - started < 5
 
 
-async def test_a_python_task_watching_is_cancelled_sees_it_too() -> None:
+async def test_a_python_task_watching_is_cancelled_sees_it_too(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
     store = open_memory_store()
     task = TaskMessage(
         workflow_id="wf",
         task=0,
         name="t0",
         attempt=1,
-        spec=TaskSpec(kind="python", call="tests.sample_tasks:watch_cancel"),
+        spec=TaskSpec(
+            kind="python", call="tests.sample_tasks:watch_cancel", args={"ready": str(ready)}
+        ),
     )
     await store.queues.send("jobs", [OutgoingMessage(encode_task(task), id="a")])
     stop = asyncio.Event()
@@ -433,8 +437,7 @@ async def test_a_python_task_watching_is_cancelled_sees_it_too() -> None:
     )
     serving = asyncio.create_task(worker.run(stop))
     try:
-        await asyncio.sleep(0.5)  # it has started watching
-        await store.documents.put(keys.control("wf"), msgspec.json.encode({"stop_through": 10}))
+        await asyncio.wait_for(cancel_when(store, ready), 20)  # once it watches
         (event,) = await asyncio.wait_for(finished(store, 1), 20)
     finally:
         stop.set()
