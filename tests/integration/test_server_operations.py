@@ -356,7 +356,7 @@ def test_bulk_cancel_counts_in_a_dry_run_then_cancels_only_the_runs_matched(
     problem(http.post("/v1/workflows/cancel", json={"dry_run": "yes"}), 422)
     problem(http.post("/v1/workflows/cancel", json={"status": "sleepy"}), 422)
     problem(http.post("/v1/workflows/cancel", json={"colour": "red"}), 422)
-    problem(http.post("/v1/workflows/retry", content=b"{\"name\": "), 400)
+    problem(http.post("/v1/workflows/retry", content=b'{"name": '), 400)
     bad = {"definition": GATED, "labels": {"a=b": "c"}}
     problem(http.post("/v1/workflows", json=bad), 422)
     http.post(f"{locations[3]}/cancel")
