@@ -201,16 +201,21 @@ class AttemptState(msgspec.Struct, frozen=True, kw_only=True):
 
 def workflow_status(name: str, plan: Plan, st: RunState) -> WorkflowStatus:
     """The public view of a run."""
-    bad = (TaskStatus.FAILED, TaskStatus.UPSTREAM_FAILED)
-    failed = [task_info(plan, st, i) for i, c in enumerate(st.task_status) if c == bad[0]]
-    failed += [task_info(plan, st, i) for i, c in enumerate(st.task_status) if c == bad[1]][:20]
+    counts = st.count_map()
+    failed: list[TaskInfo] = []
+    if counts.get("failed"):  # a scan of every task only when there is one to find
+        codes = st.task_status
+        failed = [task_info(plan, st, i) for i, c in enumerate(codes) if c == TaskStatus.FAILED]
+    if counts.get("upstream_failed"):
+        upstream = (i for i, c in enumerate(st.task_status) if c == TaskStatus.UPSTREAM_FAILED)
+        failed += [task_info(plan, st, i) for _, i in zip(range(20), upstream, strict=False)]
     return WorkflowStatus(
         id=st.workflow_id,
         name=name,
         status=st.status,
         total=st.n_tasks,
         done=st.n_terminal,
-        counts=st.count_map(),
+        counts=counts,
         created_at=st.created_at,
         updated_at=st.updated_at,
         finished_at=_time(st.finished_at),
