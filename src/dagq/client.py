@@ -467,9 +467,25 @@ class Client:
             quarantine=reason,
             coordinator=await self._coordinator_alive() if st.status in WORKFLOW_ACTIVE else None,
             semantics=_semantics(plan, submitted.definition),
+            runner=await self._runner(plan, st, i),
             **await self._queue_facts(plan, st, i),
         )
         return explain(plan, st, history, i, facts)
+
+    async def _runner(self, plan: Plan, st: RunState, i: int) -> str | None:
+        """The live worker whose record lists the running attempt of task ``i``, "" when
+        none does, None when that cannot be told (not running, a foreach task, or a
+        worker running more attempts than its record lists)."""
+        if st.task_status[i] != TaskStatus.RUNNING or i in st.groups:
+            return None
+        wanted = keys.message_id(st.workflow_id, plan.tasks[i].name, st.attempt[i])
+        workers = await registry.live_workers(self.store.documents, now=time.time())
+        for worker in workers:
+            if wanted in worker.attempts:
+                return f"{worker.id} on {worker.host}, pid {worker.pid}"
+        if any(w.running > len(w.attempts) for w in workers):
+            return None
+        return ""
 
     async def _quarantine_reason(self, workflow_id: str) -> str | None:
         try:
