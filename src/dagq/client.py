@@ -123,6 +123,8 @@ class WorkflowSummary(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: float
     tenant: str
     error: str | None
+    #: The run's labels (``key: value``), given when it was submitted.
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class WorkflowTask(TaskInfo, frozen=True, kw_only=True):
@@ -199,16 +201,21 @@ class AttemptState(msgspec.Struct, frozen=True, kw_only=True):
 
 def workflow_status(name: str, plan: Plan, st: RunState) -> WorkflowStatus:
     """The public view of a run."""
-    bad = (TaskStatus.FAILED, TaskStatus.UPSTREAM_FAILED)
-    failed = [task_info(plan, st, i) for i, c in enumerate(st.task_status) if c == bad[0]]
-    failed += [task_info(plan, st, i) for i, c in enumerate(st.task_status) if c == bad[1]][:20]
+    counts = st.count_map()
+    failed: list[TaskInfo] = []
+    if counts.get("failed"):  # a scan of every task only when there is one to find
+        codes = st.task_status
+        failed = [task_info(plan, st, i) for i, c in enumerate(codes) if c == TaskStatus.FAILED]
+    if counts.get("upstream_failed"):
+        upstream = (i for i, c in enumerate(st.task_status) if c == TaskStatus.UPSTREAM_FAILED)
+        failed += [task_info(plan, st, i) for _, i in zip(range(20), upstream, strict=False)]
     return WorkflowStatus(
         id=st.workflow_id,
         name=name,
         status=st.status,
         total=st.n_tasks,
         done=st.n_terminal,
-        counts=st.count_map(),
+        counts=counts,
         created_at=st.created_at,
         updated_at=st.updated_at,
         finished_at=_time(st.finished_at),
@@ -254,14 +261,17 @@ class Client:
         params: Mapping[str, Any] | None = None,
         workflow_id: str | None = None,
         tenant: str = "",
+        labels: Mapping[str, str] | None = None,
     ) -> Submission:
-        """Store a workflow (a definition, a builder, or a YAML/JSON/Python file path)."""
+        """Store a workflow (a definition, a builder, or a YAML/JSON/Python file path),
+        with ``labels`` (``key: value``) to find it by."""
         result = await submit(
             self.store,
             as_definition(workflow),
             params=params,
             workflow_id=workflow_id,
             tenant=tenant,
+            labels=labels,
         )
         return Submission(id=result.workflow_id, created=result.created)
 
@@ -336,7 +346,7 @@ class Client:
                 limit=min(limit - len(rows), 500),
                 cursor=cursor,
             )
-            rows += [_summary(row) for row in page.rows]
+            rows += [row_summary(row) for row in page.rows]
             cursor = page.cursor
             if cursor is None:
                 break
@@ -363,7 +373,7 @@ class Client:
             limit=limit,
             cursor=cursor,
         )
-        return [_summary(row) for row in page.rows], page.cursor
+        return [row_summary(row) for row in page.rows], page.cursor
 
     async def tasks(
         self, workflow_id: str, *, state: str | None = None, instances: bool = False
@@ -935,7 +945,8 @@ def _task_index(plan: Plan, workflow_id: str, task: str) -> int:
     return index
 
 
-def _summary(row: IndexRow) -> WorkflowSummary:
+def row_summary(row: IndexRow) -> WorkflowSummary:
+    """A listing row from an index row."""
     return WorkflowSummary(
         id=row.id,
         name=row.name,
@@ -946,4 +957,5 @@ def _summary(row: IndexRow) -> WorkflowSummary:
         updated_at=row.updated_at,
         tenant=row.tenant,
         error=row.data.get("error"),
+        labels=dict(row.data.get("labels") or {}),
     )

@@ -1,9 +1,10 @@
 """``dagq logs ID TASK --follow``: an attempt's output as it comes, until it ends.
 
 The worker sends what the task writes every half second (:mod:`dagq.live_logs`);
-this prints each new chunk, and stops when the run's state says the attempt ended
-— completed (exit 0) or anything else (exit 1). A task not started yet is waited
-for. An attempt that ended before anything was streamed shows its kept log.
+this prints what is new (:mod:`dagq.log_reading`, as the HTTP API reads it), and
+stops when the run's state says the attempt ended — completed (exit 0) or anything
+else (exit 1). A task not started yet is waited for. An attempt that ended before
+anything was streamed shows its kept log.
 
 What it prints is escaped as ``dagq logs`` escapes it (a control character in a task's
 output cannot drive the terminal), a character split between two chunks included.
@@ -17,8 +18,9 @@ import sys
 
 from dagq.cli.inspect import EXIT_FAILED, EXIT_OK, with_client
 from dagq.cli.tables import printable
-from dagq.client import AttemptState, Client
+from dagq.client import Client
 from dagq.keys import attempt_name
+from dagq.log_reading import LogSlice, read_log
 
 #: How often the store is asked for new output and for the attempt's state.
 POLL_S = 0.3
@@ -37,35 +39,33 @@ def run_follow(
     """Print the attempt's output as it comes; its exit code once it ended."""
     name = attempt_name(task, item=item, undo=undo)
 
-    async def state(client: Client, number: int | None) -> AttemptState:
-        return await client.attempt_state(workflow_id, task, attempt=number, item=item, undo=undo)
+    async def read(client: Client, number: int | None, offset: int) -> LogSlice:
+        return await read_log(
+            client, workflow_id, task, attempt=number, offset=offset, item=item, undo=undo
+        )
 
     async def body(client: Client) -> int:
-        current = await state(client, attempt)
-        while current.attempt == 0 and current.ended is None:  # not started yet
+        piece = await read(client, attempt, 0)
+        while piece.attempt == 0 and piece.ended is None:  # not started yet
             await asyncio.sleep(POLL_S)
-            current = await state(client, attempt)
-        if current.attempt == 0:
-            print(f"'{name}' ran no attempt: it is {current.ended}", file=sys.stderr)
-            return EXIT_OK if current.ended == "completed" else EXIT_FAILED
-        number = current.attempt
+            piece = await read(client, attempt, 0)
+        if piece.attempt == 0:
+            print(f"'{name}' ran no attempt: it is {piece.ended}", file=sys.stderr)
+            return EXIT_OK if piece.ended == "completed" else EXIT_FAILED
+        number = piece.attempt
         print(f"[following attempt {number} of '{name}']", file=sys.stderr, flush=True)
         out = _Output()
-        after = None
-        while True:
-            ended = current.ended  # read before the chunks: every chunk of it is out
-            for key, data in await client.live_output(current.live_prefix, after=after):
-                out.write(data)
-                after = key
-            if ended is not None:
+        while not piece.kept:
+            out.write(piece.data)
+            if piece.complete:
                 break
-            await asyncio.sleep(POLL_S)
-            current = await state(client, number)
+            if piece.ended is None:
+                await asyncio.sleep(POLL_S)
+            piece = await read(client, number, piece.next_offset)
         out.finish()
-        if not out.shown:  # it ended before anything was sent live: what was kept
-            text = await client.logs(workflow_id, task, attempt=number, item=item, undo=undo)
-            if text:
-                print(printable(text), flush=True)
+        if piece.kept and piece.data:  # it ended before anything was sent live
+            print(printable(piece.data.decode("utf-8", "replace")), flush=True)
+        ended = piece.ended
         if ended != "completed":
             error = await client.error(workflow_id, task, attempt=number, item=item, undo=undo)
             if error:
