@@ -12,6 +12,7 @@ from fastapi.openapi.utils import get_openapi
 
 from dagq.client import Client
 from dagq.server import actions, health, problems, resources, workflows
+from dagq.server.access import Access
 from dagq.server.context import Api, Settings
 from dagq.server.idempotency import Keys
 from dagq.server.limits import BodyLimit
@@ -25,6 +26,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = Client(settings.store_url, create=True, plans=PlanCache())
         app.state.api = Api(settings=settings, client=client, keys=Keys(client.store))
+        app.state.access = Access(client.store, required=settings.auth)
         try:
             yield
         finally:

@@ -35,6 +35,8 @@ class SubmitEnvelope(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str | None = None
     params: dict[str, Any] = msgspec.field(default_factory=dict)
     id: str | None = None
+    #: The tenant to submit into (a caller without a tenant only; default: the caller's).
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,7 @@ class Submission:
     name: str | None
     params: dict[str, Any] = field(default_factory=dict)
     workflow_id: str | None = None
+    tenant: str | None = None
 
 
 def media_type(header: str | None) -> str | None:
@@ -84,6 +87,7 @@ def read_submission(body: bytes, content_type: str | None, workflow_id: str | No
         name=envelope.name,
         params=envelope.params,
         workflow_id=envelope.id or workflow_id,
+        tenant=envelope.tenant,
     )
 
 

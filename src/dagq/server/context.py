@@ -15,6 +15,8 @@ from dagq.errors import WorkflowNotFound
 from dagq.server.access import Caller
 from dagq.server.idempotency import Keys
 from dagq.server.limits import MAX_BODY_BYTES
+from dagq.server.problems import ProblemError
+from dagq.tokens import Role
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -22,6 +24,9 @@ class Settings:
     """How a server behaves; ``dagq server`` fills it from its options."""
 
     store_url: str
+    #: Every request must carry a token (``dagq server --auth``, or a non-loopback
+    #: address); without, a request with no token acts as the anonymous admin.
+    auth: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
     #: How often a stream looks for new events while there are none.
     stream_poll_s: float = 0.2
@@ -66,6 +71,20 @@ async def guard(api: Api, who: Caller, workflow_id: str) -> None:
     row = await api.client.store.index.get(workflow_id)
     if row is None or row.tenant != who.tenant:
         raise WorkflowNotFound(f"no workflow '{workflow_id}'")
+
+
+def allow(who: Caller, role: Role, what: str) -> None:
+    """Refuse (403) a caller whose role does not include ``role``; ``what`` says what
+    was refused ("cancel workflows")."""
+    if not who.may(role):
+        raise ProblemError(
+            "forbidden", f"a token with role {who.role} may not {what} (needs {role} or above)"
+        )
+
+
+def actor(who: Caller) -> str:
+    """Who did an action, as the run's history records it (the audit trail)."""
+    return who.name
 
 
 def json_schema(struct: type[Any]) -> dict[str, Any]:
