@@ -66,7 +66,7 @@ LIST_FIELDS = {
     "tenant",
     "error",
 }
-EVENT_FIELDS = {"at", "kind", "task", "attempt", "detail"}
+EVENT_FIELDS = {"at", "kind", "task", "attempt", "detail", "actor"}
 DOCTOR_FIELDS = {"level", "check", "detail", "fix"}
 SUBMIT_FIELDS = {"id", "created"}
 
