@@ -151,6 +151,9 @@ def test_probes_and_the_api_document_need_no_token(http: httpx.Client) -> None:
     assert http.get("/readyz").status_code == 200
     document = http.get("/openapi.json").json()
     assert document["components"]["securitySchemes"]["token"]["scheme"] == "bearer"
+    listing = document["paths"]["/v1/workflows"]["get"]
+    assert {"401", "403"} <= set(listing["responses"]) and listing["security"]
+    assert "security" not in document["paths"]["/healthz"]["get"]
 
 
 @pytest.mark.parametrize(

@@ -16,13 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import Request
 
 from dagq import tokens
+from dagq.server import problems
 from dagq.server.problems import ProblemError
 from dagq.stores.base import Store
 from dagq.tokens import Role, TokenRecord, TokenRejected
@@ -97,6 +98,18 @@ class Access:
         while len(self._seen) > CACHE_ENTRIES:
             del self._seen[next(iter(self._seen))]
         return record
+
+
+def document_refusals(document: dict[str, Any]) -> None:
+    """Add 401 and 403 to every operation of an OpenAPI document that takes a caller
+    (those FastAPI marks with the token scheme), whichever router defined it."""
+    refusals = problems.openapi_responses(401, 403)
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict) and operation.get("security"):
+                responses = operation.setdefault("responses", {})
+                for status, response in refusals.items():
+                    responses.setdefault(str(status), response)
 
 
 def unauthorized(detail: str, *, invalid: bool = True) -> ProblemError:

@@ -12,7 +12,7 @@ from fastapi.openapi.utils import get_openapi
 
 from dagq.client import Client
 from dagq.server import actions, health, problems, resources, workflows
-from dagq.server.access import Access
+from dagq.server.access import Access, document_refusals
 from dagq.server.context import Api, Settings
 from dagq.server.idempotency import Keys
 from dagq.server.limits import BodyLimit
@@ -59,6 +59,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             resources.SCHEMAS, ref_template="#/components/schemas/{name}"
         )
         document.setdefault("components", {}).setdefault("schemas", {}).update(components)
+        document_refusals(document)
         app.openapi_schema = document
     return app.openapi_schema
 
