@@ -225,7 +225,8 @@ def test_a_viewer_reads_but_may_not_act(http: httpx.Client, tokens: Tokens) -> N
     for what, response in refused.items():
         body = problem(response, 403)
         assert body["type"] == "urn:dagq:problem:forbidden", what
-        assert "role viewer may not" in body["detail"], what
+        assert body["detail"].startswith(f"viewer 'token:watcher:{tokens.ids['watcher']}' may not")
+        assert body["detail"].endswith("(it takes the operator role)"), what
     # the operator may: the run goes on
     sent = http.post(f"/v1/workflows/{workflow_id}/signals/go", headers=tokens.header("ops"))
     assert sent.status_code == 202, sent.text

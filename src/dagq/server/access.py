@@ -35,6 +35,8 @@ CACHE_S = 5.0
 CACHE_ENTRIES = 1024
 REALM = 'Bearer realm="dagq"'
 
+__all__ = ["ANONYMOUS_ADMIN", "Access", "Caller", "Role", "caller", "unauthorized"]
+
 
 @dataclass(frozen=True, slots=True)
 class Caller:

@@ -12,11 +12,10 @@ from starlette.responses import Response
 
 from dagq.client import Client
 from dagq.errors import WorkflowNotFound
-from dagq.server.access import Caller
+from dagq.server.access import Caller, Role
 from dagq.server.idempotency import Keys
 from dagq.server.limits import MAX_BODY_BYTES
 from dagq.server.problems import ProblemError
-from dagq.tokens import Role
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +62,20 @@ def answer(value: Any, status: int = 200, headers: dict[str, str] | None = None)
     )
 
 
+def allow(who: Caller, role: Role, what: str) -> None:
+    """Refuse (403) a caller whose role does not include ``role``; ``what`` names the
+    action ("cancel workflows")."""
+    if not who.may(role):
+        raise ProblemError(
+            "forbidden", f"{who.role} {who.name!r} may not {what} (it takes the {role} role)"
+        )
+
+
+def actor(who: Caller) -> str:
+    """Who started an action, as recorded with it."""
+    return who.name
+
+
 async def guard(api: Api, who: Caller, workflow_id: str) -> None:
     """Refuse (as not found) a workflow outside the caller's tenant; a caller of the
     default tenant sees every workflow."""
@@ -71,20 +84,6 @@ async def guard(api: Api, who: Caller, workflow_id: str) -> None:
     row = await api.client.store.index.get(workflow_id)
     if row is None or row.tenant != who.tenant:
         raise WorkflowNotFound(f"no workflow '{workflow_id}'")
-
-
-def allow(who: Caller, role: Role, what: str) -> None:
-    """Refuse (403) a caller whose role does not include ``role``; ``what`` says what
-    was refused ("cancel workflows")."""
-    if not who.may(role):
-        raise ProblemError(
-            "forbidden", f"a token with role {who.role} may not {what} (needs {role} or above)"
-        )
-
-
-def actor(who: Caller) -> str:
-    """Who did an action, as the run's history records it (the audit trail)."""
-    return who.name
 
 
 def json_schema(struct: type[Any]) -> dict[str, Any]:

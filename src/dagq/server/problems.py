@@ -48,8 +48,8 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 #: slug -> (status, title): every kind of problem the API answers with.
 KINDS: dict[str, tuple[int, str]] = {
     "malformed-request": (400, "The request could not be read"),
-    "bad-idempotency-key": (400, "The Idempotency-Key header is not valid"),
     "unauthorized": (401, "A valid token is required"),
+    "bad-idempotency-key": (400, "The Idempotency-Key header is not valid"),
     "forbidden": (403, "The caller may not do this"),
     "not-found": (404, "No such resource"),
     "method-not-allowed": (405, "Method not allowed"),
@@ -126,9 +126,9 @@ _ERROR_KINDS: tuple[tuple[type[DagqError], str], ...] = (
 
 _HTTP_KINDS = {
     400: "malformed-request",
-    401: "unauthorized",
     403: "forbidden",
     404: "not-found",
+    401: "unauthorized",
     405: "method-not-allowed",
     413: "too-large",
     415: "unsupported-media-type",
