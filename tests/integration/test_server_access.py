@@ -207,6 +207,38 @@ def test_a_revoked_token_is_401_within_the_cache_bound(
     assert detail == f"the token {tokens.ids['leaver']} is revoked"
 
 
+def test_an_open_stream_ends_once_its_token_is_revoked(
+    cli: DagqCli, server: str, http: httpx.Client, tokens: Tokens
+) -> None:
+    tokens.make("streamer", "--role", "viewer")
+    gated = submit(http, tokens, "ops", GATED)
+    wait_for_status(http_as(http, tokens, "ops"), f"{gated}/tasks/gate", "waiting")
+    seen: list[str] = []
+    with (
+        httpx.Client(base_url=server, timeout=30) as watcher,
+        watcher.stream("GET", f"{gated}/stream", headers=tokens.header("streamer")) as stream,
+    ):
+        assert stream.status_code == 200
+        lines = stream.iter_lines()
+        for line in lines:  # the history so far, up to the wait
+            seen.append(line)
+            if line.startswith("data: ") and '"waiting"' in line:
+                break
+        done = cli.run("token", "revoke", tokens.ids["streamer"], "--store", cli.store_url)
+        assert done.code == 0, done.output
+        wait_until(  # the server's cache now knows
+            lambda: http.get(gated, headers=tokens.header("streamer")).status_code == 401,
+            timeout_s=10,
+            what="the revoked token to be refused",
+            interval_s=0.1,
+        )
+        http.post(f"{gated}/signals/go", headers=tokens.header("ops"))  # more events come
+        after = [line for line in lines if line]
+    # nothing more leaked: the stream says why it ends, and ends
+    assert after == ["event: unauthorized", f"data: the token {tokens.ids['streamer']} is revoked"]
+    wait_for_end(http, gated)
+
+
 # --- 403 ------------------------------------------------------------------------------
 
 

@@ -14,9 +14,9 @@ Expiry is checked on every request against the cached record, to the second.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -35,7 +35,11 @@ CACHE_S = 5.0
 CACHE_ENTRIES = 1024
 REALM = 'Bearer realm="dagq"'
 
-__all__ = ["ANONYMOUS_ADMIN", "Access", "Caller", "Role", "caller", "unauthorized"]
+T = TypeVar("T")
+#: A server-sent event as sse-starlette takes it.
+Event = dict[str, str | int]
+
+__all__ = ["ANONYMOUS_ADMIN", "Access", "Caller", "Role", "caller", "unauthorized", "while_allowed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,31 @@ class Access:
         while len(self._seen) > CACHE_ENTRIES:
             del self._seen[next(iter(self._seen))]
         return record
+
+
+async def while_allowed(request: Request, events: AsyncIterator[T]) -> AsyncIterator[T | Event]:
+    """A stream's events, passed on while the caller's token still grants access.
+
+    A stream outlives the check made when it opened: before each event goes out the
+    token is checked again (its cached record: a store read every :data:`CACHE_S`),
+    so a token revoked or expired meanwhile gets nothing more; the stream ends with an
+    ``unauthorized`` event saying why.
+    """
+    access: Access = request.app.state.access
+    header = request.headers.get("authorization")
+    try:
+        async for event in events:
+            if header is not None:
+                try:
+                    await access.caller(header)
+                except ProblemError as exc:
+                    yield {"event": "unauthorized", "data": exc.detail}
+                    return
+            yield event
+    finally:
+        close = getattr(events, "aclose", None)  # a generator: end it now, not at GC
+        if close is not None:
+            await close()
 
 
 def document_refusals(document: dict[str, Any]) -> None:

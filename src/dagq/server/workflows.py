@@ -18,7 +18,7 @@ from dagq.errors import UsageError, ValidationError, WorkflowNotFound
 from dagq.history import read_chunks
 from dagq.plan import compile_plan, resolve_params
 from dagq.server import bodies, idempotency, problems, resources
-from dagq.server.access import Caller, caller
+from dagq.server.access import Caller, caller, while_allowed
 from dagq.server.context import Api, actor, allow, answer, api_of, guard, json_schema
 from dagq.server.problems import ProblemError
 from dagq.server.resources import Accepted, status_url
@@ -291,14 +291,17 @@ async def list_events(
     },
 )
 async def stream_events(
+    *,
     workflow_id: WorkflowId,
+    request: Request,
     who: Who,
     api: Server,
     last_event_id: Annotated[str | None, Header()] = None,
     after: Annotated[str | None, Query(description="Like Last-Event-ID.")] = None,
 ) -> EventSourceResponse:
     """Server-sent events: every history entry (``id:`` resumes it with
-    ``Last-Event-ID``), then ``end`` with the final status once the run has ended."""
+    ``Last-Event-ID``), then ``end`` with the final status once the run has ended;
+    ``unauthorized`` ends it if the token is revoked or expires meanwhile."""
     await guard(api, who, workflow_id)
     await require_submitted(api.client.store, workflow_id)
     resume = last_event_id or after
@@ -308,7 +311,7 @@ async def stream_events(
         api.client, workflow_id, position, poll_s=api.settings.stream_poll_s, stopping=stopping
     )
     return EventSourceResponse(
-        found,
+        while_allowed(request, found),
         ping=api.settings.stream_ping_s,
         shutdown_event=stopping,
         shutdown_grace_period=STREAM_GRACE_S,
