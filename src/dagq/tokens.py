@@ -210,6 +210,12 @@ async def list_tokens(store: Store, *, clock: Clock = time.time) -> list[TokenIn
     return [info(r, now) for r in sorted(found, key=lambda r: (r.created_at, r.id))]
 
 
+async def get_token(store: Store, token_id: str, *, clock: Clock = time.time) -> TokenInfo | None:
+    """One token's record (None if there is no such id)."""
+    found = await _read(store, token_id)
+    return None if found is None else info(found[0], clock())
+
+
 async def revoke_token(store: Store, token_id: str, *, clock: Clock = time.time) -> TokenInfo:
     """Mark a token revoked (a second revoke changes nothing); UsageError if unknown."""
     while True:

@@ -283,6 +283,40 @@ def test_a_403_is_not_recorded_under_its_idempotency_key(
     assert sent.status_code == 202, sent.text
 
 
+def test_admins_manage_tokens_over_http_within_their_tenant(
+    http: httpx.Client, tokens: Tokens
+) -> None:
+    for role in ("watcher", "ops"):
+        problem(http.get("/v1/tokens", headers=tokens.header(role)), 403)
+    root = tokens.header("root")
+    listed = http.get("/v1/tokens", headers=root)
+    assert listed.status_code == 200
+    assert {"root", "alice", "bob"} <= {t["name"] for t in listed.json()["items"]}
+    for secret in tokens.secrets.values():
+        assert secret not in listed.text
+    assert "digest" not in listed.text
+
+    wanted = {"role": "viewer", "tenant": "tenant-a", "expires": "1h", "name": "over-http"}
+    made = http.post("/v1/tokens", json=wanted, headers=root)
+    assert made.status_code == 201, made.text
+    token, info = made.json()["token"], made.json()["info"]
+    assert info["created_by"] == f"token:root:{tokens.ids['root']}" and info["status"] == "active"
+    seen = http.get("/v1/workflows", headers={"authorization": f"Bearer {token}"})
+    assert seen.status_code == 200 and {r["tenant"] for r in seen.json()["items"]} <= {"tenant-a"}
+
+    tokens.make("a-admin", "--role", "admin", "--tenant", "tenant-a")
+    scoped = tokens.header("a-admin")
+    own = {t["name"] for t in http.get("/v1/tokens", headers=scoped).json()["items"]}
+    assert own == {"alice", "over-http", "a-admin"}
+    other = {"role": "viewer", "tenant": "tenant-b"}
+    problem(http.post("/v1/tokens", json=other, headers=scoped), 403)
+    problem(http.post(f"/v1/tokens/{tokens.ids['bob']}/revoke", headers=scoped), 404)
+    revoked = http.post(f"/v1/tokens/{info['id']}/revoke", headers=scoped)
+    assert revoked.status_code == 200 and revoked.json()["status"] == "revoked"
+    body = problem(http.post("/v1/tokens", json={"role": "root"}, headers=root), 422)
+    assert "role 'root' is not one of viewer, operator, admin" in body["detail"]
+
+
 # --- tenants --------------------------------------------------------------------------
 
 

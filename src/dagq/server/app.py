@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from dagq.client import Client
-from dagq.server import actions, health, problems, resources, workflows
+from dagq.server import actions, health, problems, resources, token_routes, workflows
 from dagq.server.access import Access, document_refusals
 from dagq.server.context import Api, Settings
 from dagq.server.idempotency import Keys
@@ -43,7 +43,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    for router in (workflows.router, actions.router, health.router):
+    for router in (workflows.router, actions.router, token_routes.router, health.router):
         app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
@@ -56,7 +56,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             title=app.title, version=app.version, summary=app.summary, routes=app.routes
         )
         _, components = msgspec.json.schema_components(
-            resources.SCHEMAS, ref_template="#/components/schemas/{name}"
+            (*resources.SCHEMAS, *token_routes.SCHEMAS),
+            ref_template="#/components/schemas/{name}",
         )
         document.setdefault("components", {}).setdefault("schemas", {}).update(components)
         document_refusals(document)
