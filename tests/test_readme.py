@@ -219,3 +219,67 @@ def test_the_server_example_in_the_readme_runs_as_written(scratch: Path) -> None
         streamed = curl(curls[2], run_id)  # ends with the run
 
     assert "event: end" in streamed and "completed" in streamed.split("event: end")[-1]
+
+
+@pytest.mark.timeout(120)
+def test_the_access_control_example_in_the_readme_runs_as_written(scratch: Path) -> None:
+    """Make a token, list it, serve with --auth, read with the token (and not without),
+    revoke it: refused within the cache's 5 seconds."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests.integration.cli_harness import DagqCli, wait_until
+
+    source = next(b for b in blocks("bash") if "dagq token create" in b)
+    create, listing, server_line, curl_line, revoke = (
+        line.split("  #")[0].strip() for line in source.strip().splitlines()
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    curl_line = curl_line.replace("localhost:8080", f"127.0.0.1:{port}")
+
+    with DagqCli(scratch) as cli:
+        env = {**cli.env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+        def sh(line: str, **extra: str) -> str:
+            done = subprocess.run(
+                ["bash", "-c", line],
+                cwd=scratch,
+                env={**env, **extra},
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        token = sh(f'{create} && echo "$TOKEN"').strip()
+        assert token.startswith("dagq_")
+        [row] = [line.split("\t") for line in sh(listing).splitlines() if "\tingest\t" in line]
+        assert row[2:5] == ["operator", "acme", "active"]
+        token_id = row[0]
+
+        assert server_line.split() == [
+            "dagq",
+            "server",
+            "--auth",
+            "--store",
+            "sqlite:///.dagq/dagq.db",
+        ]
+        server = cli.start(*server_line.split()[1:], "--port", str(port))
+        wait_until(lambda: f"127.0.0.1:{port}" in server.stderr(), timeout_s=30, what="the server")
+
+        assert '"items"' in sh(curl_line, TOKEN=token)
+        status = " -o /dev/null -w '%{http_code}'"
+        assert sh(curl_line + status, TOKEN="") == "401"
+        sh(revoke.replace("3f2a9c41d0b7", token_id))
+        wait_until(
+            lambda: sh(curl_line + status, TOKEN=token) == "401",
+            timeout_s=15,
+            what="the revoked token to be refused",
+            interval_s=0.2,
+        )

@@ -51,6 +51,8 @@ class Entry:
     #: the next write deletes the quarantine record.
     replay: list[Event] = field(default_factory=list)
     releasing: bool = False
+    #: Who submitted it (the definition document says), for its ``submitted`` event.
+    submitted_by: str = ""
 
     def owes(self) -> bool:
         """Would evicting it now lose something the store does not know yet?"""

@@ -44,6 +44,7 @@ from dagq.stores import open_store
 from dagq.stores.base import IndexRow, Store
 from dagq.submission import (
     Submitted,
+    local_actor,
     new_request_id,
     request_cancel,
     request_retry,
@@ -262,9 +263,14 @@ class Client:
         workflow_id: str | None = None,
         tenant: str = "",
         labels: Mapping[str, str] | None = None,
+        actor: str | None = None,
     ) -> Submission:
         """Store a workflow (a definition, a builder, or a YAML/JSON/Python file path),
-        with ``labels`` (``key: value``) to find it by."""
+        with ``labels`` (``key: value``) to find it by.
+
+        ``actor`` names who submits, in the run's history (the audit trail); by
+        default ``python:USER``, the OS user. So for cancel, retry and signal.
+        """
         result = await submit(
             self.store,
             as_definition(workflow),
@@ -272,6 +278,7 @@ class Client:
             workflow_id=workflow_id,
             tenant=tenant,
             labels=labels,
+            actor=_actor(actor),
         )
         return Submission(id=result.workflow_id, created=result.created)
 
@@ -653,7 +660,13 @@ class Client:
         return found
 
     async def signal(
-        self, workflow_id: str, name: str, data: Any = None, *, request_id: str | None = None
+        self,
+        workflow_id: str,
+        name: str,
+        data: Any = None,
+        *,
+        request_id: str | None = None,
+        actor: str | None = None,
     ) -> str:
         """Send a signal (an approval, a decision, with ``data``) to a workflow.
 
@@ -679,7 +692,9 @@ class Client:
                 "another one would never be used"
             )
         request_id = request_id or new_request_id()
-        await request_signal(self.store, workflow_id, name, data, request_id=request_id)
+        await request_signal(
+            self.store, workflow_id, name, data, request_id=request_id, actor=_actor(actor)
+        )
         return request_id
 
     async def cancel(
@@ -688,6 +703,7 @@ class Client:
         reason: str = "cancelled by request",
         *,
         request_id: str | None = None,
+        actor: str | None = None,
     ) -> str:
         """Ask the coordinator to cancel a run (an error if it has already ended).
 
@@ -697,7 +713,9 @@ class Client:
         if status.terminal:
             raise UsageError(f"workflow {workflow_id} already {status.status}; nothing to cancel")
         request_id = request_id or new_request_id()
-        await request_cancel(self.store, workflow_id, reason, request_id=request_id)
+        await request_cancel(
+            self.store, workflow_id, reason, request_id=request_id, actor=_actor(actor)
+        )
         return request_id
 
     async def retry(
@@ -707,6 +725,7 @@ class Client:
         *,
         ack_timeout_s: float = 10.0,
         request_id: str | None = None,
+        actor: str | None = None,
     ) -> bool:
         """Re-run the failed, upstream_failed and cancelled tasks of a finished run.
 
@@ -721,7 +740,9 @@ class Client:
             raise UsageError(f"workflow {workflow_id} is still {st.status}; retry it once it ends")
         _check_retryable(plan, st, workflow_id, tasks)
         request_id = request_id or new_request_id()
-        await request_retry(self.store, workflow_id, tasks, request_id=request_id)
+        await request_retry(
+            self.store, workflow_id, tasks, request_id=request_id, actor=_actor(actor)
+        )
         return await self._taken_up(workflow_id, st.updated_at, request_id, ack_timeout_s)
 
     async def dead_letters(
@@ -814,6 +835,11 @@ class SyncClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _actor(given: str | None) -> str:
+    """Who acts: as given, or the OS user of this Python process."""
+    return local_actor("python") if given is None else given
 
 
 def as_definition(workflow: WorkflowDef | Workflow | str | Path) -> WorkflowDef:

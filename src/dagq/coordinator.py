@@ -754,12 +754,13 @@ class Coordinator:
             return None
         # A large definition builds a great many objects at once, dead again on return.
         with garbage.young_only(len(definition.data) > OFF_LOOP_BYTES):
-            name, tenant, labels, plan = await self._compiled(definition.data)
+            compiled = await self._compiled(definition.data)
+        name, tenant, labels, plan = compiled.name, compiled.tenant, compiled.labels, compiled.plan
         found = await read_state(self.store, workflow_id, plan)
         if found is None:
             return None
         st, stored = found
-        entry = Entry(plan, st, stored, name, tenant, labels)
+        entry = Entry(plan, st, stored, name, tenant, labels, submitted_by=compiled.submitted_by)
         entry.replay = replay
         entry.releasing = held is not None
         if st.status in WORKFLOW_ACTIVE:
@@ -769,13 +770,13 @@ class Coordinator:
             await self._resolve_all(entry)
         return entry
 
-    async def _compiled(self, data: bytes) -> tuple[str, str, dict[str, str], Plan]:
-        """The name, tenant, labels and plan of a definition document; a large one is decoded
-        (a task at a time) and compiled off the loop."""
+    async def _compiled(self, data: bytes) -> _Compiled:
+        """The name, tenant, labels, submitter and plan of a definition document; a large
+        one is decoded (a task at a time) and compiled off the loop."""
         compiled = await off_loop(len(data), _compile, data, self._plans.get)
         if compiled.new:
             self.remember_plan(compiled.fingerprint, compiled.plan)
-        return compiled.name, compiled.tenant, compiled.labels, compiled.plan
+        return compiled
 
     def _schedule_repairs(self, entry: Entry) -> None:
         """A fresh load may follow a crash between flush and send: re-send what is due.
@@ -839,7 +840,10 @@ class Coordinator:
         """Load outputs stored by reference that a condition is about to read, and
         signal data sent by reference (replaced, in ``events``, by the data itself)."""
         for k, e in enumerate(events):
-            if isinstance(e, TaskFinished) and e.output_ref and _value_needed(entry.plan, e.task):
+            if isinstance(e, SubmitRequested) and e.actor != entry.submitted_by:
+                # The definition names who submitted: a rescan's submit event does not.
+                events[k] = msgspec.structs.replace(e, actor=entry.submitted_by)
+            elif isinstance(e, TaskFinished) and e.output_ref and _value_needed(entry.plan, e.task):
                 await self._resolve(entry.state, e.output_ref)
             elif isinstance(e, RetryRequested):
                 if e.tasks_ref is not None:
@@ -1043,6 +1047,7 @@ class _Compiled:
     name: str
     tenant: str
     labels: dict[str, str]
+    submitted_by: str
     fingerprint: str
     plan: Plan
     #: Compiled now (not found among the known plans).
@@ -1065,6 +1070,7 @@ def _compile(data: bytes, known: Callable[[str], Plan | None]) -> _Compiled:
         submitted.definition.name,
         submitted.tenant,
         submitted.labels,
+        submitted.submitted_by,
         submitted.fingerprint,
         plan,
         new,

@@ -104,13 +104,16 @@ class Condition(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True):
-    """One history entry about the task (or one of its instances or its undo)."""
+    """One history entry about the task (or one of its instances or its undo), or a
+    request someone made of the run (``actor`` says who: a submit, cancel, retry,
+    signal)."""
 
     at: float
     kind: str
     task: str | None
     attempt: int
     detail: str | None
+    actor: str | None = None
 
 
 class Retries(msgspec.Struct, frozen=True, kw_only=True):
@@ -197,8 +200,19 @@ def explain(
         condition=condition(ctx),
         retries=_retries(ctx),
         waiting_for=waits,
-        events=[_event(e) for e in ctx.events],
+        events=[_event(e) for e in _with_requests(history, ctx.task.name)],
     )
+
+
+def _with_requests(history: list[HistoryEntry], name: str) -> list[HistoryEntry]:
+    """The task's entries and, in their place in time, the requests people made of the
+    run (who submitted, cancelled, retried or signalled it)."""
+    variants = (f"{name}[", f"{name}#")
+    return [
+        e
+        for e in history
+        if e.actor is not None or e.task == name or (e.task or "").startswith(variants)
+    ]
 
 
 def task_events(history: list[HistoryEntry], name: str) -> list[HistoryEntry]:
@@ -365,7 +379,12 @@ def _retries(ctx: _Context) -> Retries:
 
 def _event(entry: HistoryEntry) -> Event:
     return Event(
-        at=entry.at, kind=entry.kind, task=entry.task, attempt=entry.attempt, detail=entry.detail
+        at=entry.at,
+        kind=entry.kind,
+        task=entry.task,
+        attempt=entry.attempt,
+        detail=entry.detail,
+        actor=entry.actor,
     )
 
 

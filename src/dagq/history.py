@@ -20,13 +20,18 @@ from dagq.stores.base import Store
 
 
 class HistoryEntry(msgspec.Struct, frozen=True, array_like=True):
-    """One thing that happened: when, what, to which task and attempt, and why."""
+    """One thing that happened: when, what, to which task and attempt, why, and who
+    asked for it (the audit trail of submits, cancels, retries and signals)."""
 
     at: float
     kind: str
     task: str | None = None
     attempt: int = 0
     detail: str | None = None
+    #: Who asked: ``token:NAME:ID`` (through ``dagq server``), ``cli:USER``,
+    #: ``python:USER``; None for what the run did by itself. Added last: chunks
+    #: written before it decode with None.
+    actor: str | None = None
 
 
 #: The kind of the entry that stands for a chunk that cannot be decoded.

@@ -167,3 +167,12 @@ def message_id(workflow_id: str, task_name: str, attempt: int) -> str:
     workflow id has no '/', and the attempt is the part after the last one.
     """
     return f"{workflow_id}/{task_name}/{attempt}"
+
+
+#: Access tokens of ``dagq server`` (:mod:`dagq.tokens`): reserved, never a workflow's.
+TOKENS_PREFIX = "access/tokens/"
+
+
+def token(token_id: str) -> str:
+    """The record of one access token (its hash, never the secret)."""
+    return f"{TOKENS_PREFIX}{token_id}"

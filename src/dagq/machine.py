@@ -111,26 +111,35 @@ def unplaceable(state: RunState, event: Event) -> bool:
     return event.attempt > state.attempt[i]
 
 
-def activate(plan: Plan, state: RunState, now: float, fx: Effects) -> None:
-    """Start a submitted workflow: decide its roots. A no-op once started."""
+def activate(
+    plan: Plan, state: RunState, now: float, fx: Effects, *, actor: str | None = None
+) -> None:
+    """Start a submitted workflow (by ``actor``): decide its roots. A no-op once started."""
     if state.status != "pending":
         return
     state.status = "running"
     state.updated_at = now
     state.dirty = True
-    fx.note(state.created_at, "submitted", detail=f"{state.n_tasks} tasks")
+    fx.note(state.created_at, "submitted", detail=f"{state.n_tasks} tasks", actor=actor)
     for root in plan.roots:
         decide(plan, state, root, now, fx)
     settle(plan, state, now, fx)
 
 
 def cancel(
-    plan: Plan, state: RunState, now: float, fx: Effects, reason: str, *, final: str = "cancelled"
+    plan: Plan,
+    state: RunState,
+    now: float,
+    fx: Effects,
+    reason: str,
+    *,
+    final: str = "cancelled",
+    actor: str | None = None,
 ) -> None:
     """Stop a run: unstarted and waiting tasks are cancelled at once, running ones told to stop.
 
     The workflow ends ``final`` (``cancelled``, or ``failed`` when a deadline passed)
-    once no task is running.
+    once no task is running. ``actor``: who asked (None: the run's own deadline).
     """
     if state.status in WORKFLOW_TERMINAL or state.status in ("cancelling", "compensating"):
         return  # a compensation under way is never interrupted
@@ -140,7 +149,7 @@ def cancel(
     state.final_on_cancel = final
     state.updated_at = now
     fx.stop = True
-    fx.note(now, "cancel_requested", detail=reason)
+    fx.note(now, "cancel_requested", detail=reason, actor=actor)
     for i in range(state.n_tasks):
         if state.task_status[i] in (TaskStatus.PENDING, TaskStatus.READY, TaskStatus.WAITING):
             state.set_status(i, TaskStatus.CANCELLED)
@@ -211,12 +220,12 @@ def abandon_running(plan: Plan, state: RunState, now: float, fx: Effects) -> Non
 
 
 def _on_submit(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
-    activate(plan, state, now, fx)
+    activate(plan, state, now, fx, actor=event.actor or None)
 
 
 def _on_cancel(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
     if state.first_delivery(event.request_id):
-        cancel(plan, state, now, fx, event.reason)
+        cancel(plan, state, now, fx, event.reason, actor=event.actor or None)
 
 
 def _on_signal(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
@@ -228,14 +237,15 @@ def _on_signal(plan: Plan, state: RunState, event: Any, now: float, fx: Effects)
     """
     if not state.first_delivery(event.request_id):
         return
-    name = event.name
+    name, actor = event.name, event.actor or None
     if state.status in WORKFLOW_TERMINAL:
-        fx.note(now, "signal_ignored", detail=f"'{name}': the workflow is {state.status}")
+        why = f"'{name}': the workflow is {state.status}"
+        fx.note(now, "signal_ignored", detail=why, actor=actor)
         return
     takers = [t for t in plan.tasks if t.wait is not None and t.wait.signal == name]
     for task in takers:
         if state.task_status[task.index] == TaskStatus.WAITING:
-            fx.note(now, "signal", detail=f"'{name}' received")
+            fx.note(now, "signal", detail=f"'{name}' received", actor=actor)
             outcome = receive_signal(state, task, event.data, now, fx)
             finish(plan, state, task.index, now, fx, status=outcome)
             settle(plan, state, now, fx)
@@ -246,11 +256,12 @@ def _on_signal(plan: Plan, state: RunState, event: Any, now: float, fx: Effects)
         if not kept:
             del state.signals[name]
         why = "every task waiting for it has finished or has one kept for it"
-        fx.note(now, "signal_ignored", detail=f"'{name}': {why}")
+        fx.note(now, "signal_ignored", detail=f"'{name}': {why}", actor=actor)
         return
     kept.append(event.data)
     state.dirty = True
-    fx.note(now, "signal", detail=f"'{name}' received; kept for the next task to wait for it")
+    kept_for = "kept for the next task to wait for it"
+    fx.note(now, "signal", detail=f"'{name}' received; {kept_for}", actor=actor)
 
 
 def _on_started(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
@@ -509,15 +520,18 @@ def _on_failure(plan: Plan, state: RunState, event: TaskFinished, now: float, fx
 def _on_retry(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
     if not state.first_delivery(event.request_id):
         return
+    actor = event.actor or None
     if state.status not in WORKFLOW_TERMINAL:
-        fx.note(now, "retry_ignored", detail=f"the workflow is still {state.status}")
+        fx.note(now, "retry_ignored", detail=f"the workflow is still {state.status}", actor=actor)
         return
     if state.undo_order:
-        fx.note(now, "retry_ignored", detail="its completed tasks were compensated (undone)")
+        why = "its completed tasks were compensated (undone)"
+        fx.note(now, "retry_ignored", detail=why, actor=actor)
         return
     targets = _retry_targets(plan, state, event.tasks)
     if not targets:
-        fx.note(now, "retry_ignored", detail="no failed, upstream_failed or cancelled task")
+        why = "no failed, upstream_failed or cancelled task"
+        fx.note(now, "retry_ignored", detail=why, actor=actor)
         return
     for i in targets:
         state.set_status(i, TaskStatus.PENDING)
@@ -542,7 +556,7 @@ def _on_retry(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) 
     state.rebuild(plan)
     names = ", ".join(plan.tasks[i].name for i in targets[:10])
     more = f" and {len(targets) - 10} more" if len(targets) > 10 else ""
-    fx.note(now, "retry_requested", detail=f"re-running {names}{more}")
+    fx.note(now, "retry_requested", detail=f"re-running {names}{more}", actor=actor)
     state.epoch += 1  # attempts from now on are not covered by the earlier stop
     fx.stop = True
     for i in targets:

@@ -134,6 +134,9 @@ class SubmitRequested(msgspec.Struct, frozen=True, tag="submit", kw_only=True):
     """A client stored a new workflow; the coordinator should activate it."""
 
     workflow_id: str
+    #: Who submitted it: filled in by the coordinator from the definition document
+    #: (``Submitted.submitted_by``), which is there whichever way the run is found.
+    actor: str = ""
 
 
 class CancelRequested(msgspec.Struct, frozen=True, tag="cancel", kw_only=True):
@@ -143,6 +146,8 @@ class CancelRequested(msgspec.Struct, frozen=True, tag="cancel", kw_only=True):
     reason: str = "cancelled by request"
     #: Names this request: a copy delivered again is recognised and applied once.
     request_id: str = ""
+    #: Who asked (the audit trail: recorded in the run's history).
+    actor: str = ""
 
 
 class SignalSent(msgspec.Struct, frozen=True, tag="signal", kw_only=True):
@@ -156,6 +161,8 @@ class SignalSent(msgspec.Struct, frozen=True, tag="signal", kw_only=True):
     #: Data too large for the event: the document holding it (JSON), stored by the
     #: client before it sent the signal.
     data_ref: str | None = None
+    #: Who sent it (the audit trail: recorded in the run's history).
+    actor: str = ""
 
 
 class RetryRequested(msgspec.Struct, frozen=True, tag="retry", kw_only=True):
@@ -167,6 +174,8 @@ class RetryRequested(msgspec.Struct, frozen=True, tag="retry", kw_only=True):
     request_id: str = ""
     #: Names too many for the event: the document holding them (a JSON list).
     tasks_ref: str | None = None
+    #: Who asked (the audit trail: recorded in the run's history).
+    actor: str = ""
 
 
 Event = TaskStarted | TaskFinished | SubmitRequested | CancelRequested | RetryRequested | SignalSent

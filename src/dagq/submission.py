@@ -10,6 +10,7 @@ existing workflow; the same id with a different definition is refused.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import hashlib
 import os
 import time
@@ -56,6 +57,8 @@ class Submitted(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str = ""
     #: ``key: value`` pairs to find the run by (``GET /v1/workflows?label=k=v``).
     labels: dict[str, str] = msgspec.field(default_factory=dict)
+    #: Who submitted it (the audit trail; not part of the fingerprint).
+    submitted_by: str = ""
 
 
 def _outline(struct: type[msgspec.Struct], name: str, kind: Any) -> type[msgspec.Struct]:
@@ -136,10 +139,12 @@ async def submit(
     workflow_id: str | None = None,
     tenant: str = "",
     labels: Mapping[str, str] | None = None,
+    actor: str = "",
     clock: Any = time.time,
 ) -> SubmitResult:
     """Store a workflow and wake the coordinator; repeat-safe for the same id (the
-    first submission's labels stay)."""
+    first submission's labels stay). ``actor`` (who submits) is recorded with its
+    ``submitted`` event."""
     labels = check_labels(labels or {})
     resolved = resolve_params(definition, params or {})
     check_bounds(definition, resolved)
@@ -155,6 +160,7 @@ async def submit(
         fingerprint=fingerprint(definition, resolved),
         tenant=tenant,
         labels=labels,
+        submitted_by=payloads.cut(actor, 200),
     )
     document = msgspec.json.encode(submitted)
     if len(document) > payloads.MAX_DEFINITION_BYTES:
@@ -186,6 +192,7 @@ async def submit(
                 workflow_id=workflow_id,
                 tenant=tenant,
                 labels=labels,
+                actor=actor,
             )
     initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
     with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
@@ -195,6 +202,15 @@ async def submit(
         [OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))],
     )
     return SubmitResult(workflow_id, created, plan, submitted.fingerprint)
+
+
+def local_actor(via: str) -> str:
+    """Who acts from this machine, for the audit trail: ``VIA:USER`` (the OS user)."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no name for this uid (a container's user)
+        user = f"uid{os.getuid()}"
+    return f"{via}:{user}"
 
 
 def check_bounds(definition: WorkflowDef, params: Mapping[str, Any]) -> None:
@@ -282,8 +298,10 @@ async def request_cancel(
     reason: str = "cancelled by request",
     *,
     request_id: str | None = None,
+    actor: str = "",
 ) -> None:
-    """Ask the coordinator to cancel a workflow (durably queued; applied once).
+    """Ask the coordinator to cancel a workflow (durably queued; applied once);
+    ``actor``, who asks, is recorded in its history.
 
     Sending again with the same ``request_id`` (after a timeout, say) acts once, like
     every copy of the request the queue delivers twice; without one, a fresh id.
@@ -291,13 +309,22 @@ async def request_cancel(
     await require_submitted(store, workflow_id)
     request_id = request_id or new_request_id()
     event = CancelRequested(
-        workflow_id=workflow_id, reason=payloads.cut(reason), request_id=request_id
+        workflow_id=workflow_id,
+        reason=payloads.cut(reason),
+        request_id=request_id,
+        actor=payloads.cut(actor, 200),
     )
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
 
 
 async def request_signal(
-    store: Store, workflow_id: str, name: str, data: Any = None, *, request_id: str | None = None
+    store: Store,
+    workflow_id: str,
+    name: str,
+    data: Any = None,
+    *,
+    request_id: str | None = None,
+    actor: str = "",
 ) -> None:
     """Send a signal to a workflow; kept until a task waits for it (request ids: see
     :func:`request_cancel`).
@@ -317,6 +344,7 @@ async def request_signal(
         )
     request_id = request_id or new_request_id()
     event = await _signal_event(store, workflow_id, name, data, encoded, request_id=request_id)
+    event = msgspec.structs.replace(event, actor=payloads.cut(actor, 200))
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])
 
 
@@ -344,9 +372,10 @@ async def request_retry(
     tasks: list[str] | None = None,
     *,
     request_id: str | None = None,
+    actor: str = "",
 ) -> None:
     """Ask the coordinator to re-run failed, upstream_failed and cancelled tasks
-    (request ids: see :func:`request_cancel`)."""
+    (request ids and ``actor``: see :func:`request_cancel`)."""
     submitted = await require_submitted(store, workflow_id)
     names = {t.name for t in submitted.definition.tasks}
     unknown = [t for t in tasks or [] if t not in names]
@@ -362,4 +391,5 @@ async def request_retry(
         key = keys.retry_tasks(workflow_id, hashlib.sha256(encoded).hexdigest()[:16])
         await store.documents.put(key, encoded)
         event = RetryRequested(workflow_id=workflow_id, tasks_ref=key, request_id=request_id)
+    event = msgspec.structs.replace(event, actor=payloads.cut(actor, 200))
     await store.queues.send(keys.COMPLETIONS_QUEUE, [OutgoingMessage(encode_events([event]))])

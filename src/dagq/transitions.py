@@ -68,9 +68,11 @@ class Effects:
         task: str | None = None,
         attempt: int = 0,
         detail: str | None = None,
+        *,
+        actor: str | None = None,
     ) -> None:
-        """Append a history entry."""
-        self.history.append(HistoryEntry(at, kind, task, attempt, detail))
+        """Append a history entry (``actor``: who asked for it, if someone did)."""
+        self.history.append(HistoryEntry(at, kind, task, attempt, detail, actor))
 
 
 def verdict(policy: int, n_parents: int, done: int, skipped: int, bad: int) -> int:

@@ -71,6 +71,7 @@ STORE_COMMANDS = frozenset(
         "explain",
         "summary",
         "workers",
+        "token",
     }
 )
 

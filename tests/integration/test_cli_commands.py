@@ -67,7 +67,7 @@ LIST_FIELDS = {
     "error",
     "labels",
 }
-EVENT_FIELDS = {"at", "kind", "task", "attempt", "detail"}
+EVENT_FIELDS = {"at", "kind", "task", "attempt", "detail", "actor"}
 DOCTOR_FIELDS = {"level", "check", "detail", "fix"}
 SUBMIT_FIELDS = {"id", "created"}
 

@@ -410,15 +410,20 @@ def worker(
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="Address to bind: loopback only (127.0.0.1, ::1, localhost) until access control exists.",
+    help="Address to bind; any but loopback (127.0.0.1, ::1, localhost) requires tokens.",
 )
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--auth",
+    is_flag=True,
+    help="Require a token (Authorization: Bearer) on loopback too; see 'dagq token'.",
+)
 @store_option
-def server(*, host: str, port: int, store_url: str) -> None:
+def server(*, host: str, port: int, auth: bool, store_url: str) -> None:
     """Serve the HTTP job API (/v1; OpenAPI at /docs) until SIGTERM; needs dagq[server]."""
     from dagq.server.runner import run_server
 
-    _exit(lambda: run_server(store_url, host=host, port=port))
+    _exit(lambda: run_server(store_url, host=host, port=port, auth=auth))
 
 
 @main.command()
@@ -947,6 +952,59 @@ def signal(*, workflow_id: str, name: str, data: str | None, store_url: str) -> 
     from dagq.cli.control import run_signal
 
     _exit(lambda: run_signal(store_url, workflow_id, name, data))
+
+
+@main.group(name="token")
+def token_group() -> None:
+    """Access tokens of 'dagq server': roles viewer, operator, admin; optional tenant."""
+
+
+@token_group.command("create")
+@click.option(
+    "--role",
+    required=True,
+    metavar="ROLE",
+    help="viewer (read), operator (also submit, cancel, retry, signal) or admin "
+    "(also dead letters, purge, tokens).",
+)
+@click.option("--tenant", default="", help="See and act on only this tenant's workflows.")
+@click.option(
+    "--expires", default=None, metavar="DURATION", help="Expire after 90d, 12h, 30m, 1d12h..."
+)
+@click.option("--name", default="", help="Who or what holds it (shown in the audit trail).")
+@store_option
+@json_option
+def token_create(
+    *, role: str, tenant: str, expires: str | None, name: str, store_url: str, as_json: bool
+) -> None:
+    """Make a token and print it, once: the store keeps only its hash."""
+    from dagq.cli.tokens import run_create
+
+    _exit(
+        lambda: run_create(
+            store_url, role=role, tenant=tenant, expires=expires, name=name, as_json=as_json
+        )
+    )
+
+
+@token_group.command("list")
+@store_option
+@json_option
+def token_list(*, store_url: str, as_json: bool) -> None:
+    """Every token: id, name, role, tenant, status (active, expired, revoked); no secrets."""
+    from dagq.cli.tokens import run_list
+
+    _exit(lambda: run_list(store_url, as_json=as_json))
+
+
+@token_group.command("revoke")
+@click.argument("token_id", metavar="ID")
+@store_option
+def token_revoke(*, token_id: str, store_url: str) -> None:
+    """Revoke token ID: every server refuses it within 5 seconds."""
+    from dagq.cli.tokens import run_revoke
+
+    _exit(lambda: run_revoke(store_url, token_id))
 
 
 @main.group(name="config")

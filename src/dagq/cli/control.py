@@ -19,8 +19,11 @@ from dagq.errors import DagqError, PayloadTooLarge, UsageError
 from dagq.payloads import MAX_DEPTH
 from dagq.plan import parse_param
 from dagq.state import TaskStatus
-from dagq.submission import check_signal_data
+from dagq.submission import check_signal_data, local_actor
 from dagq.views import UNDO_LABELS, load_run
+
+#: Who acts through these commands, in the runs' history (the audit trail).
+CLI = local_actor("cli")
 
 
 def run_submit(
@@ -37,7 +40,7 @@ def run_submit(
     overrides = dict(parse_param(p) for p in params)
     submission = with_client(
         store_url,
-        lambda c: c.submit(definition, params=overrides, workflow_id=workflow_id),
+        lambda c: c.submit(definition, params=overrides, workflow_id=workflow_id, actor=CLI),
         create=True,
     )
     if ids is not None:
@@ -108,7 +111,9 @@ async def _submit_one(
 ) -> FileSubmission:
     try:
         definition = load_definition(Path(path))
-        submission = await client.submit(definition, params=overrides, workflow_id=workflow_id)
+        submission = await client.submit(
+            definition, params=overrides, workflow_id=workflow_id, actor=CLI
+        )
     except DagqError as exc:
         message = str(exc)
         if not message.startswith(path):
@@ -126,14 +131,14 @@ def _report(result: FileSubmission) -> None:
 
 def run_cancel(store_url: str, workflow_id: str) -> int:
     """``dagq cancel``."""
-    with_client(store_url, lambda c: c.cancel(workflow_id))
+    with_client(store_url, lambda c: c.cancel(workflow_id, actor=CLI))
     console().print(f"cancel requested for {workflow_id}")
     return EXIT_OK
 
 
 def run_retry(store_url: str, workflow_id: str, tasks: list[str]) -> int:
     """``dagq retry``."""
-    taken_up = with_client(store_url, lambda c: c.retry(workflow_id, tasks or None))
+    taken_up = with_client(store_url, lambda c: c.retry(workflow_id, tasks or None, actor=CLI))
     which = ", ".join(tasks) if tasks else "all failed, upstream_failed and cancelled tasks"
     console().print(f"retry requested for {workflow_id}: {which}")
     if not taken_up:
@@ -156,7 +161,7 @@ def run_signal(store_url: str, workflow_id: str, name: str, data: str | None) ->
         except ValueError as exc:
             raise UsageError(f"--data is not valid JSON: {exc}") from None
         check_signal_data(name, value)  # refused here, before any store is opened
-    with_client(store_url, lambda c: c.signal(workflow_id, name, value))
+    with_client(store_url, lambda c: c.signal(workflow_id, name, value, actor=CLI))
     console().print(f"signal '{name}' sent to {workflow_id}")
     return EXIT_OK
 

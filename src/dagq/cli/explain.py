@@ -8,7 +8,7 @@ from rich.text import Text
 
 from dagq.cli.display import STYLES, counts_text, first_line
 from dagq.cli.inspect import EXIT_OK, console, print_json, when, with_client
-from dagq.cli.tables import Listing, Part, show
+from dagq.cli.tables import Listing, Part, printable, show
 from dagq.explanation import Explanation
 from dagq.views import Layer, LayerSummary
 
@@ -68,10 +68,14 @@ def explanation_view(found: Explanation) -> list[Part]:
         if wait.fix:
             parts.append(Text(f"    → {wait.fix}", style="dim"))
     if found.events:
-        table = Listing(["time", "event", "attempt", "detail"])
+        table = Listing(["time", "event", "attempt", "detail", "by"])
         for event in found.events[-EVENTS_SHOWN:]:
             table.add_row(
-                when(event.at), event.kind, str(event.attempt or ""), first_line(event.detail, 300)
+                when(event.at),
+                event.kind,
+                str(event.attempt or ""),
+                first_line(event.detail, 300),
+                printable(event.actor or "", one_line=True),
             )
         parts.append(table)
     return parts

@@ -219,14 +219,16 @@ def run_events(store_url: str, workflow_id: str, *, as_json: bool, task: str | N
                     "task": e.task,
                     "attempt": e.attempt,
                     "detail": e.detail,
+                    "actor": e.actor,
                 }
                 for e in entries
             ]
         )
         return EXIT_OK
-    table = Listing(["time", "event", "task", "attempt", "detail"])
+    table = Listing(["time", "event", "task", "attempt", "detail", "by"])
     for e in entries:
-        table.add_row(when(e.at), e.kind, e.task or "", str(e.attempt or ""), _cut(e.detail))
+        by = printable(e.actor or "", one_line=True)
+        table.add_row(when(e.at), e.kind, e.task or "", str(e.attempt or ""), _cut(e.detail), by)
     table.print(console())
     return EXIT_OK
 

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from dagq.errors import ValidationError
 from dagq.server import idempotency, problems
 from dagq.server.access import Caller, caller
-from dagq.server.context import Api, answer, api_of, guard, json_schema
+from dagq.server.context import Api, actor, allow, answer, api_of, guard, json_schema
 from dagq.server.resources import Accepted, status_url
 from dagq.submission import new_request_id
 
@@ -47,13 +47,15 @@ class RetryBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 @router.post("/cancel", status_code=202, summary="Cancel a workflow", responses=RESPONSES)
 async def cancel(workflow_id: WorkflowId, request: Request, who: Who, api: Server) -> Response:
     """Pending tasks are cancelled at once, running ones are stopped. Body (optional):
-    ``{"reason": "..."}``."""
+    ``{"reason": "..."}``. Needs the operator role."""
+    allow(who, "operator", "cancel workflows")
 
     async def run(request_id: str | None) -> Response:
         await guard(api, who, workflow_id)
         body = _body(await request.body(), CancelBody) or CancelBody()
-        reason = f"{body.reason} (by {who.name})"
-        sent = await api.client.cancel(workflow_id, reason, request_id=request_id)
+        sent = await api.client.cancel(
+            workflow_id, body.reason, request_id=request_id, actor=actor(who)
+        )
         return _accepted(workflow_id, request_id=sent)
 
     return await idempotency.once(api.keys, request, who.tenant, run, problems.render)
@@ -62,14 +64,20 @@ async def cancel(workflow_id: WorkflowId, request: Request, who: Who, api: Serve
 @router.post("/retry", status_code=202, summary="Retry a finished workflow", responses=RESPONSES)
 async def retry(workflow_id: WorkflowId, request: Request, who: Who, api: Server) -> Response:
     """Re-run its failed, upstream_failed and cancelled tasks (or only those named:
-    ``{"tasks": ["a", "b"]}``); completed tasks keep their outputs."""
+    ``{"tasks": ["a", "b"]}``); completed tasks keep their outputs. Needs the
+    operator role."""
+    allow(who, "operator", "retry workflows")
 
     async def run(request_id: str | None) -> Response:
         await guard(api, who, workflow_id)
         body = _body(await request.body(), RetryBody) or RetryBody()
         sent = request_id or new_request_id()
         taken = await api.client.retry(
-            workflow_id, body.tasks, ack_timeout_s=api.settings.retry_ack_s, request_id=sent
+            workflow_id,
+            body.tasks,
+            ack_timeout_s=api.settings.retry_ack_s,
+            request_id=sent,
+            actor=actor(who),
         )
         return _accepted(workflow_id, request_id=sent, taken_up=taken)
 
@@ -86,13 +94,17 @@ async def signal(
     who: Who,
     api: Server,
 ) -> Response:
-    """The body (any JSON, optional) is the data the waiting task outputs."""
+    """The body (any JSON, optional) is the data the waiting task outputs. Needs the
+    operator role."""
+    allow(who, "operator", "send signals")
 
     async def run(request_id: str | None) -> Response:
         await guard(api, who, workflow_id)
         raw = await request.body()
         data = _json(raw) if raw.strip() else None
-        sent = await api.client.signal(workflow_id, name, data, request_id=request_id)
+        sent = await api.client.signal(
+            workflow_id, name, data, request_id=request_id, actor=actor(who)
+        )
         return _accepted(workflow_id, request_id=sent)
 
     return await idempotency.once(api.keys, request, who.tenant, run, problems.render)

@@ -21,8 +21,10 @@ from dagq.server import (
     logs,
     problems,
     resources,
+    token_routes,
     workflows,
 )
+from dagq.server.access import Access, document_refusals
 from dagq.server.context import Api, Settings
 from dagq.server.idempotency import Keys
 from dagq.server.limits import BodyLimit
@@ -36,6 +38,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = Client(settings.store_url, create=True, plans=PlanCache())
         app.state.api = Api(settings=settings, client=client, keys=Keys(client.store))
+        app.state.access = Access(client.store, required=settings.auth)
         try:
             yield
         finally:
@@ -61,6 +64,7 @@ def create_app(settings: Settings) -> FastAPI:
         changes.router,
         fleet.router,
         dead_letter_routes.router,
+        token_routes.router,
         health.router,
     ):
         app.include_router(router)
@@ -85,10 +89,12 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 *fleet.SCHEMAS,
                 *dead_letter_routes.SCHEMAS,
                 bulk.Bulk,
+                *token_routes.SCHEMAS,
             ),
             ref_template="#/components/schemas/{name}",
         )
         document.setdefault("components", {}).setdefault("schemas", {}).update(components)
+        document_refusals(document)
         app.openapi_schema = document
     return app.openapi_schema
 

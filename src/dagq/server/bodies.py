@@ -36,6 +36,8 @@ class SubmitEnvelope(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     params: dict[str, Any] = msgspec.field(default_factory=dict)
     id: str | None = None
     labels: dict[str, str] = msgspec.field(default_factory=dict)
+    #: The tenant to submit into (a caller without a tenant only; default: the caller's).
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,7 @@ class Submission:
     params: dict[str, Any] = field(default_factory=dict)
     workflow_id: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    tenant: str | None = None
 
 
 def media_type(header: str | None) -> str | None:
@@ -87,6 +90,7 @@ def read_submission(body: bytes, content_type: str | None, workflow_id: str | No
         params=envelope.params,
         workflow_id=envelope.id or workflow_id,
         labels=envelope.labels,
+        tenant=envelope.tenant,
     )
 
 

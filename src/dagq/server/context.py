@@ -24,6 +24,9 @@ class Settings:
     """How a server behaves; ``dagq server`` fills it from its options."""
 
     store_url: str
+    #: Every request must carry a token (``dagq server --auth``, or a non-loopback
+    #: address); without, a request with no token acts as the anonymous admin.
+    auth: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
     #: How often a stream looks for new events while there are none.
     stream_poll_s: float = 0.2

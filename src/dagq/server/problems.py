@@ -48,6 +48,7 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 #: slug -> (status, title): every kind of problem the API answers with.
 KINDS: dict[str, tuple[int, str]] = {
     "malformed-request": (400, "The request could not be read"),
+    "unauthorized": (401, "A valid token is required"),
     "bad-idempotency-key": (400, "The Idempotency-Key header is not valid"),
     "forbidden": (403, "The caller may not do this"),
     "not-found": (404, "No such resource"),
@@ -127,6 +128,7 @@ _HTTP_KINDS = {
     400: "malformed-request",
     403: "forbidden",
     404: "not-found",
+    401: "unauthorized",
     405: "method-not-allowed",
     413: "too-large",
     415: "unsupported-media-type",

@@ -50,6 +50,9 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     task: str | None
     attempt: int
     detail: str | None
+    #: Who asked for it (submit, cancel, retry, signal): ``token:NAME:ID``,
+    #: ``cli:USER``, ``python:USER``; null for what the run did by itself.
+    actor: str | None = None
 
 
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
@@ -193,6 +196,7 @@ def events(
                     task=e.task,
                     attempt=e.attempt,
                     detail=e.detail,
+                    actor=e.actor,
                 )
             )
     return found

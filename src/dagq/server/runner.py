@@ -1,5 +1,9 @@
 """``dagq server``: check the options and the store, then serve with uvicorn.
 
+Tokens are required with ``--auth``, and always on an address other than loopback;
+only a server that answers this machine alone may serve without them, and it says so
+in one line as it starts (docs/architecture.md, interfaces: access control).
+
 On SIGTERM or SIGINT uvicorn stops accepting connections and lets open requests
 finish (streams are told to end: :mod:`dagq.server.stream`), then the store is
 closed and the process exits 0. A second SIGINT stops waiting.
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import signal
+import sys
 from types import FrameType
 from typing import Any
 
@@ -20,36 +25,39 @@ from dagq.server import require_extra
 GRACE_S = 30
 
 
-def check_loopback(host: str) -> None:
-    """Refuse any address but loopback: the API has no access control yet."""
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address or ``localhost``) reaches only this machine;
+    UsageError if it is neither an address nor ``localhost``."""
     if host == "localhost":
-        return
+        return True
     try:
         address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         raise UsageError(
-            f"--host {host!r} is not an IP address; use 127.0.0.1, ::1 or localhost"
+            f"--host {host!r} is not an IP address; use 127.0.0.1, ::1, localhost, "
+            "or an address of this machine (0.0.0.0 for all of them)"
         ) from None
-    if not address.is_loopback:
-        raise UsageError(
-            f"--host {host} is not a loopback address: the API has no access control yet, "
-            "so it serves only this machine (127.0.0.1, ::1 or localhost); to serve others, "
-            "put a reverse proxy that authenticates in front of it"
-        )
+    return address.is_loopback
 
 
-def run_server(store_url: str, *, host: str, port: int) -> int:
+def auth_required(host: str, *, auth: bool) -> bool:
+    """Whether the server requires tokens: asked for, or bound beyond loopback."""
+    return auth or not is_loopback(host)
+
+
+def run_server(store_url: str, *, host: str, port: int, auth: bool = False) -> int:
     """Serve the API until SIGTERM/SIGINT; returns the exit code."""
     require_extra()
-    check_loopback(host)
-    asyncio.run(_check_store(store_url))
+    required = auth_required(host, auth=auth)
+    tokens = asyncio.run(_check_store(store_url))
 
     import uvicorn
 
     from dagq.server.app import create_app
     from dagq.server.context import Settings
 
-    app = create_app(Settings(store_url=store_url))
+    print(_access_line(host, required=required, tokens=tokens), file=sys.stderr, flush=True)
+    app = create_app(Settings(store_url=store_url, auth=required))
     config = uvicorn.Config(
         app,
         host=host.strip("[]"),
@@ -79,9 +87,30 @@ def _server_class() -> type[Any]:
     return Server
 
 
-async def _check_store(store_url: str) -> None:
-    """Open the store once, so a bad URL is one line before anything listens."""
+def _access_line(host: str, *, required: bool, tokens: int) -> str:
+    """What the server says of its access control as it starts, in one line."""
+    if not required:
+        return (
+            f"dagq server: no token required on {host} (loopback only): every local caller "
+            "acts as admin; --auth requires tokens"
+        )
+    why = "--auth" if is_loopback(host) else f"{host} is not loopback"
+    if tokens == 0:
+        return (
+            f"dagq server: tokens required ({why}), and none is active: make one with "
+            "'dagq token create --role admin'"
+        )
+    return f"dagq server: tokens required ({why}); {tokens} active"
+
+
+async def _check_store(store_url: str) -> int:
+    """Open the store once, so a bad URL is one line before anything listens; the
+    number of active tokens."""
     from dagq.stores import open_store
+    from dagq.tokens import list_tokens
 
     store = open_store(store_url, create=True)
-    await store.close()
+    try:
+        return sum(1 for t in await list_tokens(store) if t.status == "active")
+    finally:
+        await store.close()

@@ -17,13 +17,15 @@ from dagq.errors import UsageError, ValidationError, WorkflowNotFound
 from dagq.history import read_chunks
 from dagq.plan import compile_plan, resolve_params
 from dagq.server import bodies, idempotency, problems, resources
-from dagq.server.access import Caller, caller
-from dagq.server.context import Api, allow, answer, api_of, guard, json_schema
+from dagq.server.access import Caller, caller, while_allowed
+from dagq.server.context import Api, actor, allow, answer, api_of, guard, json_schema
 from dagq.server.filters import RunFilter, run_filter
+from dagq.server.problems import ProblemError
 from dagq.server.resources import Accepted, status_url
 from dagq.server.stream import history_events
 from dagq.state import TaskStatus
 from dagq.submission import load_submitted, require_submitted
+from dagq.tokens import check_tenant
 from dagq.views import load_run
 
 router = APIRouter(prefix="/v1")
@@ -71,10 +73,12 @@ async def submit_workflow(
     workflow_id: Annotated[str | None, Query(alias="id", description="Name the run.")] = None,
 ) -> Response:
     """Submit a definition (YAML or JSON body), or ``{"definition" | "name", "params",
-    "id", "labels"}`` as JSON, where ``name`` re-submits the newest workflow of that name
-    and ``labels`` (``{"key": "value"}``) are what the run can be found by. Answers
-    202 with ``Location`` (the run's status); an ``Idempotency-Key`` makes it safe to
-    send again."""
+    "id", "tenant", "labels"}`` as JSON, where ``name`` re-submits the newest workflow
+    of that name and ``labels`` (``{"key": "value"}``) are what the run can be found by.
+    The run belongs to the caller's tenant (a token without one may name any).
+    Answers 202 with ``Location`` (the run's status); an ``Idempotency-Key`` makes it
+    safe to send again. Needs the operator role."""
+    allow(who, "operator", "submit workflows")
 
     async def run(_: str | None) -> Response:
         found = await anyio.to_thread.run_sync(  # a large YAML body parses for seconds
@@ -83,13 +87,15 @@ async def submit_workflow(
             request.headers.get("content-type"),
             workflow_id,
         )
-        definition = found.definition or await _submitted_before(api, who, found.name or "")
+        tenant = _tenant_of(who, found.tenant)
+        definition = found.definition or await _submitted_before(api, tenant, found.name or "")
         result = await api.client.submit(
             definition,
             params=found.params,
             workflow_id=found.workflow_id,
-            tenant=who.tenant,
+            tenant=tenant,
             labels=found.labels,
+            actor=actor(who),
         )
         url = status_url(result.id)
         headers = {"Location": url, "Retry-After": str(api.settings.retry_after_s)}
@@ -98,9 +104,24 @@ async def submit_workflow(
     return await idempotency.once(api.keys, request, who.tenant, run, problems.render)
 
 
-async def _submitted_before(api: Api, who: Caller, name: str) -> WorkflowDef:
-    """The definition of the newest workflow called ``name`` (of the caller's tenant)."""
-    page = await api.client.store.index.query(name=name, tenant=who.tenant or None, limit=1)
+def _tenant_of(who: Caller, asked: str | None) -> str:
+    """The tenant a submission goes to: the caller's; one a caller of a tenant may not
+    name another (403: it knows its own tenant, so the refusal reveals nothing)."""
+    if asked is None or asked == who.tenant:
+        return who.tenant
+    if who.tenant:
+        raise ProblemError(
+            "forbidden", f"a token of tenant {who.tenant!r} may not submit into another tenant"
+        )
+    try:
+        return check_tenant(asked)
+    except UsageError as exc:
+        raise ValidationError(f"{bodies.SOURCE}: {exc}") from None
+
+
+async def _submitted_before(api: Api, tenant: str, name: str) -> WorkflowDef:
+    """The definition of the newest workflow called ``name`` (of ``tenant``)."""
+    page = await api.client.store.index.query(name=name, tenant=tenant or None, limit=1)
     submitted = await load_submitted(api.client.store, page.rows[0].id) if page.rows else None
     if submitted is None:
         raise WorkflowNotFound(
@@ -308,14 +329,17 @@ async def list_events(
     },
 )
 async def stream_events(
+    *,
     workflow_id: WorkflowId,
+    request: Request,
     who: Who,
     api: Server,
     last_event_id: Annotated[str | None, Header()] = None,
     after: Annotated[str | None, Query(description="Like Last-Event-ID.")] = None,
 ) -> EventSourceResponse:
     """Server-sent events: every history entry (``id:`` resumes it with
-    ``Last-Event-ID``), then ``end`` with the final status once the run has ended."""
+    ``Last-Event-ID``), then ``end`` with the final status once the run has ended;
+    ``unauthorized`` ends it if the token is revoked or expires meanwhile."""
     await guard(api, who, workflow_id)
     await require_submitted(api.client.store, workflow_id)
     resume = last_event_id or after
@@ -325,7 +349,7 @@ async def stream_events(
         api.client, workflow_id, position, poll_s=api.settings.stream_poll_s, stopping=stopping
     )
     return EventSourceResponse(
-        found,
+        while_allowed(request, found),
         ping=api.settings.stream_ping_s,
         shutdown_event=stopping,
         shutdown_grace_period=STREAM_GRACE_S,
