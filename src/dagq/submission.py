@@ -37,6 +37,7 @@ from dagq.messages import (
     SubmitRequested,
     encode_events,
 )
+from dagq.observability import spans
 from dagq.payloads import echo
 from dagq.persistence import create_state
 from dagq.plan import Plan, compile_plan, resolve_params
@@ -134,7 +135,11 @@ async def submit(
     tenant: str = "",
     clock: Any = time.time,
 ) -> SubmitResult:
-    """Store a workflow and wake the coordinator; repeat-safe for the same id."""
+    """Store a workflow and wake the coordinator; repeat-safe for the same id.
+
+    A new workflow's trace begins here: its ``submit`` span (:mod:`dagq.observability`).
+    """
+    began = clock()
     resolved = resolve_params(definition, params or {})
     check_bounds(definition, resolved)
     if workflow_id is None:  # an empty id is refused like any other invalid one
@@ -182,6 +187,8 @@ async def submit(
         keys.COMPLETIONS_QUEUE,
         [OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))],
     )
+    if created:
+        spans.submitted(workflow_id, definition.name, began, clock())
     return SubmitResult(workflow_id, created, plan, submitted.fingerprint)
 
 

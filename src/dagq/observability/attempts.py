@@ -1,0 +1,88 @@
+"""The worker's side of telemetry: an attempt's queue wait and its ``process`` span,
+and the task metrics (docs/architecture.md §7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dagq import keys
+from dagq.messages import TaskMessage
+from dagq.observability import ids, metrics, spans, tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+
+@dataclass(slots=True)
+class Attempt:
+    """An attempt being traced on this worker."""
+
+    task: TaskMessage
+    queue: str
+    name: str
+    span: Span | None = None
+    traceparent: str = ""
+    span_id: int = 0
+
+
+def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now: float) -> Attempt:
+    """An attempt starts: its wait in the queue (span and metric) ends at ``received_at``;
+    its ``process QUEUE`` span starts, under the run's span, linked to its ``send``."""
+    name = keys.attempt_name(task.name, item=task.item_index, undo=task.undo)
+    attempt = Attempt(task, queue, name)
+    recorder = metrics.current()
+    if recorder is not None and task.due_at:
+        recorder.waited(queue, received_at - task.due_at, task.workflow_id)
+    if not tracing.enabled():
+        return attempt
+    trace = ids.trace_id(task.workflow_id)
+    sent = ids.parse_traceparent(task.traceparent) if task.traceparent else None
+
+    def attributes(operation: str) -> dict[str, str | int | float | bool]:
+        return spans.attempt_attributes(
+            store_url=store_url,
+            operation=operation,
+            queue=queue,
+            workflow_id=task.workflow_id,
+            workflow_name=task.workflow_name,
+            task=name,
+            attempt=task.attempt,
+            message_id=keys.message_id(task.workflow_id, name, task.attempt),
+        )
+
+    if sent is not None and task.due_at:
+        tracing.emit(
+            f"wait {queue}",
+            trace=trace,
+            parent=sent[1],
+            start_s=task.due_at,
+            end_s=received_at,
+            attributes=attributes("receive"),
+        )
+    attempt.span = tracing.start(
+        f"process {queue}",
+        trace=trace,
+        parent=ids.run_span_id(task.workflow_id, task.epoch),
+        kind="consumer",
+        attributes=attributes("process"),
+        links=() if sent is None else (sent,),
+        start_s=now,
+    )
+    found = tracing.ids_of(attempt.span)
+    if found is not None:
+        attempt.span_id = found[1]
+        attempt.traceparent = ids.traceparent(trace, found[1])
+    return attempt
+
+
+def end(
+    attempt: Attempt, *, ok: bool, duration_s: float, error_type: str | None, end_s: float
+) -> None:
+    """An attempt ended (its report is made)."""
+    recorder = metrics.current()
+    if recorder is not None:
+        recorder.task_finished(attempt.queue, ok, duration_s, attempt.task.workflow_id)
+    if attempt.span is not None:
+        tracing.end(attempt.span, error=None if ok else (error_type or "task_failed"), end_s=end_s)
+        attempt.span = None

@@ -1,0 +1,280 @@
+"""OpenTelemetry traces behind one small seam; nothing at all when they are off.
+
+Tracing is on in a process when the ``otel`` extra is installed, ``OTEL_SDK_DISABLED``
+is not true, and ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``)
+is set or ``OTEL_TRACES_EXPORTER`` names an exporter (``otlp``: OTLP/HTTP protobuf, the
+default; ``console``). Everything else is the standard ``OTEL_*`` configuration the
+SDK reads itself (service name, resource attributes, batch processor, headers).
+
+When it is off, :func:`enabled` is False and every function here returns at once; the
+OpenTelemetry packages are not even imported.
+
+Spans are made with ids chosen by dagq where it must (:mod:`dagq.observability.ids`):
+the run's trace id comes from its workflow id, and a span emitted after the fact (the
+run, a send, a queue wait) may have its id fixed in advance, so a message can name it
+before it exists. A custom id generator on dagq's tracer provider takes those ids
+from a context variable; the parent is a span context built here, not one carried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from dagq.observability import ids
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span, Tracer
+
+log = logging.getLogger("dagq.observability")
+
+Kind = Literal["internal", "producer", "consumer", "client", "server"]
+Attributes = Mapping[str, str | int | float | bool]
+#: A span named by (trace id, span id).
+SpanRef = tuple[int, int]
+
+
+class _Installed:
+    """The tracer and provider in use (None while tracing is off)."""
+
+    tracer: Tracer | None = None
+    provider: TracerProvider | None = None
+
+
+_on = _Installed()
+#: (trace id, span id) the next span made must take (0: generate one).
+_forced: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
+    "dagq_forced_ids", default=(0, 0)
+)
+_TRUE = ("1", "true", "yes", "on")
+
+
+def enabled() -> bool:
+    """Is tracing on in this process?"""
+    return _on.tracer is not None
+
+
+def wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Does the environment ask for traces (whether or not the extra is installed)?"""
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() in _TRUE:
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return exporter != "none"
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+def configure(service: str) -> bool:
+    """Turn tracing on if the environment asks for it (see the module's docstring);
+    whether it is on. ``service`` is the default ``service.name`` (``OTEL_SERVICE_NAME``
+    wins)."""
+    if _on.tracer is not None:
+        return True
+    if not wanted():
+        return False
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        log.warning("OTEL_* asks for traces but dagq[otel] is not installed: tracing is off")
+        return False
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service}
+    provider = TracerProvider(resource=Resource.create(attributes), id_generator=_ids())
+    provider.add_span_processor(BatchSpanProcessor(_exporter()))
+    install(provider)
+    return True
+
+
+def _exporter() -> Any:
+    kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if kind != "otlp":
+        log.warning("OTEL_TRACES_EXPORTER=%s is not supported by dagq; using otlp", kind)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
+def _ids() -> Any:
+    """An id generator that takes the ids :data:`_forced` holds, random ones otherwise."""
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class ChosenIds(RandomIdGenerator):
+        def generate_span_id(self) -> int:
+            span = _forced.get()[1]
+            return span or super().generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            trace = _forced.get()[0]
+            return trace or super().generate_trace_id()
+
+    return ChosenIds()
+
+
+def new_provider(**kwargs: Any) -> TracerProvider:
+    """A tracer provider whose id generator honours dagq's chosen ids (for tests and
+    for processes that set up their own exporters)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    return TracerProvider(id_generator=_ids(), **kwargs)
+
+
+def install(provider: TracerProvider | None) -> None:
+    """Trace into ``provider`` from now on (None: tracing off). The provider becomes
+    the global one too when none is set, so user code in this process joins."""
+    if provider is None:
+        _on.tracer = _on.provider = None
+        return
+    from opentelemetry import trace
+
+    _on.provider = provider
+    _on.tracer = provider.get_tracer("dagq")
+    if type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider":
+        trace.set_tracer_provider(provider)
+
+
+def flush(timeout_ms: int = 5000) -> None:
+    """Export what is buffered (before a process ends, or a pool process replies)."""
+    if _on.provider is not None:
+        _on.provider.force_flush(timeout_ms)
+
+
+def shutdown() -> None:
+    """Flush and stop exporting."""
+    if _on.provider is not None:
+        _on.provider.shutdown()
+    _on.tracer = _on.provider = None
+
+
+def _context(parent: SpanRef | None) -> Any:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    if parent is None:
+        return trace.set_span_in_context(trace.INVALID_SPAN, None)
+    remote = SpanContext(parent[0], parent[1], is_remote=True, trace_flags=TraceFlags(1))
+    return trace.set_span_in_context(NonRecordingSpan(remote))
+
+
+def _links(links: Iterable[SpanRef]) -> list[Any]:
+    from opentelemetry.trace import Link, SpanContext, TraceFlags
+
+    return [Link(SpanContext(t, s, is_remote=True, trace_flags=TraceFlags(1))) for t, s in links]
+
+
+def _kind(kind: Kind) -> Any:
+    from opentelemetry.trace import SpanKind
+
+    return SpanKind[kind.upper()]
+
+
+def start(
+    name: str,
+    *,
+    trace: int,
+    parent: int | None = None,
+    span_id: int = 0,
+    kind: Kind = "internal",
+    attributes: Attributes | None = None,
+    links: Sequence[SpanRef] = (),
+    start_s: float | None = None,
+) -> Span | None:
+    """Start a span in trace ``trace`` under span ``parent`` of it (None: a root),
+    with id ``span_id`` (0: a new one); None when tracing is off."""
+    tracer = _on.tracer
+    if tracer is None:
+        return None
+    token = _forced.set((trace, span_id))
+    try:
+        return tracer.start_span(
+            name,
+            context=_context(None if parent is None else (trace, parent)),
+            kind=_kind(kind),
+            attributes=attributes,
+            links=_links(links),
+            start_time=None if start_s is None else int(start_s * 1e9),
+        )
+    finally:
+        _forced.reset(token)
+
+
+def end(span: Span | None, *, error: str | None = None, end_s: float | None = None) -> None:
+    """End a span; ``error`` (an error type) marks it failed."""
+    if span is None:
+        return
+    if error is not None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("error.type", error)
+        span.set_status(Status(StatusCode.ERROR))
+    span.end(end_time=None if end_s is None else int(end_s * 1e9))
+
+
+def emit(
+    name: str,
+    *,
+    trace: int,
+    start_s: float,
+    end_s: float,
+    parent: int | None = None,
+    span_id: int = 0,
+    kind: Kind = "internal",
+    attributes: Attributes | None = None,
+    links: Sequence[SpanRef] = (),
+    error: str | None = None,
+) -> None:
+    """Record a span that already happened (from ``start_s`` to ``end_s``)."""
+    if _on.tracer is None:
+        return
+    span = start(
+        name,
+        trace=trace,
+        parent=parent,
+        span_id=span_id,
+        kind=kind,
+        attributes=attributes,
+        links=links,
+        start_s=start_s,
+    )
+    end(span, error=error, end_s=max(end_s, start_s))
+
+
+def ids_of(span: Span | None) -> SpanRef | None:
+    """(trace id, span id) of a span."""
+    if span is None:
+        return None
+    context = span.get_span_context()
+    return context.trace_id, context.span_id
+
+
+@contextlib.contextmanager
+def within(traceparent: str) -> Iterator[None]:
+    """Make the span ``traceparent`` names the current one while the block runs, so
+    spans made by user code (with any tracer) become its children. Needs only the
+    OpenTelemetry API; nothing happens without it or without a traceparent."""
+    parsed = ids.parse_traceparent(traceparent) if traceparent else None
+    if parsed is None:
+        yield
+        return
+    try:
+        from opentelemetry import context
+    except ImportError:
+        yield
+        return
+    token = context.attach(_context(parsed))
+    try:
+        yield
+    finally:
+        context.detach(token)
