@@ -533,6 +533,7 @@ def submit(
     import contextlib
     import io
 
+    from dagq import observability
     from dagq.cli.control import run_submit_many
     from dagq.cli.waiting import wait_for_runs
 
@@ -540,6 +541,13 @@ def submit(
         fail("--timeout goes with --wait")
 
     def body() -> int:
+        observability.start("client")  # a run's trace begins with its submit span
+        try:
+            return submit_all()
+        finally:
+            observability.stop()
+
+    def submit_all() -> int:
         ids: list[str] = []
         # --wait --json prints one document, the final statuses: the ids are in them.
         quiet = contextlib.redirect_stdout(io.StringIO()) if wait and as_json else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Iterable
 
 from dagq.errors import UsageError
@@ -52,7 +53,7 @@ async def watching(
     *,
     queues: Iterable[str] = (),
     coordinator: sampling.Advancing | None = None,
-    interval_s: float = 5.0,
+    interval_s: float | None = None,
 ) -> AsyncIterator[None]:
     """While the block runs, keep the sampled metrics (queues, workers, dead letters,
     the coordinator's workflows and lease, the loop's lag) fresh; nothing when metrics
@@ -61,6 +62,8 @@ async def watching(
     if recorder is None:
         yield
         return
+    if interval_s is None:
+        interval_s = float(os.environ.get("DAGQ_METRICS_INTERVAL_S", "5"))
     jobs = [
         asyncio.create_task(
             sampling.sample(
