@@ -12,11 +12,15 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING
 
 from dagq.errors import UsageError
-from dagq.observability import metrics, sampling, tracing
+from dagq.observability import metrics, tracing
 from dagq.observability.metrics import Metrics
-from dagq.stores.base import Store
+
+if TYPE_CHECKING:  # the runtime imports these only when metrics are on
+    from dagq.observability.sampling import Advancing
+    from dagq.stores.base import Store
 
 __all__ = ["instrument", "start", "stop", "watching"]
 
@@ -44,7 +48,11 @@ def stop() -> None:
 def instrument(store: Store) -> Store:
     """``store``, counting its requests when metrics are on."""
     recorder = metrics.current()
-    return store if recorder is None else sampling.counted(store, recorder)
+    if recorder is None:
+        return store
+    from dagq.observability import sampling
+
+    return sampling.counted(store, recorder)
 
 
 @contextlib.asynccontextmanager
@@ -52,7 +60,7 @@ async def watching(
     store: Store,
     *,
     queues: Iterable[str] = (),
-    coordinator: sampling.Advancing | None = None,
+    coordinator: Advancing | None = None,
     interval_s: float | None = None,
 ) -> AsyncIterator[None]:
     """While the block runs, keep the sampled metrics (queues, workers, dead letters,
@@ -64,6 +72,8 @@ async def watching(
         return
     if interval_s is None:
         interval_s = float(os.environ.get("DAGQ_METRICS_INTERVAL_S", "5"))
+    from dagq.observability import sampling
+
     jobs = [
         asyncio.create_task(
             sampling.sample(

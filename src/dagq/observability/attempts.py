@@ -58,7 +58,7 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
             parent=sent[1],
             start_s=task.due_at,
             end_s=received_at,
-            attributes=attributes("receive"),
+            attributes={"dagq.queue": queue, "dagq.task.name": name, "dagq.attempt": task.attempt},
         )
     attempt.span = tracing.start(
         f"process {queue}",

@@ -56,7 +56,6 @@ def attempt_attributes(
         {
             "messaging.system": system(store_url),
             "messaging.operation.type": operation,
-            "messaging.operation.name": operation,
             "messaging.destination.name": queue,
             "dagq.queue": queue,
             "dagq.task.name": task,
@@ -132,27 +131,32 @@ def sent(
         return
     trace = ids.trace_id(workflow_id)
     parent = ids.run_span_id(workflow_id, epoch)
+    span_name = f"send {queue}"
+    # Spans made by the thousand carry what tells them apart; the run's span and the
+    # process spans carry the rest (workflow id and name).
+    common = {
+        "messaging.system": system(store_url),
+        "messaging.operation.type": "send",
+        "messaging.destination.name": queue,
+        "dagq.queue": queue,
+    }
     for span_id, name, attempt, message_id in sends:
         if not span_id:
             continue
         tracing.emit(
-            f"send {queue}",
+            span_name,
             trace=trace,
             span_id=span_id,
             parent=parent,
             kind="producer",
             start_s=start_s,
             end_s=end_s,
-            attributes=attempt_attributes(
-                store_url=store_url,
-                operation="send",
-                queue=queue,
-                workflow_id=workflow_id,
-                workflow_name=workflow_name,
-                task=name,
-                attempt=attempt,
-                message_id=message_id,
-            ),
+            attributes={
+                **common,
+                "messaging.message.id": message_id,
+                "dagq.task.name": name,
+                "dagq.attempt": attempt,
+            },
         )
 
 
@@ -184,7 +188,6 @@ def batch(
     attributes: Attributes = {
         "messaging.system": system(store_url),
         "messaging.operation.type": "process",
-        "messaging.operation.name": "process",
         "messaging.destination.name": "_completions",
         "messaging.batch.message_count": message_count,
     }

@@ -163,7 +163,7 @@ def call_task(call: str, args: Any, ctx: TaskContext, *, processor: bool = False
         function, is_async, positional, keywords = prepare(call, args, ctx, processor=processor)
     except ImportFailed as exc:
         return Reply(ok=False, error=str(exc), retryable=False)
-    with task_scope(ctx) as scope, tracing.within(ctx.traceparent):
+    with task_scope(ctx) as scope, tracing.joined(ctx.traceparent):
         try:
             if is_async:
                 result = _event_loop().run_until_complete(function(*positional, **keywords))
@@ -355,13 +355,11 @@ def main(argv: list[str]) -> None:
             except DamagedData as exc:
                 reply = Reply(ok=False, error=f"cannot load upstream outputs: {exc}")
             else:
-                if ctx.traceparent:  # traced: spans the task makes are exported from here
-                    tracing.configure("dagq-task")
                 try:
                     reply = call_task(request.call, request.args, ctx, processor=request.processor)
                 except Exception as exc:  # a fault here fails this task, not the process
                     reply = Reply(ok=False, error=f"the pool process failed it: {describe(exc)}")
-                if ctx.traceparent:  # out before the reply: the process may be killed later
+                if tracing.enabled():  # its spans out before the reply (it may be killed)
                     tracing.flush()
         try:
             _write(replies, pickle.dumps(tuple(reply), protocol=pickle.HIGHEST_PROTOCOL))
