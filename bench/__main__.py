@@ -63,6 +63,7 @@ def median_of(results: list[dict[str, Any]]) -> dict[str, Any]:
         "state_bytes",
         "loop_lag_max_ms",
         "loop_lag_p99_ms",
+        "cpu_s",
     ):
         values = [r[key] for r in results if key in r]
         if values:

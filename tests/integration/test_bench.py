@@ -49,3 +49,12 @@ def test_benchmark_azure_mode_counts_storage_transactions(azurite: object) -> No
     # Tasks sent together go out bundled: far fewer queue messages than tasks.
     assert 0 < run["transactions"]["queue.send"] < 52
     assert "tx/task" in stdout
+
+
+@pytest.mark.timeout(180)
+def test_benchmark_runs_with_telemetry_off_and_on() -> None:
+    _, lines = _bench("--workloads", "W1,W2", "--telemetry", "off,on", timeout=170)
+    assert {(r["workload"], r["telemetry"]) for r in lines} == {
+        (w, t) for w in ("W1", "W2") for t in (False, True)
+    }
+    assert all(r["status"] == ["completed"] and r["cpu_s"] > 0 for r in lines)

@@ -3,27 +3,31 @@ and the task metrics (docs/architecture.md §7)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from dagq import keys
 from dagq.messages import TaskMessage
 from dagq.observability import ids, metrics, spans, tracing
-
-if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+from dagq.observability.tracing import SpanRef
 
 
 @dataclass(slots=True)
 class Attempt:
-    """An attempt being traced on this worker."""
+    """An attempt being traced on this worker.
+
+    Its ``process`` span is emitted when it ends, with the id chosen when it began: the
+    task runs inside it through its traceparent (a Python task's context, a shell
+    task's environment), so nothing needs a live span meanwhile.
+    """
 
     task: TaskMessage
     queue: str
     name: str
-    span: Span | None = None
     traceparent: str = ""
     span_id: int = 0
+    started_at: float = 0.0
+    attributes: dict[str, str | int | float | bool] = field(default_factory=dict)
+    links: tuple[SpanRef, ...] = ()
 
 
 def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now: float) -> Attempt:
@@ -60,19 +64,11 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
             end_s=received_at,
             attributes={"dagq.queue": queue, "dagq.task.name": name, "dagq.attempt": task.attempt},
         )
-    attempt.span = tracing.start(
-        f"process {queue}",
-        trace=trace,
-        parent=ids.run_span_id(task.workflow_id, task.epoch),
-        kind="consumer",
-        attributes=attributes("process"),
-        links=() if sent is None else (sent,),
-        start_s=now,
-    )
-    found = tracing.ids_of(attempt.span)
-    if found is not None:
-        attempt.span_id = found[1]
-        attempt.traceparent = ids.traceparent(trace, found[1])
+    attempt.span_id = ids.new_span_id()
+    attempt.traceparent = ids.traceparent(trace, attempt.span_id)
+    attempt.started_at = now
+    attempt.attributes = attributes("process")
+    attempt.links = () if sent is None else (sent,)
     return attempt
 
 
@@ -83,6 +79,18 @@ def end(
     recorder = metrics.current()
     if recorder is not None:
         recorder.task_finished(attempt.queue, ok, duration_s, attempt.task.workflow_id)
-    if attempt.span is not None:
-        tracing.end(attempt.span, error=None if ok else (error_type or "task_failed"), end_s=end_s)
-        attempt.span = None
+    if attempt.span_id and tracing.enabled():
+        task = attempt.task
+        tracing.emit(
+            f"process {attempt.queue}",
+            trace=ids.trace_id(task.workflow_id),
+            span_id=attempt.span_id,
+            parent=ids.run_span_id(task.workflow_id, task.epoch),
+            kind="consumer",
+            start_s=attempt.started_at,
+            end_s=end_s,
+            attributes=attempt.attributes,
+            links=attempt.links,
+            error=None if ok else (error_type or "task_failed"),
+        )
+        attempt.span_id = 0
