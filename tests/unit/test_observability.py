@@ -192,6 +192,28 @@ async def test_a_failed_run_ends_its_run_span_with_an_error(spans: InMemorySpanE
     assert run_span.attributes["error.type"] == "workflow_failed"
 
 
+async def test_a_compensation_is_traced_in_the_runs_trace_under_its_new_epoch(
+    spans: InMemorySpanExporter, tmp_path: Any
+) -> None:
+    result = await run(
+        [
+            {"name": "charge", "compensate": {"cmd": f"touch {tmp_path}/refunded"}},
+            {"name": "ship", "cmd": "exit 1", "depends_on": ["charge"]},
+        ]
+    )
+    assert (tmp_path / "refunded").exists(), result.status
+    found = list(spans.get_finished_spans())
+    wid = result.id
+    undo = one(found, "process default", **{"dagq.task.name": "charge#undo"})
+    assert undo.context.trace_id == ids.trace_id(wid)
+    runs = {s.attributes["dagq.workflow.epoch"]: s for s in named(found, "run") if s.attributes}
+    assert sorted(runs) == [0, 1]
+    assert all(parent_id(r) == ids.submit_span_id(wid) for r in runs.values())
+    assert parent_id(undo) == runs[1].context.span_id
+    charge = one(found, "process default", **{"dagq.task.name": "charge"})
+    assert parent_id(charge) == runs[0].context.span_id
+
+
 async def test_a_timer_is_a_wait_span_of_the_run(spans: InMemorySpanExporter) -> None:
     result = await run([{"name": "nap", "sleep_s": 0.2}, {"name": "after", "depends_on": ["nap"]}])
     assert result.completed

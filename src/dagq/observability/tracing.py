@@ -9,17 +9,16 @@ SDK reads itself (service name, resource attributes, batch processor, headers).
 When it is off, :func:`enabled` is False and every function here returns at once; the
 OpenTelemetry packages are not even imported.
 
-Spans are made with ids chosen by dagq where it must (:mod:`dagq.observability.ids`):
-the run's trace id comes from its workflow id, and a span emitted after the fact (the
-run, a send, a queue wait) may have its id fixed in advance, so a message can name it
-before it exists. A custom id generator on dagq's tracer provider takes those ids
-from a context variable; the parent is a span context built here, not one carried.
+dagq's spans are emitted once they have happened (:func:`emit`), with ids dagq chose
+(:mod:`dagq.observability.ids`): the run's trace id comes from its workflow id, and a
+span's id may be fixed before it exists, so a message can name it (a send's) or a task
+can run inside it (a process span's). The parent is a span context built here from
+those ids, not one carried from process to process.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import os
 import sys
@@ -30,7 +29,7 @@ from dagq.observability import ids
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Tracer
 
 log = logging.getLogger("dagq.observability")
 
@@ -50,10 +49,6 @@ class _Installed:
 
 
 _on = _Installed()
-#: (trace id, span id) the next span made must take (0: generate one).
-_forced: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
-    "dagq_forced_ids", default=(0, 0)
-)
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -91,7 +86,7 @@ def configure(service: str) -> bool:
         log.warning("OTEL_* asks for traces but dagq[otel] is not installed: tracing is off")
         return False
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service}
-    provider = TracerProvider(resource=Resource.create(attributes), id_generator=_ids())
+    provider = TracerProvider(resource=Resource.create(attributes))
     provider.add_span_processor(BatchSpanProcessor(_exporter()))
     install(provider)
     return True
@@ -110,28 +105,12 @@ def _exporter() -> Any:
     return OTLPSpanExporter()
 
 
-def _ids() -> Any:
-    """An id generator that takes the ids :data:`_forced` holds, random ones otherwise."""
-    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-
-    class ChosenIds(RandomIdGenerator):
-        def generate_span_id(self) -> int:
-            span = _forced.get()[1]
-            return span or super().generate_span_id()
-
-        def generate_trace_id(self) -> int:
-            trace = _forced.get()[0]
-            return trace or super().generate_trace_id()
-
-    return ChosenIds()
-
-
 def new_provider(**kwargs: Any) -> TracerProvider:
-    """A tracer provider whose id generator honours dagq's chosen ids (for tests and
-    for processes that set up their own exporters)."""
+    """A tracer provider (for tests, and processes that set up their own exporters:
+    pass it to :func:`install`)."""
     from opentelemetry.sdk.trace import TracerProvider
 
-    return TracerProvider(id_generator=_ids(), **kwargs)
+    return TracerProvider(**kwargs)
 
 
 def install(provider: TracerProvider | None) -> None:
@@ -176,54 +155,6 @@ def _links(links: Iterable[SpanRef]) -> list[Any]:
     from opentelemetry.trace import Link, SpanContext, TraceFlags
 
     return [Link(SpanContext(t, s, is_remote=True, trace_flags=TraceFlags(1))) for t, s in links]
-
-
-def _kind(kind: Kind) -> Any:
-    from opentelemetry.trace import SpanKind
-
-    return SpanKind[kind.upper()]
-
-
-def start(
-    name: str,
-    *,
-    trace: int,
-    parent: int | None = None,
-    span_id: int = 0,
-    kind: Kind = "internal",
-    attributes: Attributes | None = None,
-    links: Sequence[SpanRef] = (),
-    start_s: float | None = None,
-) -> Span | None:
-    """Start a span in trace ``trace`` under span ``parent`` of it (None: a root),
-    with id ``span_id`` (0: a new one); None when tracing is off."""
-    tracer = _on.tracer
-    if tracer is None:
-        return None
-    token = _forced.set((trace, span_id))
-    try:
-        return tracer.start_span(
-            name,
-            context=_context(None if parent is None else (trace, parent)),
-            kind=_kind(kind),
-            attributes=attributes,
-            links=_links(links),
-            start_time=None if start_s is None else int(start_s * 1e9),
-        )
-    finally:
-        _forced.reset(token)
-
-
-def end(span: Span | None, *, error: str | None = None, end_s: float | None = None) -> None:
-    """End a span; ``error`` (an error type) marks it failed."""
-    if span is None:
-        return
-    if error is not None:
-        from opentelemetry.trace import Status, StatusCode
-
-        span.set_attribute("error.type", error)
-        span.set_status(Status(StatusCode.ERROR))
-    span.end(end_time=None if end_s is None else int(end_s * 1e9))
 
 
 def emit(
@@ -312,14 +243,6 @@ class _Finished:
             instrumentation_scope=self.scope,
         )
         self.processor.on_end(span)
-
-
-def ids_of(span: Span | None) -> SpanRef | None:
-    """(trace id, span id) of a span."""
-    if span is None:
-        return None
-    context = span.get_span_context()
-    return context.trace_id, context.span_id
 
 
 def joined(traceparent: str, service: str = "dagq-task") -> contextlib.AbstractContextManager[None]:
