@@ -241,6 +241,33 @@ async def test_a_python_task_in_a_thread_runs_inside_its_attempts_span(
     assert parent_id(user) == 0x1234
 
 
+async def test_a_signal_wait_is_a_wait_span_of_the_run(spans: InMemorySpanExporter) -> None:
+    import asyncio
+
+    from dagq.client import Client
+    from dagq.local import LocalRunner
+    from dagq.state import TaskStatus
+
+    store = open_memory_store()
+    runner = LocalRunner(store, workers=1)
+    gate = definition([{"name": "gate", "wait_for": {"signal": "approve"}}])
+    await runner.submit(gate, params={}, workflow_id="signalled")
+    drive = asyncio.create_task(runner.drive())
+
+    async def waiting() -> None:
+        while (await runner.current_state()).task_status[0] != TaskStatus.WAITING:
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(waiting(), 20)
+    await Client(store).signal("signalled", "approve", {"ok": True})
+    assert await asyncio.wait_for(drive, 20) == "completed"
+    wait = one(list(spans.get_finished_spans()), "wait signal")
+    assert wait.context.trace_id == ids.trace_id("signalled")
+    assert parent_id(wait) == ids.run_span_id("signalled", 0)
+    assert wait.end_time is not None and wait.start_time is not None
+    assert wait.end_time > wait.start_time
+
+
 # --- metrics -----------------------------------------------------------------------------
 
 
