@@ -356,6 +356,40 @@ def test_without_otel_variables_nothing_of_opentelemetry_is_imported(tmp_path: A
     assert done.stdout.strip() == "[]"
 
 
+async def test_a_ratio_sampler_keeps_or_drops_a_run_whole() -> None:
+    from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
+
+    sampler = TraceIdRatioBased(0.5)
+    exporter = InMemorySpanExporter()
+    provider = tracing.new_provider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    workflow_ids = [f"ratio-{n}" for n in range(6)]
+    try:
+        for wid in workflow_ids:
+            result = await embedded.run_async(
+                definition([{"name": "a"}, {"name": "b", "depends_on": ["a"]}]),
+                store=open_memory_store(),
+                workflow_id=wid,
+            )
+            assert result.completed
+    finally:
+        tracing.install(None)
+    by_trace: dict[int, set[str]] = {}
+    for span in exporter.get_finished_spans():
+        by_trace.setdefault(span.context.trace_id, set()).add(span.name)
+    expected = {
+        wid
+        for wid in workflow_ids
+        if sampler.should_sample(None, ids.trace_id(wid), "run").decision
+        == Decision.RECORD_AND_SAMPLE
+    }
+    assert 0 < len(expected) < len(workflow_ids)  # these ids make a test that can fail
+    assert {w for w in workflow_ids if ids.trace_id(w) in by_trace} == expected
+    for wid in expected:
+        assert {"submit", "run", "send default", "process default"} <= by_trace[ids.trace_id(wid)]
+
+
 def test_tracing_is_wanted_only_when_the_environment_says_so() -> None:
     assert not tracing.wanted({})
     assert tracing.wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})

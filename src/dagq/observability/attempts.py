@@ -52,7 +52,6 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
             workflow_name=task.workflow_name,
             task=name,
             attempt=task.attempt,
-            message_id=keys.message_id(task.workflow_id, name, task.attempt),
         )
 
     if sent is not None and task.due_at:
@@ -62,7 +61,7 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
             parent=sent[1],
             start_s=task.due_at,
             end_s=received_at,
-            attributes={"dagq.queue": queue, "dagq.task.name": name, "dagq.attempt": task.attempt},
+            attributes={"dagq.task.name": name, "dagq.attempt": task.attempt},
         )
     attempt.span_id = ids.new_span_id()
     attempt.traceparent = ids.traceparent(trace, attempt.span_id)

@@ -199,6 +199,7 @@ class _Finished:
 
     def __init__(self, provider: TracerProvider) -> None:
         from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.trace.sampling import Decision
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -211,6 +212,11 @@ class _Finished:
         self.resource = provider.resource
         # The provider's own multi-processor: what its tracers end spans into.
         self.processor = provider._active_span_processor
+        # Its sampler (OTEL_TRACES_SAMPLER), asked once per trace: a run is kept or
+        # dropped whole, as its trace id decides (traceidratio).
+        self.sampler = provider.sampler
+        self.keep = Decision.RECORD_AND_SAMPLE
+        self.decisions: dict[int, bool] = {}
 
     def emit(
         self,
@@ -226,6 +232,8 @@ class _Finished:
         end_ns: int,
         error: str | None,
     ) -> None:
+        if not self._sampled(trace, name):
+            return
         context, flags = self.context, self.sampled
         if error is not None:
             attributes = {**(attributes or {}), "error.type": error}
@@ -243,6 +251,16 @@ class _Finished:
             instrumentation_scope=self.scope,
         )
         self.processor.on_end(span)
+
+    def _sampled(self, trace: int, name: str) -> bool:
+        decision = self.decisions.get(trace)
+        if decision is None:
+            result = self.sampler.should_sample(None, trace, name)
+            decision = result.decision == self.keep
+            if len(self.decisions) >= 4096:
+                self.decisions.clear()
+            self.decisions[trace] = decision
+        return decision
 
 
 def joined(traceparent: str, service: str = "dagq-task") -> contextlib.AbstractContextManager[None]:
