@@ -79,7 +79,7 @@ class RunTelemetry:
     def committed(
         self, name: str, st: RunState, outgoing: Sequence[Outgoing], staged_at: float, now: float
     ) -> None:
-        """After the commit: the sends are out; a finished run ends its span."""
+        """After the commit: the sends are out, their spans are emitted."""
         if tracing.enabled() and outgoing:
             by_queue: dict[str, list[tuple[int, str, int, str]]] = {}
             for o in outgoing:
