@@ -25,7 +25,9 @@ from bench.workloads import SIZES
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_once(workload: str, size: str, mode: str, workers: int, store: str) -> dict[str, Any]:
+def run_once(
+    workload: str, size: str, mode: str, workers: int, store: str, *, telemetry: bool = False
+) -> dict[str, Any]:
     """One run in a fresh process; its JSON result."""
     command = [
         sys.executable,
@@ -38,6 +40,7 @@ def run_once(workload: str, size: str, mode: str, workers: int, store: str) -> d
         str(workers),
         "--store",
         store,
+        *(["--telemetry"] if telemetry else []),
     ]
     done = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, check=False, timeout=1800
@@ -60,6 +63,7 @@ def median_of(results: list[dict[str, Any]]) -> dict[str, Any]:
         "state_bytes",
         "loop_lag_max_ms",
         "loop_lag_p99_ms",
+        "cpu_s",
     ):
         values = [r[key] for r in results if key in r]
         if values:
@@ -83,6 +87,11 @@ def main() -> None:
     parser.add_argument(
         "--stores", default="sqlite", help="sqlite, azure (Azurite; comma-separated)"
     )
+    parser.add_argument(
+        "--telemetry",
+        default="off",
+        help="off, on, or off,on (each run with traces and metrics off / on; needs dagq[otel])",
+    )
     args = parser.parse_args()
     summaries = []
     for workload in args.workloads.split(","):
@@ -91,14 +100,19 @@ def main() -> None:
                 raise SystemExit(f"unknown size {size!r} for {workload}: {sorted(SIZES[workload])}")
             for store in args.stores.split(","):
                 for mode in args.modes.split(","):
-                    summaries.append(_runs(workload, size, mode, store, args))
+                    for telemetry in args.telemetry.split(","):
+                        summaries.append(
+                            _runs(workload, size, mode, store, args, telemetry=telemetry)
+                        )
     _table(summaries, args.runs)
 
 
-def _runs(workload: str, size: str, mode: str, store: str, args: argparse.Namespace) -> Any:
+def _runs(
+    workload: str, size: str, mode: str, store: str, args: argparse.Namespace, *, telemetry: str
+) -> Any:
     results = []
     for _ in range(args.runs):
-        result = run_once(workload, size, mode, args.workers, store)
+        result = run_once(workload, size, mode, args.workers, store, telemetry=telemetry == "on")
         print(json.dumps(result), flush=True)
         if result["status"] != ["completed"]:
             raise SystemExit(
@@ -115,6 +129,7 @@ def _table(summaries: list[dict[str, Any]], runs: int) -> None:
         "size",
         "store",
         "mode",
+        "telemetry",
         "tasks",
         "wall s",
         "tasks/s",
@@ -139,6 +154,7 @@ def _table(summaries: list[dict[str, Any]], runs: int) -> None:
             s["size"],
             s.get("store", "sqlite"),
             s["mode"],
+            "on" if s.get("telemetry") else "off",
             f"{s['tasks']:,}",
             f"{s['wall_s']:.3f}",
             f"{s['tasks_per_s']:,.0f}",

@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import secrets
+import socket
 import statistics
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from typing import Any
 from bench.loop_lag import LoopLag
 from bench.stalls import StallWatch
 from bench.workloads import SIZES
-from dagq import keys
+from dagq import keys, observability
 from dagq.coordinator import Coordinator
 from dagq.definition import WorkflowDef
 from dagq.local import LOCAL_COORDINATOR
@@ -64,7 +65,7 @@ async def inproc(
 ) -> dict[str, Any]:
     """Coordinator and workers in this process, as ``dagq run`` does (``stalls_ms``:
     print what the loop did during each lag longer than that, :mod:`bench.stalls`)."""
-    store, counts = counted(open_store(url))
+    store, counts = counted(observability.instrument(open_store(url)))
     coordinator = Coordinator(store, LOCAL_COORDINATOR)
     worker = Worker(
         store,
@@ -77,7 +78,10 @@ async def inproc(
     )
     stop = asyncio.Event()
     running = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(worker.run(stop))]
+    sampling = observability.watching(store, coordinator=coordinator, queues=("default",))
+    await sampling.__aenter__()
     started = time.perf_counter()
+    cpu_started = time.process_time()
     runs = await _submit_all(store, definition, count)
     # The run's loop lag: submitting (validating, compiling in the client) is not the run.
     watch = StallWatch(0.005) if stalls_ms else None
@@ -93,11 +97,13 @@ async def inproc(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(coordinator.changed.wait(), 0.2)
         wall = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
     if watch is not None:
         watch.stop()
         watch.report(stalls_ms / 1000)
     ops = dict(counts)
     transactions = dict(store.transactions) if store.transactions is not None else None
+    await sampling.__aexit__(None, None, None)
     stop.set()
     await asyncio.gather(*running, return_exceptions=True)
     states = await _final_states(store, runs)
@@ -106,6 +112,9 @@ async def inproc(
     rss = {"process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     result = _result(states, wall, size, rss, ops=ops, transactions=transactions)
     # The loop that runs the coordinator and the workers: how long it went without yielding.
+    # CPU time of this process (coordinator, worker, exporter threads) over the run:
+    # steadier than wall time on a shared machine.
+    result["cpu_s"] = round(cpu, 4)
     result["loop_lag_max_ms"] = lag.max_ms
     result["loop_lag_p99_ms"] = lag.p99_ms
     return result
@@ -192,6 +201,22 @@ def _step_gaps(st: RunState) -> list[float]:
     return [starts[i + 1] - ends[i] for i in range(len(ends) - 1) if starts[i + 1] >= ends[i] >= 0]
 
 
+def _telemetry() -> subprocess.Popen[bytes]:
+    """Turn traces and metrics on, as ``OTEL_EXPORTER_OTLP_ENDPOINT`` and
+    ``--metrics-port`` would (child processes inherit the endpoint); the sink."""
+    sink = subprocess.Popen(
+        [sys.executable, "-m", "bench.otlp_sink"], cwd=ROOT, stdout=subprocess.PIPE
+    )
+    assert sink.stdout is not None
+    port = int(sink.stdout.readline())
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    observability.start("bench", metrics_port)
+    return sink
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("workload", choices=sorted(SIZES))
@@ -199,6 +224,11 @@ def main() -> None:
     parser.add_argument("mode", choices=["inproc", "multiproc"])
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--store", choices=["sqlite", "azure"], default="sqlite")
+    parser.add_argument(
+        "--telemetry",
+        action="store_true",
+        help="traces (OTLP/HTTP to a sink on 127.0.0.1) and metrics (/metrics) on",
+    )
     parser.add_argument(
         "--stalls",
         type=float,
@@ -209,6 +239,7 @@ def main() -> None:
     args = parser.parse_args()
     build, count = SIZES[args.workload][args.size]
     definition = build()
+    sink = _telemetry() if args.telemetry else None
     if args.mode == "inproc":
         body: Any = functools.partial(inproc, stalls_ms=args.stalls)
     else:
@@ -226,6 +257,10 @@ def main() -> None:
         else:
             url = f"sqlite:///{Path(tmp) / 'bench.db'}"
             result = asyncio.run(body(definition, count, args.workers, url))
+    if sink is not None:
+        observability.stop()  # what is still buffered goes out (not timed)
+        sink.kill()
+        sink.wait()
     chain = args.workload == "W2"
     if not chain:
         result.pop("step_p50_ms", None)
@@ -238,6 +273,7 @@ def main() -> None:
                 "mode": args.mode,
                 "store": args.store,
                 "workflows": count,
+                "telemetry": args.telemetry,
                 **result,
             }
         )

@@ -47,6 +47,8 @@ from dagq.messages import (
     TaskStarted,
     decode_events,
 )
+from dagq.observability.context import Concern, concerning
+from dagq.observability.runs import RunTelemetry
 from dagq.offload import Offload, heavy
 from dagq.persistence import OFF_LOOP_BYTES, Staged, off_loop, read_state, stage_state
 from dagq.persistence import settle as settle_state
@@ -114,6 +116,9 @@ class _Flush:
     indexed: bool
     #: Where this workflow's etags start among the batch's (several share a batch).
     offset: int = 0
+    #: The task messages staged (kept only while telemetry is on), and when.
+    outgoing: tuple[Outgoing, ...] = ()
+    staged_at: float = 0.0
 
 
 @dataclass
@@ -163,6 +168,8 @@ class Coordinator:
         self._repairs_from = self.clock() + self.options.event_visibility_s + 1.0
         self._next_rescan = 0.0
         self._poll_delay = _FIRST_POLL_S
+        self.telemetry = RunTelemetry(store.url)
+        self._last_ids: Iterable[str] = ()
 
     # --- running --------------------------------------------------------------------
 
@@ -255,6 +262,13 @@ class Coordinator:
         )
         if not messages:
             return 0
+        started = self.clock()
+        try:
+            return await self._handle(messages)
+        finally:
+            self.telemetry.batch(len(messages), list(self._last_ids), started, self.clock())
+
+    async def _handle(self, messages: list[Message]) -> int:
         grouped: dict[str, list[Event]] = defaultdict(list)
         touched: list[tuple[Message, set[str]]] = []
         for message in messages:
@@ -264,6 +278,7 @@ class Coordinator:
             for event in events:
                 grouped[event.workflow_id].append(event)
             touched.append((message, {e.workflow_id for e in events}))
+        self._last_ids = grouped.keys()
         self.stats.events += sum(len(v) for v in grouped.values())
         if await self._advance_together(grouped, [m.receipt for m, _ in touched]):
             return len(messages)
@@ -362,6 +377,10 @@ class Coordinator:
             return await self._advance_one(workflow_id, events)
 
     async def _advance_one(self, workflow_id: str, events: list[Event]) -> bool:
+        with concerning(Concern(workflow_id)):
+            return await self._advance_tries(workflow_id, events)
+
+    async def _advance_tries(self, workflow_id: str, events: list[Event]) -> bool:
         for _ in range(_CAS_ATTEMPTS):
             batch = self.store.batch()
             try:
@@ -394,7 +413,8 @@ class Coordinator:
         """Stage one workflow's part of a shared batch: its new state, or, if its work
         fails for good (or it is quarantined already), its events kept aside."""
         try:
-            return await self._apply_and_stage(batch, workflow_id, events, now)
+            with concerning(Concern(workflow_id)):
+                return await self._apply_and_stage(batch, workflow_id, events, now)
         except Held as held:
             batch.ops.clear()
             await self._stage_keep(batch, workflow_id, events, held=held)
@@ -446,11 +466,13 @@ class Coordinator:
         heavy workflow, see :mod:`dagq.offload`)."""
         st = entry.state
         fx = machine.Effects()
+        before = self.telemetry.before(st)
         with step("apply"):
             for event in events:
                 machine.apply(entry.plan, st, event, now, fx)
             self._track_deadlines(entry, events)
             _track_timers(entry, fx.timers)
+        self.telemetry.applied(entry.plan.name, st, before, fx, now)
         with step("stage"):
             return self._stage(batch, entry, fx, starting=starting and st.status != "pending")
 
@@ -471,7 +493,8 @@ class Coordinator:
             batch.put(key, data)
         st.unconfirmed = _unconfirmed(entry, fx.dispatch)
         staged = stage_state(batch, st, entry.stored)
-        outgoing = [task_message(entry.plan, st, d) for d in fx.dispatch]
+        sent_at = self.clock() if self.telemetry.on() else None
+        outgoing = [task_message(entry.plan, st, d, sent_at=sent_at) for d in fx.dispatch]
         documents = {key: data for o in outgoing for key, data in o.documents}
         for key, data in documents.items():
             batch.put(key, data)
@@ -489,7 +512,16 @@ class Coordinator:
         indexed = self._index_due(entry) or entry.releasing
         if indexed:
             batch.upsert(index_row(entry))
-        return _Flush(entry, staged, len(outgoing), fx.finished, indexed)
+        traced = tuple(outgoing) if sent_at is not None else ()
+        return _Flush(
+            entry,
+            staged,
+            len(outgoing),
+            fx.finished,
+            indexed,
+            outgoing=traced,
+            staged_at=sent_at or 0.0,
+        )
 
     def _index_due(self, entry: Entry) -> bool:
         return (
@@ -529,11 +561,15 @@ class Coordinator:
             log.info("workflow %s is out of quarantine", st.workflow_id)
         self.stats.flushes += 1
         self.stats.dispatched += flush.dispatched
+        if flush.outgoing:
+            now = self.clock()
+            self.telemetry.committed(entry.plan.name, st, flush.outgoing, flush.staged_at, now)
         if st.status in WORKFLOW_ACTIVE:  # e.g. a finished run that a retry reopened
             self._cache.mark(st.workflow_id, active=True)
         if flush.finished:
             self._cache.mark(st.workflow_id, active=False)
             self.stats.finished_workflows += 1
+            self.telemetry.finished(entry.plan.name, st, self.clock())
             log.info("workflow %s %s", st.workflow_id, st.status)
         self.changed.set()
 
@@ -549,9 +585,13 @@ class Coordinator:
             by_queue: dict[str, list[OutgoingMessage]] = defaultdict(list)
             for o in outgoing:
                 by_queue[o.queue].append(o.message)
+            started = self.clock()
             for queue, batch in by_queue.items():
                 await self.store.queues.send(queue, bundle(batch, self._bundle_size))
             self.stats.dispatched += len(outgoing)
+            if self.telemetry.on():
+                name = entry.plan.name
+                self.telemetry.committed(name, entry.state, outgoing, started, self.clock())
             entry.confirm_owed = True
         except TransientError as exc:
             log.warning("sending %d task(s) failed, will retry: %s", len(outgoing), exc)
@@ -661,6 +701,20 @@ class Coordinator:
     def cached_count(self) -> int:
         """How many workflow states are held in memory (at most ``cache_size``)."""
         return len(self._cache)
+
+    def status_counts(self) -> dict[str, int]:
+        """How many unfinished workflows this coordinator advances, by status (and
+        how many it holds in quarantine), for the ``dagq_workflows`` metric."""
+        counts: dict[str, int] = defaultdict(int)
+        for entry in self._cache.active_entries():
+            counts[entry.state.status] += 1
+        counts["quarantined"] = len(self._quarantined)
+        return dict(counts)
+
+    @property
+    def holds_lease(self) -> bool:
+        """Does this coordinator hold the lease right now?"""
+        return self.lease.lease is not None
 
     def state_of(self, workflow_id: str) -> RunState | None:
         """The cached working state of a workflow (read-only for callers).
@@ -947,6 +1001,7 @@ class Coordinator:
         grace), applied and staged: the CPU part of a sweep."""
         st, plan = entry.state, entry.plan
         fx = machine.Effects()
+        before = self.telemetry.before(st)
         for event in entry.replay:
             machine.apply(plan, st, event, now, fx)
         if entry.replay:
@@ -972,6 +1027,7 @@ class Coordinator:
         if entry.confirm_owed:  # its sends went out: the stored state may say so now
             st.dirty = True
         _track_timers(entry, fx.timers)
+        self.telemetry.applied(plan.name, st, before, fx, now)
         return self._stage(batch, entry, fx)
 
     def _repairs_due(self, entry: Entry, now: float) -> list[tuple[machine.Dispatch, Outgoing]]:
@@ -982,7 +1038,9 @@ class Coordinator:
         while entry.repairs and entry.repairs[0][0] <= now:
             _, _, dispatch = heapq.heappop(entry.repairs)
             if _still_sent(st, dispatch):
-                pending.append((dispatch, task_message(entry.plan, st, dispatch)))
+                sent_at = self.clock() if self.telemetry.on() else None
+                message = task_message(entry.plan, st, dispatch, sent_at=sent_at)
+                pending.append((dispatch, message))
         return pending
 
     async def rescan(self) -> None:

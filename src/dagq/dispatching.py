@@ -22,6 +22,7 @@ import msgspec
 from dagq import keys
 from dagq.machine import Dispatch
 from dagq.messages import INPUTS_INLINE_LIMIT, TaskMessage, TaskSpec, encode_task, join_tasks
+from dagq.observability import ids
 from dagq.payloads import PREVIOUS_INLINE_BYTES, TASK_MESSAGE_INLINE_BYTES
 from dagq.plan import Plan, PlanTask
 from dagq.state import RunState, TaskStatus
@@ -40,10 +41,26 @@ class Outgoing:
     queue: str
     message: OutgoingMessage
     documents: tuple[tuple[str, bytes], ...] = ()
+    #: The id of this attempt's ``send`` span, named in the message (0: not traced).
+    span_id: int = 0
+    #: What the attempt runs (``task``, ``task[i]``, ``task#undo``) and its number.
+    name: str = ""
+    attempt: int = 0
 
 
-def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
-    """Build the message for one dispatched attempt (of a task, or of its undo)."""
+def send_span_ids(workflow_id: str) -> tuple[int, int]:
+    """(trace id, a new span id) for an attempt's ``send`` span."""
+    return ids.trace_id(workflow_id), ids.new_span_id()
+
+
+def task_message(
+    plan: Plan, state: RunState, dispatch: Dispatch, *, sent_at: float | None = None
+) -> Outgoing:
+    """Build the message for one dispatched attempt (of a task, or of its undo).
+
+    With ``sent_at`` (telemetry is on), the message names its ``send`` span (a W3C
+    traceparent) and when it is due, for the worker's queue-wait span and metric.
+    """
     task = plan.tasks[dispatch.task]
     workflow_id = state.workflow_id
     documents: list[tuple[str, bytes]] = []
@@ -95,6 +112,15 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
         item=item,
         item_ref=item_ref,
     )
+    span_id = 0
+    if sent_at is not None:
+        trace, span_id = send_span_ids(workflow_id)
+        message = msgspec.structs.replace(
+            message,
+            traceparent=ids.traceparent(trace, span_id),
+            workflow_name=plan.name,
+            due_at=sent_at + max(dispatch.delay_s, 0.0),
+        )
     body = encode_task(message)
     if len(body) > TASK_MESSAGE_INLINE_BYTES:
         body = _by_reference(message, body, documents)
@@ -106,6 +132,9 @@ def task_message(plan: Plan, state: RunState, dispatch: Dispatch) -> Outgoing:
             delay_s=max(dispatch.delay_s, 0.0),
         ),
         documents=tuple(documents),
+        span_id=span_id,
+        name=keys.attempt_name(task.name, item=dispatch.item, undo=dispatch.undo),
+        attempt=dispatch.attempt,
     )
 
 
@@ -137,6 +166,9 @@ def _by_reference(message: TaskMessage, body: bytes, documents: list[tuple[str, 
         undo=message.undo,
         item_index=message.item_index,
         body_ref=body_ref,
+        traceparent=message.traceparent,
+        due_at=message.due_at,
+        workflow_name=message.workflow_name,
     )
     return encode_task(stub)
 

@@ -84,6 +84,13 @@ class TaskMessage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True)
     #: Even without its spec the message is too large: all of it is this document, and
     #: this message carries only what a worker needs before loading it.
     body_ref: str | None = None
+    #: The W3C traceparent of this attempt's ``send`` span, and when the message was
+    #: due (sent, plus its delay): set only while telemetry is on (see
+    #: :mod:`dagq.observability`); messages without them decode as before.
+    traceparent: str = ""
+    due_at: float = 0.0
+    #: The workflow's name, for the worker's spans (telemetry on only).
+    workflow_name: str = ""
 
 
 # --- events to the coordinator ----------------------------------------------
@@ -128,6 +135,8 @@ class TaskFinished(msgspec.Struct, frozen=True, tag="finished", omit_defaults=Tr
     #: Something the user should know about an attempt that still counts as done
     #: (ai4s-jobq semantics: invalid JSON in the output file), kept in the history.
     warning: str | None = None
+    #: The W3C traceparent of the attempt's ``process`` span (telemetry on only).
+    traceparent: str = ""
 
 
 class SubmitRequested(msgspec.Struct, frozen=True, tag="submit", kw_only=True):

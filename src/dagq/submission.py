@@ -39,6 +39,7 @@ from dagq.messages import (
     SubmitRequested,
     encode_events,
 )
+from dagq.observability import spans
 from dagq.payloads import echo
 from dagq.persistence import create_state
 from dagq.plan import Plan, compile_plan, resolve_params
@@ -144,8 +145,12 @@ async def submit(
 ) -> SubmitResult:
     """Store a workflow and wake the coordinator; repeat-safe for the same id (the
     first submission's labels stay). ``actor`` (who submits) is recorded with its
-    ``submitted`` event."""
+    ``submitted`` event.
+
+    A new workflow's trace begins here: its ``submit`` span (:mod:`dagq.observability`).
+    """
     labels = check_labels(labels or {})
+    began = clock()
     resolved = resolve_params(definition, params or {})
     check_bounds(definition, resolved)
     if workflow_id is None:  # an empty id is refused like any other invalid one
@@ -201,6 +206,8 @@ async def submit(
         keys.COMPLETIONS_QUEUE,
         [OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))],
     )
+    if created:
+        spans.submitted(workflow_id, definition.name, began, clock())
     return SubmitResult(workflow_id, created, plan, submitted.fingerprint)
 
 

@@ -43,6 +43,7 @@ from dagq.messages import (
     decode_task,
     decode_tasks,
 )
+from dagq.observability import attempts, context
 from dagq.outbox import Outbox
 from dagq.payloads import cut
 from dagq.persistence import off_loop
@@ -143,6 +144,8 @@ class _Running:
     executing: bool = False
     #: Created when it must stop, for :func:`dagq.jobq.is_cancelled` (empty until it runs).
     cancel_file: str = ""
+    #: Its telemetry (spans, metrics), from when it starts.
+    trace: attempts.Attempt | None = None
 
 
 class Worker:
@@ -498,6 +501,14 @@ class Worker:
         """Run one task and report it. A fault of the worker's own while doing so fails
         this attempt (reported as a failure), and nothing else."""
         task = running.task
+        trace = attempts.begin(
+            self.store.url, task, running.held.queue, running.kept_at, self.clock()
+        )
+        running.trace = trace
+        # This job's log lines are about this attempt (its own context: no reset).
+        context.current.set(
+            context.Concern(task.workflow_id, trace.name, task.attempt, trace.span_id)
+        )
         try:
             why = await self._stop_reason(task)
             if why is not None:
@@ -523,7 +534,10 @@ class Worker:
             running.executing = True
             try:
                 outcome = await self._execute(
-                    task, queue=running.held.queue, cancel_file=running.cancel_file
+                    task,
+                    queue=running.held.queue,
+                    cancel_file=running.cancel_file,
+                    traceparent=trace.traceparent,
                 )
             except asyncio.CancelledError:
                 if not running.stopping:
@@ -576,6 +590,16 @@ class Worker:
             log.error("task %s: its report could not be made", running.key, exc_info=exc)
             report = _failure_event(self._bare_report(task, started), exc)
         running.reported = True
+        if running.trace is not None:
+            attempts.end(
+                running.trace,
+                ok=report.ok,
+                duration_s=report.duration_s,
+                error_type=report.error_type,
+                end_s=self.clock(),
+            )
+            if running.trace.traceparent:
+                report = msgspec.structs.replace(report, traceparent=running.trace.traceparent)
         self._free_slot(running)
         ack = running.held.reported()
         try:
@@ -600,7 +624,7 @@ class Worker:
         )
 
     async def _execute(
-        self, task: TaskMessage, *, queue: str = "", cancel_file: str = ""
+        self, task: TaskMessage, *, queue: str = "", cancel_file: str = "", traceparent: str = ""
     ) -> Outcome:
         try:
             task = await self._whole(task)
@@ -642,6 +666,7 @@ class Worker:
                 task.attempt,
             ),
             cancel_file=cancel_file,
+            traceparent=traceparent,
         )
         spec = task.spec
         if task.timeout_s is not None:  # the task's deadline leaves this attempt less time

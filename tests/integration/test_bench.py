@@ -79,3 +79,12 @@ def test_the_server_benchmark_runs() -> None:
     assert result["status_p50_ms"] > 0 and result["list_p50_ms"] > 0
     assert result["sse_history_events"] >= 3 and result["sse_rows_events"] >= 1
     assert "dagq server benchmark" in done.stdout
+
+
+@pytest.mark.timeout(180)
+def test_benchmark_runs_with_telemetry_off_and_on() -> None:
+    _, lines = _bench("--workloads", "W1,W2", "--telemetry", "off,on", timeout=170)
+    assert {(r["workload"], r["telemetry"]) for r in lines} == {
+        (w, t) for w in ("W1", "W2") for t in (False, True)
+    }
+    assert all(r["status"] == ["completed"] and r["cpu_s"] > 0 for r in lines)

@@ -144,6 +144,14 @@ def main(ctx: click.Context) -> None:
     metavar="MODULE:FUNCTION",
     help=PROCESSOR_HELP,
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    envvar="DAGQ_METRICS_PORT",
+    help="Serve Prometheus metrics on this port at /metrics (127.0.0.1, or "
+    "DAGQ_METRICS_ADDR); needs dagq[otel]. Traces: the OTEL_* variables (README).",
+)
 @log_options("warning")
 def run(
     *,
@@ -156,6 +164,7 @@ def run(
     processor: str | None,
     log_level: str,
     log_format: LogFormat,
+    metrics_port: int | None,
 ) -> None:
     """Run a workflow FILE (YAML, JSON or Python) in this process until it ends."""
     from dagq.cli.run import run_command
@@ -163,7 +172,16 @@ def run(
     configure_logging(log_level, log_format)
 
     sys.exit(
-        run_command(file, params, workers, workflow_id, store_url, quiet=quiet, processor=processor)
+        run_command(
+            file,
+            params,
+            workers,
+            workflow_id,
+            store_url,
+            quiet=quiet,
+            processor=processor,
+            metrics_port=metrics_port,
+        )
     )
 
 
@@ -263,9 +281,18 @@ def _exit(run: Callable[[], int]) -> NoReturn:
     help="Seconds the coordinator lease lasts unless renewed (renewed every third of it); "
     "a coordinator that cannot renew stops before it expires.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    envvar="DAGQ_METRICS_PORT",
+    help="Serve Prometheus metrics on this port at /metrics (127.0.0.1, or "
+    "DAGQ_METRICS_ADDR); needs dagq[otel]. Traces: the OTEL_* variables (README).",
+)
 @log_options("info")
 def coordinator(
     *,
+    metrics_port: int | None,
     store_url: str,
     break_lease: bool,
     log_interval: float,
@@ -280,7 +307,11 @@ def coordinator(
 
     _exit(
         lambda: run_coordinator(
-            store_url, break_lease=break_lease, log_interval_s=log_interval, lease_ttl_s=lease_ttl
+            store_url,
+            break_lease=break_lease,
+            log_interval_s=log_interval,
+            lease_ttl_s=lease_ttl,
+            metrics_port=metrics_port,
         )
     )
 
@@ -348,6 +379,14 @@ def coordinator(
     "past its timeout cannot be stopped).",
 )
 @click.option("--processor", default=None, metavar="MODULE:FUNCTION", help=PROCESSOR_HELP)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    envvar="DAGQ_METRICS_PORT",
+    help="Serve Prometheus metrics on this port at /metrics (127.0.0.1, or "
+    "DAGQ_METRICS_ADDR); needs dagq[otel]. Traces: the OTEL_* variables (README).",
+)
 @log_options("info")
 @click.option(
     "--heartbeat",
@@ -359,6 +398,7 @@ def coordinator(
 )
 def worker(
     *,
+    metrics_port: int | None,
     log_level: str,
     log_format: LogFormat,
     store_url: str,
@@ -400,7 +440,7 @@ def worker(
             isolation=isolation,
             heartbeat_s=heartbeat,
         )
-        return run_worker(store_url, options)
+        return run_worker(store_url, options, metrics_port=metrics_port)
 
     _exit(body)
 
@@ -419,11 +459,27 @@ def worker(
     help="Require a token (Authorization: Bearer) on loopback too; see 'dagq token'.",
 )
 @store_option
-def server(*, host: str, port: int, auth: bool, store_url: str) -> None:
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    envvar="DAGQ_METRICS_PORT",
+    help="Serve Prometheus metrics on this port at /metrics (127.0.0.1, or "
+    "DAGQ_METRICS_ADDR); needs dagq[otel]. Traces: the OTEL_* variables (README).",
+)
+def server(*, host: str, port: int, auth: bool, store_url: str, metrics_port: int | None) -> None:
     """Serve the HTTP job API (/v1; OpenAPI at /docs) until SIGTERM; needs dagq[server]."""
+    from dagq import observability
     from dagq.server.runner import run_server
 
-    _exit(lambda: run_server(store_url, host=host, port=port, auth=auth))
+    def body() -> int:
+        observability.start("server", metrics_port)
+        try:
+            return run_server(store_url, host=host, port=port, auth=auth)
+        finally:
+            observability.stop()
+
+    _exit(body)
 
 
 @main.command()
@@ -484,6 +540,7 @@ def submit(
     import contextlib
     import io
 
+    from dagq import observability
     from dagq.cli.control import run_submit_many
     from dagq.cli.waiting import wait_for_runs
 
@@ -491,6 +548,13 @@ def submit(
         fail("--timeout goes with --wait")
 
     def body() -> int:
+        observability.start("client")  # a run's trace begins with its submit span
+        try:
+            return submit_all()
+        finally:
+            observability.stop()
+
+    def submit_all() -> int:
         ids: list[str] = []
         # --wait --json prints one document, the final statuses: the ids are in them.
         quiet = contextlib.redirect_stdout(io.StringIO()) if wait and as_json else None

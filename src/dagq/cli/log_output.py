@@ -14,6 +14,8 @@ from typing import Any, Literal, TypeVar
 
 import click
 
+from dagq.observability import context
+
 LEVELS = ("debug", "info", "warning", "error")
 LogFormat = Literal["text", "json"]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -23,7 +25,10 @@ TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: ``time`` (Unix seconds), ``level``, ``logger``,
-    ``message``, and ``exception`` (the traceback) when there is one."""
+    ``message``; ``workflow_id``, ``trace_id`` and, where they apply, ``task``,
+    ``attempt`` and ``span_id`` when the record concerns a workflow
+    (:mod:`dagq.observability.context`); and ``exception`` (the traceback) when there
+    is one."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -32,6 +37,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        concern = context.current.get()
+        if concern is not None:  # the workflow, task, attempt, trace and span it is about
+            entry.update(concern.fields())
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:

@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from dagq import observability
 from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from dagq.cli.display import LiveProgress, print_summary
 from dagq.cli.tables import out_console, printable
@@ -50,6 +51,7 @@ def run_command(
     *,
     quiet: bool = False,
     processor: str | None = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Run the workflow and return the process exit code."""
     console = out_console()
@@ -60,6 +62,7 @@ def run_command(
         if processor is not None:
             add_import_paths(import_paths)
             check_processor(processor)
+        observability.start("run", metrics_port)
     except DagqError as exc:
         click.echo(f"error: {exc}", err=True)
         return EXIT_USAGE
@@ -81,6 +84,8 @@ def run_command(
     except DagqError as exc:
         click.echo(f"error: {exc}", err=True)
         return EXIT_USAGE
+    finally:
+        observability.stop()
 
 
 def retry_run_command(
@@ -139,7 +144,7 @@ async def _run(
     processor: str | None,
     retry_tasks: list[str] | None = None,
 ) -> int:
-    store = open_store(store_url)
+    store = observability.instrument(open_store(store_url))
     try:
         runner = LocalRunner(store, workers=workers, import_paths=import_paths, processor=processor)
         if retry_tasks is not None:  # dagq retry --run: the run exists and has ended
@@ -163,11 +168,12 @@ async def _run(
         interrupts.install()
         try:
             progress = LiveProgress(console, wid, definition.name)
-            if quiet:
-                status = await runner.drive()
-            else:
-                with progress:
-                    status = await runner.drive(progress.update)
+            async with observability.watching(store, coordinator=runner.coordinator):
+                if quiet:
+                    status = await runner.drive()
+                else:
+                    with progress:
+                        status = await runner.drive(progress.update)
         finally:
             interrupts.remove()
         if status == QUARANTINED:

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
-from dagq import keys
+from dagq import keys, observability
 from dagq.cli import log_output
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.errors import DagqError, LeaseHeld, LeaseLost
@@ -55,7 +55,12 @@ def _stopper(stop: asyncio.Event, sig: signal.Signals) -> Callable[[], None]:
 
 
 def run_coordinator(
-    store_url: str, *, break_lease: bool, log_interval_s: float, lease_ttl_s: float = 30.0
+    store_url: str,
+    *,
+    break_lease: bool,
+    log_interval_s: float,
+    lease_ttl_s: float = 30.0,
+    metrics_port: int | None = None,
 ) -> int:
     """The body of ``dagq coordinator``; returns the exit code.
 
@@ -64,16 +69,18 @@ def run_coordinator(
     process never goes on writing without it.
     """
     setup_logging()
+    observability.start("coordinator", metrics_port)
 
     async def body(stop: asyncio.Event) -> int:
-        store = open_store(store_url)
+        store = observability.instrument(open_store(store_url))
         coordinator = Coordinator(store, CoordinatorOptions(lease_ttl_s=lease_ttl_s))
         supervisor = Supervisor("coordinator")
         supervisor.start(
             "reporter", lambda: _report(coordinator, store, log_interval_s), restart=True
         )
         try:
-            await coordinator.run(stop, break_lease=break_lease)
+            async with observability.watching(store, coordinator=coordinator):
+                await coordinator.run(stop, break_lease=break_lease)
         except LeaseHeld as held:
             print(
                 f"error: another coordinator serves this store: {held}; stop it first, or "
@@ -91,7 +98,10 @@ def run_coordinator(
         log.info("coordinator stopped; lease released")
         return 0
 
-    return serve(body)
+    try:
+        return serve(body)
+    finally:
+        observability.stop()
 
 
 async def _report(coordinator: Coordinator, store: Store, interval_s: float) -> None:
@@ -120,12 +130,13 @@ async def _report(coordinator: Coordinator, store: Store, interval_s: float) -> 
         last, events, dispatched = now, stats.events, stats.dispatched
 
 
-def run_worker(store_url: str, options: WorkerOptions) -> int:
+def run_worker(store_url: str, options: WorkerOptions, *, metrics_port: int | None = None) -> int:
     """The body of ``dagq worker``; returns the exit code."""
     setup_logging()
+    observability.start("worker", metrics_port)
 
     async def body(stop: asyncio.Event) -> int:
-        store = open_store(store_url)
+        store = observability.instrument(open_store(store_url))
         worker = Worker(store, options)
         log.info(
             "worker %s serving %s on %s with %d slot(s)",
@@ -135,7 +146,8 @@ def run_worker(store_url: str, options: WorkerOptions) -> int:
             options.concurrency,
         )
         try:
-            await worker.run(stop)
+            async with observability.watching(store, queues=options.queues):
+                await worker.run(stop)
         except DagqError as exc:  # a background task kept failing (its traceback is logged)
             log.error("worker stopped: %s", exc)
             return 1
@@ -147,7 +159,10 @@ def run_worker(store_url: str, options: WorkerOptions) -> int:
         log.info("worker stopped after %d task(s)", worker.completed)
         return 0
 
-    code = serve(body)
+    try:
+        code = serve(body)
+    finally:
+        observability.stop()
     _leave_stuck_task_threads(code)
     return code
 

@@ -34,6 +34,9 @@ class TaskContext:
     #: A file the worker creates when the task must stop (its workflow was cancelled):
     #: :func:`dagq.jobq.is_cancelled` looks for it. Empty outside a worker.
     cancel_file: str = ""
+    #: The W3C traceparent of the attempt's span (empty when tracing is off): a Python
+    #: task runs inside it, a shell task gets it as ``TRACEPARENT``.
+    traceparent: str = ""
 
 
 @dataclass(frozen=True, slots=True)

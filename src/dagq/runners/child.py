@@ -37,6 +37,7 @@ import msgspec
 
 from dagq.errors import DamagedData, NonRetryable, RetryAfter
 from dagq.jobq import task_scope
+from dagq.observability import tracing
 from dagq.payloads import MAX_DEPTH, MAX_OUTPUT_BYTES, output_too_large, too_deep
 from dagq.runners import StoredInputs, TaskContext
 
@@ -162,7 +163,7 @@ def call_task(call: str, args: Any, ctx: TaskContext, *, processor: bool = False
         function, is_async, positional, keywords = prepare(call, args, ctx, processor=processor)
     except ImportFailed as exc:
         return Reply(ok=False, error=str(exc), retryable=False)
-    with task_scope(ctx) as scope:
+    with task_scope(ctx) as scope, tracing.joined(ctx.traceparent):
         try:
             if is_async:
                 result = _event_loop().run_until_complete(function(*positional, **keywords))
@@ -358,6 +359,8 @@ def main(argv: list[str]) -> None:
                     reply = call_task(request.call, request.args, ctx, processor=request.processor)
                 except Exception as exc:  # a fault here fails this task, not the process
                     reply = Reply(ok=False, error=f"the pool process failed it: {describe(exc)}")
+                if tracing.enabled():  # its spans out before the reply (it may be killed)
+                    tracing.flush()
         try:
             _write(replies, pickle.dumps(tuple(reply), protocol=pickle.HIGHEST_PROTOCOL))
         except BrokenPipeError:  # the parent is gone

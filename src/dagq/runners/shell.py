@@ -198,6 +198,9 @@ def _environment(spec: TaskSpec, ctx: TaskContext, files: _Files) -> dict[str, s
         "JOBQ_WORKFLOW_UPSTREAM_REFS": files.refs,
         "JOBQ_OUTPUT_FILE": output,
     }
+    if ctx.traceparent:  # the task's own tracing joins the attempt's span
+        env["TRACEPARENT"] = ctx.traceparent
+        env["TRACESTATE"] = ""  # dagq keeps no vendor state
     if ctx.index >= 0:  # one instance of a foreach: its item (as JSON) and index
         env["DAGQ_ITEM"] = json.dumps(ctx.item)
         env["DAGQ_INDEX"] = str(ctx.index)

@@ -1,0 +1,97 @@
+"""Observability: OpenTelemetry traces, Prometheus metrics and structured logs.
+
+The runtime calls this seam only; OpenTelemetry and prometheus-client (the ``otel``
+extra) are imported only when a process turns them on, so without them nothing is
+paid. A command calls :func:`start`, wraps its store with :func:`instrument`, and runs
+inside :func:`watching`. See README "Observability".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING
+
+from dagq.errors import UsageError
+from dagq.observability import metrics, tracing
+from dagq.observability.metrics import Metrics
+
+if TYPE_CHECKING:  # the runtime imports these only when metrics are on
+    from dagq.observability.sampling import Advancing
+    from dagq.stores.base import Store
+
+__all__ = ["instrument", "start", "stop", "watching"]
+
+
+def start(role: str, metrics_port: int | None = None) -> Metrics | None:
+    """Turn on what this process was asked for: traces (by the ``OTEL_*``
+    environment) and metrics (by ``metrics_port``); the metrics, if on. UsageError
+    when metrics are asked for without the ``otel`` extra, or the port is taken."""
+    tracing.configure(f"dagq-{role}")
+    if metrics_port is None:
+        return None
+    try:
+        return metrics.serve(metrics_port)
+    except ImportError:
+        raise UsageError("--metrics-port needs the otel extra: pip install 'dagq[otel]'") from None
+    except OSError as exc:
+        raise UsageError(f"--metrics-port {metrics_port}: cannot serve metrics: {exc}") from None
+
+
+def stop() -> None:
+    """Export the spans still buffered (a process ends)."""
+    tracing.shutdown()
+
+
+def instrument(store: Store) -> Store:
+    """``store``, counting its requests when metrics are on."""
+    recorder = metrics.current()
+    if recorder is None:
+        return store
+    from dagq.observability import sampling
+
+    return sampling.counted(store, recorder)
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    store: Store,
+    *,
+    queues: Iterable[str] = (),
+    coordinator: Advancing | None = None,
+    interval_s: float | None = None,
+) -> AsyncIterator[None]:
+    """While the block runs, keep the sampled metrics (queues, workers, dead letters,
+    the coordinator's workflows and lease, the loop's lag) fresh; nothing when metrics
+    are off."""
+    recorder = metrics.current()
+    if recorder is None:
+        yield
+        return
+    if interval_s is None:
+        interval_s = float(os.environ.get("DAGQ_METRICS_INTERVAL_S", "5"))
+    from dagq.observability import sampling
+
+    jobs = [
+        asyncio.create_task(
+            sampling.sample(
+                store,
+                recorder,
+                queues=sampling.default_queues(queues),
+                coordinator=coordinator,
+                interval_s=interval_s,
+            ),
+            name="dagq-metrics-sampler",
+        ),
+        asyncio.create_task(sampling.watch_loop(recorder), name="dagq-loop-lag"),
+    ]
+    try:
+        yield
+    finally:
+        for job in jobs:
+            job.cancel()
+        for job in jobs:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await job

@@ -1,0 +1,61 @@
+"""Trace and span ids that every process derives from a workflow id alone.
+
+One run is one trace (docs/architecture.md §7): its trace id is a hash of the workflow
+id, so the client, the server, the coordinator and every worker join the same trace
+without passing context around, and a retry next week lands in it too. The spans that
+others hang under — the submit and the run — have ids derived the same way. Pure: no
+OpenTelemetry import here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+_FLAGS_SAMPLED = "01"
+
+
+def _digest(workflow_id: str, what: bytes, size: int) -> int:
+    value = int.from_bytes(
+        hashlib.blake2b(workflow_id.encode(), digest_size=size, person=what).digest(), "big"
+    )
+    return value or 1  # zero is the invalid id
+
+
+def trace_id(workflow_id: str) -> int:
+    """The run's trace id: 16 bytes of a hash of the workflow id."""
+    return _digest(workflow_id, b"dagq-trace", 16)
+
+
+def submit_span_id(workflow_id: str) -> int:
+    """The id of the run's ``submit`` span (the trace's root)."""
+    return _digest(workflow_id, b"dagq-submit", 8)
+
+
+def run_span_id(workflow_id: str, epoch: int = 0) -> int:
+    """The id of the run span of one epoch (a retry opens a new one)."""
+    return _digest(workflow_id, b"dagq-run" + epoch.to_bytes(4, "big"), 8)
+
+
+def new_span_id() -> int:
+    """A random span id (for the spans only one process knows about)."""
+    return random.getrandbits(64) or 1
+
+
+def traceparent(trace: int, span: int) -> str:
+    """The W3C ``traceparent`` header value naming a sampled span."""
+    return f"00-{trace:032x}-{span:016x}-{_FLAGS_SAMPLED}"
+
+
+def parse_traceparent(text: str) -> tuple[int, int] | None:
+    """(trace id, span id) of a W3C ``traceparent``, or None if it is not one."""
+    parts = text.split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace, span = int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
+    if not trace or not span:
+        return None
+    return trace, span

@@ -1,0 +1,109 @@
+"""What the metrics learn by looking rather than by being told: queue depths, dead
+letters, live workers, the coordinator's workflows and lease, the event loop's lag,
+and every storage request (counted by wrapping the store)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+from dagq import keys, registry
+from dagq.errors import DagqError
+from dagq.observability.metrics import Metrics
+from dagq.stores.base import Store
+from dagq.stores.intercepting import intercepted
+
+log = logging.getLogger("dagq.observability")
+
+#: How many dead letters are counted at most per sample.
+DEAD_LETTER_SCAN = 1000
+
+
+class Advancing(Protocol):
+    """What the sampler reads of a coordinator."""
+
+    def status_counts(self) -> dict[str, int]: ...
+
+    @property
+    def holds_lease(self) -> bool: ...
+
+
+def counted(store: Store, metrics: Metrics) -> Store:
+    """A view of ``store`` that counts each operation in ``dagq_storage_requests_total``
+    (``store``: the URL's scheme; ``kind``: ``documents.put``, ``queues.receive``, ...)."""
+    scheme = store.url.split(":", 1)[0] or "store"
+    counters: dict[str, Any] = {}
+
+    async def count(
+        operation: str, _args: tuple[Any, ...], call: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        counter = counters.get(operation)
+        if counter is None:
+            counter = counters[operation] = metrics.storage_requests.labels(scheme, operation)
+        counter.inc()
+        return await call()
+
+    return intercepted(store, count, rebind=False)
+
+
+async def sample(
+    store: Store,
+    metrics: Metrics,
+    *,
+    queues: Callable[[], Iterable[str]],
+    coordinator: Advancing | None = None,
+    interval_s: float = 5.0,
+) -> None:
+    """Refresh the sampled gauges every ``interval_s`` until cancelled."""
+    while True:
+        try:
+            await sample_once(store, metrics, queues=queues, coordinator=coordinator)
+        except DagqError as exc:
+            log.warning("sampling metrics failed: %s", exc)
+        await asyncio.sleep(interval_s)
+
+
+async def sample_once(
+    store: Store,
+    metrics: Metrics,
+    *,
+    queues: Callable[[], Iterable[str]],
+    coordinator: Advancing | None = None,
+) -> None:
+    """Refresh the sampled gauges once."""
+    workers = await registry.live_workers(store.documents, now=time.time())
+    served: Counter[str] = Counter(q for w in workers for q in w.queues)
+    names = {*queues(), *served}
+    for queue in sorted(names):
+        depth = await store.queues.depth(queue)
+        metrics.queue_depth.labels(queue).set(depth.visible + depth.invisible)
+        metrics.queue_oldest.labels(queue).set(depth.oldest_age_s)
+    for queue in names:
+        metrics.workers.labels(queue).set(served.get(queue, 0))
+    dead = Counter(d.queue for d in await store.queues.dead_letters(None, limit=DEAD_LETTER_SCAN))
+    for queue in names | set(dead):
+        metrics.dead_letters.labels(queue).set(dead.get(queue, 0))
+    if coordinator is not None:
+        metrics.lease_held.set(1 if coordinator.holds_lease else 0)
+        counts = coordinator.status_counts()
+        for status in ("running", "cancelling", "compensating", "quarantined", *counts):
+            metrics.workflows.labels(status).set(counts.get(status, 0))
+
+
+async def watch_loop(metrics: Metrics, interval_s: float = 0.25) -> None:
+    """Measure how late this event loop wakes from a sleep, until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + interval_s
+        await asyncio.sleep(interval_s)
+        metrics.loop_lag.set(max(0.0, loop.time() - due))
+
+
+def default_queues(extra: Iterable[str] = ()) -> Callable[[], list[str]]:
+    """The queues a process samples: the completion queue and ``extra``."""
+    names = [keys.COMPLETIONS_QUEUE, *extra]
+    return lambda: names

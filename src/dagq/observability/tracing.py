@@ -1,0 +1,314 @@
+"""OpenTelemetry traces behind one small seam; nothing at all when they are off.
+
+Tracing is on in a process when the ``otel`` extra is installed, ``OTEL_SDK_DISABLED``
+is not true, and ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``)
+is set or ``OTEL_TRACES_EXPORTER`` names an exporter (``otlp``: OTLP/HTTP protobuf, the
+default; ``console``). Everything else is the standard ``OTEL_*`` configuration the
+SDK reads itself (service name, resource attributes, batch processor, headers).
+
+When it is off, :func:`enabled` is False and every function here returns at once; the
+OpenTelemetry packages are not even imported.
+
+dagq's spans are emitted once they have happened (:func:`emit`), with ids dagq chose
+(:mod:`dagq.observability.ids`): the run's trace id comes from its workflow id, and a
+span's id may be fixed before it exists, so a message can name it (a send's) or a task
+can run inside it (a process span's). The parent is a span context built here from
+those ids, not one carried from process to process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from dagq.observability import ids
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Tracer
+
+log = logging.getLogger("dagq.observability")
+
+Kind = Literal["internal", "producer", "consumer", "client", "server"]
+Attributes = Mapping[str, str | int | float | bool]
+#: A span named by (trace id, span id).
+SpanRef = tuple[int, int]
+
+
+class _Installed:
+    """The tracer and provider in use (None while tracing is off)."""
+
+    tracer: Tracer | None = None
+    provider: TracerProvider | None = None
+    #: What :func:`emit` needs to hand a finished span straight to the processors.
+    finished: Any = None
+
+
+_on = _Installed()
+_TRUE = ("1", "true", "yes", "on")
+
+
+def enabled() -> bool:
+    """Is tracing on in this process?"""
+    return _on.tracer is not None
+
+
+def wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Does the environment ask for traces (whether or not the extra is installed)?"""
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() in _TRUE:
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return exporter != "none"
+    return bool(
+        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+def configure(service: str) -> bool:
+    """Turn tracing on if the environment asks for it (see the module's docstring);
+    whether it is on. ``service`` is the default ``service.name`` (``OTEL_SERVICE_NAME``
+    wins)."""
+    if _on.tracer is not None:
+        return True
+    if not wanted():
+        return False
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        log.warning("OTEL_* asks for traces but dagq[otel] is not installed: tracing is off")
+        return False
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    provider.add_span_processor(BatchSpanProcessor(_exporter()))
+    install(provider)
+    return True
+
+
+def _exporter() -> Any:
+    kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if kind != "otlp":
+        log.warning("OTEL_TRACES_EXPORTER=%s is not supported by dagq; using otlp", kind)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
+def new_provider(**kwargs: Any) -> TracerProvider:
+    """A tracer provider (for tests, and processes that set up their own exporters:
+    pass it to :func:`install`)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    return TracerProvider(**kwargs)
+
+
+def install(provider: TracerProvider | None) -> None:
+    """Trace into ``provider`` from now on (None: tracing off). The provider becomes
+    the global one too when none is set, so user code in this process joins."""
+    if provider is None:
+        _on.tracer = _on.provider = _on.finished = None
+        return
+    from opentelemetry import trace
+
+    _on.provider = provider
+    _on.tracer = provider.get_tracer("dagq")
+    _on.finished = _Finished(provider)
+    if type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider":
+        trace.set_tracer_provider(provider)
+
+
+def flush(timeout_ms: int = 5000) -> None:
+    """Export what is buffered (before a process ends, or a pool process replies)."""
+    if _on.provider is not None:
+        _on.provider.force_flush(timeout_ms)
+
+
+def shutdown() -> None:
+    """Flush and stop exporting."""
+    if _on.provider is not None:
+        _on.provider.shutdown()
+    _on.tracer = _on.provider = _on.finished = None
+
+
+def _context(parent: SpanRef | None) -> Any:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    if parent is None:
+        return trace.set_span_in_context(trace.INVALID_SPAN, None)
+    remote = SpanContext(parent[0], parent[1], is_remote=True, trace_flags=TraceFlags(1))
+    return trace.set_span_in_context(NonRecordingSpan(remote))
+
+
+def _links(links: Iterable[SpanRef]) -> list[Any]:
+    from opentelemetry.trace import Link, SpanContext, TraceFlags
+
+    return [Link(SpanContext(t, s, is_remote=True, trace_flags=TraceFlags(1))) for t, s in links]
+
+
+def emit(
+    name: str,
+    *,
+    trace: int,
+    start_s: float,
+    end_s: float,
+    parent: int | None = None,
+    span_id: int = 0,
+    kind: Kind = "internal",
+    attributes: Attributes | None = None,
+    links: Sequence[SpanRef] = (),
+    error: str | None = None,
+) -> None:
+    """Record a span that already happened (from ``start_s`` to ``end_s``).
+
+    It is made finished and handed to the provider's processors at once: a span the
+    runtime emits by the thousand (sends, waits) costs a tenth of one started and
+    ended through the tracer (no sampler, context or attribute checks to run: dagq
+    records every run, and its attributes are plain values).
+    """
+    finished = _on.finished
+    if finished is None:
+        return
+    finished.emit(
+        name,
+        trace=trace,
+        span_id=span_id or ids.new_span_id(),
+        parent=parent,
+        kind=kind,
+        attributes=attributes,
+        links=links,
+        start_ns=int(start_s * 1e9),
+        end_ns=int(max(end_s, start_s) * 1e9),
+        error=error,
+    )
+
+
+class _Finished:
+    """Hands finished spans to a provider's processors."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.trace.sampling import Decision
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+        self.readable = ReadableSpan
+        self.context = SpanContext
+        self.sampled = TraceFlags(TraceFlags.SAMPLED)
+        self.kinds = {k.name.lower(): k for k in SpanKind}
+        self.ok, self.failed = Status(StatusCode.UNSET), Status(StatusCode.ERROR)
+        self.scope = InstrumentationScope("dagq")
+        self.resource = provider.resource
+        # The provider's own multi-processor: what its tracers end spans into.
+        self.processor = provider._active_span_processor
+        # Its sampler (OTEL_TRACES_SAMPLER), asked once per trace: a run is kept or
+        # dropped whole, as its trace id decides (traceidratio).
+        self.sampler = provider.sampler
+        self.keep = Decision.RECORD_AND_SAMPLE
+        self.decisions: dict[int, bool] = {}
+
+    def emit(
+        self,
+        name: str,
+        *,
+        trace: int,
+        span_id: int,
+        parent: int | None,
+        kind: Kind,
+        attributes: Attributes | None,
+        links: Sequence[SpanRef],
+        start_ns: int,
+        end_ns: int,
+        error: str | None,
+    ) -> None:
+        if not self._sampled(trace, name):
+            return
+        context, flags = self.context, self.sampled
+        if error is not None:
+            attributes = {**(attributes or {}), "error.type": error}
+        span = self.readable(
+            name,
+            context=context(trace, span_id, False, flags),
+            parent=None if parent is None else context(trace, parent, True, flags),
+            resource=self.resource,
+            attributes=attributes,
+            links=_links(links) if links else (),
+            kind=self.kinds[kind],
+            status=self.ok if error is None else self.failed,
+            start_time=start_ns,
+            end_time=end_ns,
+            instrumentation_scope=self.scope,
+        )
+        self.processor.on_end(span)
+
+    def _sampled(self, trace: int, name: str) -> bool:
+        decision = self.decisions.get(trace)
+        if decision is None:
+            result = self.sampler.should_sample(None, trace, name)
+            decision = result.decision == self.keep
+            if len(self.decisions) >= 4096:
+                self.decisions.clear()
+            self.decisions[trace] = decision
+        return decision
+
+
+def joined(traceparent: str, service: str = "dagq-task") -> contextlib.AbstractContextManager[None]:
+    """The context a task's own code runs in: inside the span ``traceparent`` names,
+    if the task's code uses OpenTelemetry at all (its module imported it: otherwise
+    nothing is imported or set up, and the task pays nothing). A process without a
+    tracer provider of its own (a pool process) gets one that sets up the SDK from
+    the ``OTEL_*`` environment the first time the task asks for a tracer."""
+    if not traceparent or "opentelemetry" not in sys.modules:
+        return contextlib.nullcontext()
+    _provide_lazily(service)
+    return within(traceparent)
+
+
+def _provide_lazily(service: str) -> None:
+    from opentelemetry import trace
+
+    if type(trace.get_tracer_provider()).__name__ != "ProxyTracerProvider" or not wanted():
+        return
+
+    class LazyProvider(trace.TracerProvider):
+        """Sets up the SDK on first use; until then, costs nothing."""
+
+        def get_tracer(self, *args: Any, **kwargs: Any) -> Tracer:
+            configure(service)
+            if _on.provider is None:
+                return trace.NoOpTracer()
+            return _on.provider.get_tracer(*args, **kwargs)
+
+    trace.set_tracer_provider(LazyProvider())
+
+
+@contextlib.contextmanager
+def within(traceparent: str) -> Iterator[None]:
+    """Make the span ``traceparent`` names the current one while the block runs, so
+    spans made by user code (with any tracer) become its children. Needs only the
+    OpenTelemetry API; nothing happens without it or without a traceparent."""
+    parsed = ids.parse_traceparent(traceparent) if traceparent else None
+    if parsed is None:
+        yield
+        return
+    try:
+        from opentelemetry import context
+    except ImportError:
+        yield
+        return
+    token = context.attach(_context(parsed))
+    try:
+        yield
+    finally:
+        context.detach(token)
