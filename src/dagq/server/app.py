@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from dagq.client import Client
-from dagq.server import actions, health, problems, resources, workflows
+from dagq.server import actions, console, health, problems, resources, workflows
 from dagq.server.context import Api, Settings
 from dagq.server.idempotency import Keys
 from dagq.server.limits import BodyLimit
@@ -43,6 +43,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     for router in (workflows.router, actions.router, health.router):
         app.include_router(router)
+    console.install(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -1,0 +1,44 @@
+"""The web console: static files shipped inside the package, served at ``/``.
+
+``/`` answers the console's page; its scripts, styles and the vendored graph layout
+library are under ``/console/``. Everything the browser needs is in the package (built
+from npm by ``console/bundle/build.sh`` and committed), so serving it needs no Node. The
+console is a client of the ``/v1`` API like any other: it sends the caller's bearer
+token on every request and holds no state on the server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI
+from starlette.responses import FileResponse
+from starlette.staticfiles import StaticFiles
+
+#: The console's files (package data).
+ASSETS = Path(__file__).with_name("console")
+#: Revalidate on every load: a new dagq version must not run an old cached script.
+NO_CACHE = {"Cache-Control": "no-cache"}
+
+router = APIRouter(include_in_schema=False)
+
+
+@router.get("/")
+async def index() -> FileResponse:
+    """The console's single page (it routes by the URL's fragment)."""
+    return FileResponse(ASSETS / "index.html", headers=NO_CACHE)
+
+
+class _Assets(StaticFiles):
+    """Static files that a browser revalidates (ETag) before reusing."""
+
+    def file_response(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        response = super().file_response(*args, **kwargs)
+        response.headers.update(NO_CACHE)
+        return response
+
+
+def install(app: FastAPI) -> None:
+    """Serve the console at ``/`` and its assets under ``/console/``."""
+    app.include_router(router)
+    app.mount("/console", _Assets(directory=ASSETS), name="console")
