@@ -123,6 +123,8 @@ class WorkflowSummary(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: float
     tenant: str
     error: str | None
+    #: The run's labels (``key: value``), given when it was submitted.
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class WorkflowTask(TaskInfo, frozen=True, kw_only=True):
@@ -336,7 +338,7 @@ class Client:
                 limit=min(limit - len(rows), 500),
                 cursor=cursor,
             )
-            rows += [_summary(row) for row in page.rows]
+            rows += [row_summary(row) for row in page.rows]
             cursor = page.cursor
             if cursor is None:
                 break
@@ -363,7 +365,7 @@ class Client:
             limit=limit,
             cursor=cursor,
         )
-        return [_summary(row) for row in page.rows], page.cursor
+        return [row_summary(row) for row in page.rows], page.cursor
 
     async def tasks(
         self, workflow_id: str, *, state: str | None = None, instances: bool = False
@@ -919,7 +921,8 @@ def _task_index(plan: Plan, workflow_id: str, task: str) -> int:
     return index
 
 
-def _summary(row: IndexRow) -> WorkflowSummary:
+def row_summary(row: IndexRow) -> WorkflowSummary:
+    """A listing row from an index row."""
     return WorkflowSummary(
         id=row.id,
         name=row.name,
@@ -930,4 +933,5 @@ def _summary(row: IndexRow) -> WorkflowSummary:
         updated_at=row.updated_at,
         tenant=row.tenant,
         error=row.data.get("error"),
+        labels=dict(row.data.get("labels") or {}),
     )

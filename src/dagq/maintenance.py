@@ -231,12 +231,8 @@ async def _queues(
     now: float,
     workers: list[registry.WorkerRecord],
 ) -> list[Finding]:
-    buried: dict[str, list[DeadLetter]] = {}
-    for letter in await store.queues.dead_letters(None, limit=DEAD_LETTERS_SHOWN):
-        buried.setdefault(letter.queue, []).append(letter)
-    names = sorted(
-        {q for *_, queues in active for q in queues} | {keys.COMPLETIONS_QUEUE} | set(buried)
-    )
+    buried = await _buried(store)
+    names = _queue_names(active, buried)
     findings = []
     for name in names:
         depth = await store.queues.depth(name)
@@ -278,6 +274,64 @@ async def _queues(
         else:
             findings.append(Finding("ok", label, detail))
     return findings
+
+
+async def _buried(store: Store) -> dict[str, list[DeadLetter]]:
+    """The dead letters (the first DEAD_LETTERS_SHOWN), by queue."""
+    buried: dict[str, list[DeadLetter]] = {}
+    for letter in await store.queues.dead_letters(None, limit=DEAD_LETTERS_SHOWN):
+        buried.setdefault(letter.queue, []).append(letter)
+    return buried
+
+
+def _queue_names(
+    active: list[tuple[str, str, float, float, list[str]]],
+    buried: dict[str, list[DeadLetter]],
+    workers: Sequence[registry.WorkerRecord] = (),
+) -> list[str]:
+    """The queues worth a look: those of unfinished workflows, the completion queue,
+    those with dead letters, and those a live worker serves."""
+    return sorted(
+        {q for *_, queues in active for q in queues}
+        | {keys.COMPLETIONS_QUEUE}
+        | set(buried)
+        | {q for w in workers for q in w.queues}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOverview:
+    """One queue as an operator sees it: how many wait, the oldest's age, the live
+    workers serving it, its dead letters (counted up to DEAD_LETTERS_SHOWN)."""
+
+    queue: str
+    depth: int
+    in_flight: int
+    oldest_age_s: float
+    workers: int
+    dead_letters: int
+
+
+async def queue_overview(store: Store, *, now: float | None = None) -> list[QueueOverview]:
+    """The queues doctor looks at (and those live workers serve), each with its depth."""
+    now = now or time.time()
+    active = await _active_rows(store)
+    workers = await registry.live_workers(store.documents, now=now)
+    buried = await _buried(store)
+    found = []
+    for name in _queue_names(active, buried, workers):
+        depth = await store.queues.depth(name)
+        found.append(
+            QueueOverview(
+                queue=name,
+                depth=depth.visible,
+                in_flight=depth.invisible,
+                oldest_age_s=round(depth.oldest_age_s, 3),
+                workers=sum(w.serves(name) for w in workers),
+                dead_letters=len(buried.get(name, ())),
+            )
+        )
+    return found
 
 
 def _served(

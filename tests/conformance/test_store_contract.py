@@ -659,6 +659,23 @@ async def test_index_delete_removes_the_row_and_says_so(store: Store) -> None:
     assert (await store.index.query()).rows == []
 
 
+async def test_changed_returns_rows_written_after_a_moment_oldest_change_first(
+    store: Store,
+) -> None:
+    await store.index.upsert(row("a", 1.0, updated_at=10.0))
+    await store.index.upsert(row("b", 2.0, updated_at=30.0))
+    await store.index.upsert(row("c", 3.0, updated_at=20.0))
+    await store.index.upsert(row("a", 1.0, status="failed", updated_at=40.0))  # moved
+    found = await store.index.changed(15.0)
+    assert [(r.id, r.status, r.updated_at) for r in found] == [
+        ("c", "running", 20.0),
+        ("b", "running", 30.0),
+        ("a", "failed", 40.0),
+    ]
+    assert [r.id for r in await store.index.changed(15.0, limit=2)] == ["c", "b"]
+    assert await store.index.changed(40.0) == []
+
+
 # --- leases -------------------------------------------------------------------------
 
 

@@ -217,7 +217,7 @@ def test_the_list_filters_by_name_and_time_and_pages_with_a_cursor(http: httpx.C
         params={"name": "api-listed", "created_after": min(created), "created_before": 1e12},
     ).json()
     assert [w["id"] for w in window["items"]] == ids[:0:-1]
-    problem(http.get("/v1/workflows", params={"status": "asleep"}), 409)
+    problem(http.get("/v1/workflows", params={"status": "asleep"}), 422)
     problem(http.get("/v1/workflows", params={"created_after": "yesterday"}), 422)
 
 

@@ -1,9 +1,10 @@
 """``dagq logs ID TASK --follow``: an attempt's output as it comes, until it ends.
 
 The worker sends what the task writes every half second (:mod:`dagq.live_logs`);
-this prints each new chunk, and stops when the run's state says the attempt ended
-— completed (exit 0) or anything else (exit 1). A task not started yet is waited
-for. An attempt that ended before anything was streamed shows its kept log.
+this prints what is new (:mod:`dagq.log_reading`), and stops when the run's state
+says the attempt ended — completed (exit 0) or anything else (exit 1). A task not
+started yet is waited for. An attempt that ended before anything was streamed shows
+its kept log.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import asyncio
 import sys
 
 from dagq.cli.inspect import EXIT_FAILED, EXIT_OK, with_client
-from dagq.client import AttemptState, Client
+from dagq.client import Client
 from dagq.keys import attempt_name
+from dagq.log_reading import LogSlice, read_log
 
 #: How often the store is asked for new output and for the attempt's state.
 POLL_S = 0.3
@@ -32,34 +34,32 @@ def run_follow(
     """Print the attempt's output as it comes; its exit code once it ended."""
     name = attempt_name(task, item=item, undo=undo)
 
-    async def state(client: Client, number: int | None) -> AttemptState:
-        return await client.attempt_state(workflow_id, task, attempt=number, item=item, undo=undo)
+    async def read(client: Client, number: int | None, offset: int) -> LogSlice:
+        return await read_log(
+            client, workflow_id, task, attempt=number, offset=offset, item=item, undo=undo
+        )
 
     async def body(client: Client) -> int:
-        current = await state(client, attempt)
-        while current.attempt == 0 and current.ended is None:  # not started yet
+        piece = await read(client, attempt, 0)
+        while piece.attempt == 0 and piece.ended is None:  # not started yet
             await asyncio.sleep(POLL_S)
-            current = await state(client, attempt)
-        if current.attempt == 0:
-            print(f"'{name}' ran no attempt: it is {current.ended}", file=sys.stderr)
-            return EXIT_OK if current.ended == "completed" else EXIT_FAILED
-        number = current.attempt
+            piece = await read(client, attempt, 0)
+        if piece.attempt == 0:
+            print(f"'{name}' ran no attempt: it is {piece.ended}", file=sys.stderr)
+            return EXIT_OK if piece.ended == "completed" else EXIT_FAILED
+        number = piece.attempt
         print(f"[following attempt {number} of '{name}']", file=sys.stderr, flush=True)
-        shown, after = False, None
         while True:
-            ended = current.ended  # read before the chunks: every chunk of it is out
-            for key, data in await client.live_output(current.live_prefix, after=after):
-                sys.stdout.buffer.write(data)
-                sys.stdout.buffer.flush()
-                shown, after = True, key
-            if ended is not None:
+            sys.stdout.buffer.write(piece.data)
+            sys.stdout.buffer.flush()
+            if piece.complete:
                 break
-            await asyncio.sleep(POLL_S)
-            current = await state(client, number)
-        if not shown:  # it ended before anything was sent live: what was kept
-            text = await client.logs(workflow_id, task, attempt=number, item=item, undo=undo)
-            if text:
-                print(text, flush=True)
+            if piece.ended is None:
+                await asyncio.sleep(POLL_S)
+            piece = await read(client, number, piece.next_offset)
+        if piece.data and not piece.data.endswith(b"\n"):
+            print(flush=True)
+        ended = piece.ended
         if ended != "completed":
             error = await client.error(workflow_id, task, attempt=number, item=item, undo=undo)
             if error:

@@ -11,7 +11,18 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from dagq.client import Client
-from dagq.server import actions, console, health, problems, resources, workflows
+from dagq.server import (
+    actions,
+    changes,
+    console,
+    dead_letter_routes,
+    fleet,
+    health,
+    logs,
+    problems,
+    resources,
+    workflows,
+)
 from dagq.server.context import Api, Settings
 from dagq.server.idempotency import Keys
 from dagq.server.limits import BodyLimit
@@ -41,7 +52,16 @@ def create_app(settings: Settings) -> FastAPI:
     )
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    for router in (workflows.router, actions.router, health.router):
+    # logs before workflows: its path would otherwise be read as a task's name
+    for router in (
+        logs.router,
+        workflows.router,
+        actions.router,
+        changes.router,
+        fleet.router,
+        dead_letter_routes.router,
+        health.router,
+    ):
         app.include_router(router)
     console.install(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -55,7 +75,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             title=app.title, version=app.version, summary=app.summary, routes=app.routes
         )
         _, components = msgspec.json.schema_components(
-            resources.SCHEMAS, ref_template="#/components/schemas/{name}"
+            (*resources.SCHEMAS, logs.LogText, *fleet.SCHEMAS, *dead_letter_routes.SCHEMAS),
+            ref_template="#/components/schemas/{name}",
         )
         document.setdefault("components", {}).setdefault("schemas", {}).update(components)
         app.openapi_schema = document

@@ -3,7 +3,7 @@ helpers that answer in JSON."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -12,9 +12,11 @@ from starlette.responses import Response
 
 from dagq.client import Client
 from dagq.errors import WorkflowNotFound
-from dagq.server.access import Caller
+from dagq.log_reading import ChunkSizes
+from dagq.server.access import Caller, Role
 from dagq.server.idempotency import Keys
 from dagq.server.limits import MAX_BODY_BYTES
+from dagq.server.problems import ProblemError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +42,8 @@ class Api:
     settings: Settings
     client: Client
     keys: Keys
+    #: The sizes of live log chunks already read (a poll fetches only new ones).
+    log_chunks: ChunkSizes = field(default_factory=ChunkSizes)
 
 
 def api_of(request: Request) -> Api:
@@ -56,6 +60,20 @@ def answer(value: Any, status: int = 200, headers: dict[str, str] | None = None)
         media_type="application/json",
         headers=headers,
     )
+
+
+def allow(who: Caller, role: Role, what: str) -> None:
+    """Refuse (403) a caller whose role does not include ``role``; ``what`` names the
+    action ("cancel workflows")."""
+    if not who.may(role):
+        raise ProblemError(
+            "forbidden", f"{who.role} {who.name!r} may not {what} (it takes the {role} role)"
+        )
+
+
+def actor(who: Caller) -> str:
+    """Who started an action, as recorded with it."""
+    return who.name
 
 
 async def guard(api: Api, who: Caller, workflow_id: str) -> None:

@@ -49,6 +49,7 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 KINDS: dict[str, tuple[int, str]] = {
     "malformed-request": (400, "The request could not be read"),
     "bad-idempotency-key": (400, "The Idempotency-Key header is not valid"),
+    "forbidden": (403, "The caller may not do this"),
     "not-found": (404, "No such resource"),
     "method-not-allowed": (405, "Method not allowed"),
     "conflict": (409, "The request conflicts with the current state"),
@@ -124,6 +125,7 @@ _ERROR_KINDS: tuple[tuple[type[DagqError], str], ...] = (
 
 _HTTP_KINDS = {
     400: "malformed-request",
+    403: "forbidden",
     404: "not-found",
     405: "method-not-allowed",
     413: "too-large",

@@ -53,21 +53,46 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
-    """One attempt of a task, from its history: when it went out, how it ended."""
+    """One attempt of a task, from its history: when it was queued (``enqueued_at``,
+    also ``sent_at``), started and ended (``finished_at``, also ``ended_at``), and how."""
 
     attempt: int
     sent_at: float | None
     ended_at: float | None
     outcome: str | None
     detail: str | None
+    enqueued_at: float | None
+    started_at: float | None
+    finished_at: float | None
+
+
+class TimelineItem(msgspec.Struct, frozen=True, kw_only=True):
+    """One attempt of one task on a run's timeline (a Gantt bar: queued, then ran)."""
+
+    task: str
+    attempt: int
+    enqueued_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    #: How it ended (completed, failed, retried, cancelled, ...), or the task's state
+    #: while it has not.
+    status: str
+
+
+class Timeline(msgspec.Struct, frozen=True, kw_only=True):
+    """Every attempt of a run, in the order they were first sent."""
+
+    items: list[TimelineItem]
 
 
 class TaskDetail(TaskInfo, frozen=True, kw_only=True):
-    """A task with its attempts, its whole error text, and its events."""
+    """A task with its attempts, its whole error text, its events, and (while it waits)
+    the reason it is not running."""
 
     attempts: list[Attempt]
     full_error: str | None
     events: list[Event]
+    reason: str | None
 
 
 class GraphNode(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,6 +143,7 @@ SCHEMAS: tuple[Any, ...] = (
     Event,
     TaskDetail,
     TaskInfo,
+    Timeline,
     Graph,
     Health,
     Problem,
@@ -176,27 +202,72 @@ def events(
     return found
 
 
-def attempts(task: str, history: list[Event]) -> list[Attempt]:
-    """A task's attempts as its history tells them (each ``dispatched`` opens one)."""
-    found: dict[int, dict[str, Any]] = {}
+#: (attempt, started_at, state) of a task's current attempt, as the run state has it.
+Current = tuple[int, float | None, str]
+
+
+def attempts(task: str, history: list[Event], current: Current | None = None) -> list[Attempt]:
+    """A task's attempts as its history tells them (each ``dispatched`` opens one); the
+    current attempt's start comes from the state when the history has none."""
+    return [
+        Attempt(
+            attempt=t.attempt,
+            sent_at=t.enqueued_at,
+            ended_at=t.finished_at,
+            outcome=outcome,
+            detail=detail,
+            enqueued_at=t.enqueued_at,
+            started_at=t.started_at,
+            finished_at=t.finished_at,
+        )
+        for t, outcome, detail in _attempts_of(history, {task: current} if current else {}, task)
+    ]
+
+
+def timeline(history: list[Event], current: dict[str, Current]) -> Timeline:
+    """Every attempt of a run (of each task, instance and compensation in the history),
+    in the order they were first sent; ``current`` holds each task's current attempt."""
+    return Timeline(items=[t for t, _, _ in _attempts_of(history, current, None)])
+
+
+def _attempts_of(
+    history: list[Event], current: dict[str, Current], only: str | None
+) -> list[tuple[TimelineItem, str | None, str | None]]:
+    """(item, outcome, detail) of each attempt in the history (of task ``only``)."""
+    found: dict[tuple[str, int], dict[str, Any]] = {}
     for e in history:
-        if e.task != task or e.attempt < 1:
+        if e.task is None or e.attempt < 1 or (only is not None and e.task != only):
             continue
         seen = found.setdefault(
-            e.attempt,
-            {
-                "attempt": e.attempt,
-                "sent_at": None,
-                "ended_at": None,
-                "outcome": None,
-                "detail": None,
-            },
+            (e.task, e.attempt),
+            {"enqueued_at": None, "started_at": None, "finished_at": None, "outcome": None},
         )
         if e.kind == "dispatched":
-            seen["sent_at"] = seen["sent_at"] or e.at
+            seen["enqueued_at"] = seen["enqueued_at"] or e.at
+        elif e.kind == "started":
+            seen["started_at"] = seen["started_at"] or e.at
         elif e.kind in _ENDS or e.kind == "retried":
-            seen.update(ended_at=e.at, outcome=e.kind, detail=e.detail)
-    return [Attempt(**found[n]) for n in sorted(found)]
+            seen.update(finished_at=e.at, outcome=e.kind, detail=e.detail)
+    items = []
+    for (task, number), seen in found.items():
+        attempt, started, state = current.get(task) or (0, None, "unknown")
+        if number == attempt and seen["started_at"] is None:
+            seen["started_at"] = started
+        status = seen["outcome"] or (state if number == attempt else "failed")
+        item = TimelineItem(
+            task=task,
+            attempt=number,
+            enqueued_at=seen["enqueued_at"],
+            started_at=seen["started_at"],
+            finished_at=seen["finished_at"],
+            status=status,
+        )
+        items.append((item, seen["outcome"], seen.get("detail")))
+    return sorted(items, key=lambda t: (t[0].task != only, _first(t[0]), t[0].attempt))
+
+
+def _first(item: TimelineItem) -> float:
+    return item.enqueued_at or item.started_at or item.finished_at or 0.0
 
 
 def graph_of(

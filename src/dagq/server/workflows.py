@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 import anyio
@@ -12,14 +11,15 @@ from sse_starlette import EventSourceResponse
 from starlette.responses import Response
 
 from dagq import keys
-from dagq.client import TaskInfo, WorkflowSummary, task_info
+from dagq.client import TaskInfo, WorkflowSummary, instance_infos, task_info
 from dagq.definition import WorkflowDef
 from dagq.errors import UsageError, ValidationError, WorkflowNotFound
 from dagq.history import read_chunks
 from dagq.plan import compile_plan, resolve_params
 from dagq.server import bodies, idempotency, problems, resources
 from dagq.server.access import Caller, caller
-from dagq.server.context import Api, answer, api_of, guard, json_schema
+from dagq.server.context import Api, allow, answer, api_of, guard, json_schema
+from dagq.server.filters import RunFilter, run_filter
 from dagq.server.resources import Accepted, status_url
 from dagq.server.stream import history_events
 from dagq.state import TaskStatus
@@ -38,6 +38,8 @@ def _ok(struct: type[Any], *statuses: int) -> dict[int | str, dict[str, Any]]:
     return {200: {"content": json_schema(struct)}, **problems.openapi_responses(*statuses)}
 
 
+#: Task states in which a task waits for something (``reason`` says what).
+WAITING = frozenset({"pending", "ready", "waiting"})
 #: How long a stream gets to say goodbye when the server stops.
 STREAM_GRACE_S = 5.0
 #: Index rows a listing looks through for one page, at most (a created range that
@@ -116,6 +118,10 @@ async def list_workflows(
     api: Server,
     status: str | None = None,
     name: str | None = None,
+    tenant: str | None = None,
+    label: Annotated[
+        list[str] | None, Query(description="key=value: runs with that label; repeatable.")
+    ] = None,
     created_after: Annotated[
         str | None, Query(description="Epoch seconds or ISO 8601 (inclusive).")
     ] = None,
@@ -125,48 +131,46 @@ async def list_workflows(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: str | None = None,
 ) -> Response:
-    """Runs newest first, filtered by status, name and creation time; pass
-    ``next_cursor`` as ``cursor`` for the next page."""
-    after, before = (
-        _moment(created_after, "created_after"),
-        _moment(created_before, "created_before"),
+    """Runs newest first, filtered by status, name, tenant, labels and creation time;
+    pass ``next_cursor`` as ``cursor`` for the next page."""
+    allow(who, "viewer", "read workflows")
+    wanted = run_filter(
+        who,
+        status=status,
+        name=name,
+        tenant=tenant,
+        labels=label,
+        created_after=created_after,
+        created_before=created_before,
     )
+    items, cursor = await matching_page(api, wanted, limit=limit, cursor=cursor)
+    return answer(resources.WorkflowPage(items=items, next_cursor=cursor))
+
+
+async def matching_page(
+    api: Api, wanted: RunFilter, *, limit: int, cursor: str | None
+) -> tuple[list[WorkflowSummary], str | None]:
+    """Up to ``limit`` runs that pass ``wanted``, newest first, and the cursor of the
+    rest (None: no more); at most SCAN_ROWS index rows are looked through."""
+    if wanted.empty:
+        return [], None
     items: list[WorkflowSummary] = []
     scanned = 0
+    after = wanted.created_after
     while len(items) < limit and scanned < SCAN_ROWS:
         rows, cursor = await api.client.list_page(
-            status=status,
-            name=name,
-            tenant=who.tenant or None,
+            status=wanted.status,
+            name=wanted.name,
+            tenant=wanted.tenant,
             limit=min(limit - len(items), 500),
             cursor=cursor,
         )
         scanned += len(rows)
-        items += [r for r in rows if _within(r.created_at, after, before)]
+        items += [r for r in rows if wanted.matches(r)]
         if cursor is None or (after is not None and rows and rows[-1].created_at < after):
             cursor = None  # newest first: nothing older can be in range
             break
-    return answer(resources.WorkflowPage(items=items, next_cursor=cursor))
-
-
-def _moment(text: str | None, field: str) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValidationError(
-            f"{field}={text[:40]!r} is neither epoch seconds nor an ISO 8601 time"
-        ) from None
-    return moment.timestamp()
-
-
-def _within(at: float, after: float | None, before: float | None) -> bool:
-    return (after is None or at >= after) and (before is None or at < before)
+    return items, cursor
 
 
 @router.get(
@@ -216,7 +220,9 @@ async def task_output(workflow_id: WorkflowId, name: TaskName, who: Who, api: Se
     },
 )
 async def get_task(workflow_id: WorkflowId, name: TaskName, who: Who, api: Server) -> Response:
-    """A task with its attempts (sent, ended, outcome), its whole error and its events."""
+    """A task with its attempts (queued, started, ended, outcome), its whole error, its
+    events and, while it waits, the reason it is not running."""
+    allow(who, "viewer", "read workflows")
     await guard(api, who, workflow_id)
     _, plan, st = await load_run(api.client.store, workflow_id, plans=api.client.plans)
     if name not in plan.by_name:
@@ -227,12 +233,42 @@ async def get_task(workflow_id: WorkflowId, name: TaskName, who: Who, api: Serve
     full_error = None
     if info.attempt > 0 and info.error is not None:
         full_error = await api.client.error(workflow_id, name)
+    reason = None
+    if info.status in WAITING:
+        reason = (await api.client.explain(workflow_id, name)).summary
     fields: dict[str, Any] = {f: getattr(info, f) for f in info.__struct_fields__}
+    current = (info.attempt, info.started_at, info.status)
     return answer(
         resources.TaskDetail(
-            **fields, attempts=resources.attempts(name, own), full_error=full_error, events=own
+            **fields,
+            attempts=resources.attempts(name, own, current),
+            full_error=full_error,
+            events=own,
+            reason=reason,
         )
     )
+
+
+@router.get(
+    "/workflows/{workflow_id}/timeline",
+    summary="Every attempt of a workflow, for a Gantt chart",
+    responses=_ok(resources.Timeline, 404),
+)
+async def workflow_timeline(workflow_id: WorkflowId, who: Who, api: Server) -> Response:
+    """Each attempt of each task (and foreach instance): when it was queued, started
+    and finished, and how it ended (or the task's state while it runs)."""
+    allow(who, "viewer", "read workflows")
+    await guard(api, who, workflow_id)
+    _, plan, st = await load_run(api.client.store, workflow_id, plans=api.client.plans)
+    current: dict[str, resources.Current] = {}
+    for i in range(st.n_tasks):
+        if st.attempt[i] or i in st.groups:
+            info = task_info(plan, st, i)
+            current[info.name] = (info.attempt, info.started_at, info.status)
+            for each in instance_infos(plan, st, i):
+                current[each.name] = (each.attempt, each.started_at, each.status)
+    history = resources.events(await read_chunks(api.client.store, workflow_id), None)
+    return answer(resources.timeline(history, current))
 
 
 @router.get(

@@ -15,6 +15,9 @@ listing reads them in order:
   the pointer before every upsert, so a steady upsert is one transaction.
 * a **status entity** per status ever used (``statuses``), so a query without a
   status filter knows which partitions to read.
+
+Row entities carry ``updated_at`` as a property, so ``changed`` (what changed since a
+moment, for the server's stream) is one filtered query over the row partitions.
 """
 
 from __future__ import annotations
@@ -88,7 +91,12 @@ def _row_properties(row: IndexRow) -> dict[str, Any]:
             f"index row {row.id!r} is {len(data)} bytes encoded, over the "
             f"{_CHUNK * _MAX_CHUNKS}-byte limit of an Azure table entity; keep its data small"
         )
-    properties: dict[str, Any] = {"id": row.id, "name": row.name, "tenant": row.tenant}
+    properties: dict[str, Any] = {
+        "id": row.id,
+        "name": row.name,
+        "tenant": row.tenant,
+        "updated_at": float(row.updated_at),
+    }
     properties.update({f"r{i}": chunk for i, chunk in enumerate(chunks)})
     return properties
 
@@ -236,6 +244,23 @@ class AzureIndex:
         if len(rows) > limit:
             return IndexPage(rows[:limit], encode_cursor(rows[limit - 1]))
         return IndexPage(rows)
+
+    async def changed(self, after: float, *, limit: int = 100) -> list[IndexRow]:
+        check_page_size(limit)
+        # Row entities only (their partitions start "s:"; pointers "w:"); a row caught
+        # mid-move is in two partitions: the later write wins.
+        query = "PartitionKey ge 's:' and PartitionKey lt 's;' and updated_at gt @after"
+        pages = self._service.pages(
+            "table.query",
+            lambda c: c.table.query_entities(query, parameters={"after": float(after)}),
+        )
+        found: dict[str, IndexRow] = {}
+        async for page in pages:
+            for entity in page:
+                row = _row_of(entity)
+                if row.id not in found or found[row.id].updated_at < row.updated_at:
+                    found[row.id] = row
+        return sorted(found.values(), key=lambda row: (row.updated_at, row.id))[:limit]
 
     async def delete(self, workflow_id: str) -> bool:
         where = self._where.get(workflow_id) or await self._locate(workflow_id)

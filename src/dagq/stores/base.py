@@ -240,6 +240,11 @@ class Index(Protocol):
         """Rows matching every given filter, newest ``created_at`` first."""
         ...
 
+    async def changed(self, after: float, *, limit: int = 100) -> list[IndexRow]:
+        """Rows written with ``updated_at`` later than ``after``, oldest change first
+        (then by id), at most ``limit``: what changed since a moment, for a stream."""
+        ...
+
     async def delete(self, workflow_id: str) -> bool:
         """Remove the row; True if it existed."""
         ...

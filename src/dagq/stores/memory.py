@@ -261,6 +261,11 @@ class MemoryIndex:
             return IndexPage(rows[:limit], encode_cursor(rows[limit - 1]))
         return IndexPage(rows[:limit])
 
+    async def changed(self, after: float, *, limit: int = 100) -> list[IndexRow]:
+        check_page_size(limit)
+        rows = [row for row in map(decode_row, self._rows.values()) if row.updated_at > after]
+        return sorted(rows, key=lambda row: (row.updated_at, row.id))[:limit]
+
     async def delete(self, workflow_id: str) -> bool:
         return self._rows.pop(workflow_id, None) is not None
 

@@ -713,6 +713,15 @@ class SqliteIndex:
             return IndexPage(rows[:limit], encode_cursor(rows[limit - 1]))
         return IndexPage(rows)
 
+    async def changed(self, after: float, *, limit: int = 100) -> list[IndexRow]:
+        check_page_size(limit)
+        sql = (
+            "SELECT row FROM index_rows INDEXED BY index_rows_updated WHERE updated_at > ? "
+            "ORDER BY updated_at, id LIMIT ?"
+        )
+        found = await self._db.read(lambda c: c.execute(sql, (after, limit)).fetchall())
+        return [decode_row(data) for (data,) in found]
+
     async def delete(self, workflow_id: str) -> bool:
         sql = "DELETE FROM index_rows WHERE id = ?"
         return await self._db.write(lambda c: c.execute(sql, (workflow_id,)).rowcount > 0)

@@ -32,6 +32,7 @@ CREATE INDEX IF NOT EXISTS index_rows_created ON index_rows (created_at, id);
 CREATE INDEX IF NOT EXISTS index_rows_status ON index_rows (status, created_at, id);
 CREATE INDEX IF NOT EXISTS index_rows_name ON index_rows (name, created_at, id);
 CREATE INDEX IF NOT EXISTS index_rows_tenant ON index_rows (tenant, created_at, id);
+CREATE INDEX IF NOT EXISTS index_rows_updated ON index_rows (updated_at, id);
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, owner TEXT NOT NULL, token TEXT NOT NULL,
     acquired_at REAL NOT NULL, expires_at REAL NOT NULL
