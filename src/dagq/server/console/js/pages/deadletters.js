@@ -1,5 +1,5 @@
 // Dead letters: messages no worker could handle; select some, then replay or purge.
-import { enc, post, query } from "../api.js";
+import { post, query } from "../api.js";
 import { h, notice, when } from "../dom.js";
 import { tablePage } from "./table.js";
 
@@ -36,11 +36,12 @@ export async function render(main, { query: q, signal }) {
         box.addEventListener("change", () => (box.checked ? picked.add(d.key) : picked.delete(d.key)));
         return box;
       }],
-      ["Queue", (d) => h("code", {}, d.queue ?? "—")],
-      ["Workflow", (d) => (d.workflow_id ? h("a", { href: `#/runs/${enc(d.workflow_id)}` }, d.workflow_id) : "—")],
-      ["Task", (d) => d.task ?? "—"],
-      ["Reason", (d) => d.reason ?? d.error ?? "—"],
-      ["When", (d) => when(d.dead_at ?? d.at ?? d.created_at)],
+      ["Queue", (d) => h("code", {}, d.queue)],
+      ["Kind", (d) => d.kind],
+      ["What", (d) => d.summary],
+      ["Reason", (d) => d.reason],
+      ["Deliveries", (d) => String(d.deliveries)],
+      ["Set aside", (d) => when(d.dead_at)],
     ],
   });
   main.querySelector("h1").after(bar, said);

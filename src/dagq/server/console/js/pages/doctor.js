@@ -9,11 +9,12 @@ export function render(main, { signal }) {
     every: 15000,
     rowsOf: (b) => b.findings ?? [],
     empty: "No findings.",
-    extra: (b) => h("p", { class: b.ok ? "notice ok" : "notice error", role: "status" }, b.ok ? "All checks pass." : "Something needs attention."),
+    extra: (b) => h("p", { class: b.ok ? "notice ok" : "notice error", role: "status" }, b.ok ? "Every check passes." : "Something needs attention."),
     columns: [
       ["Level", (f) => badge(f.level)],
-      ["What", (f) => f.what],
-      ["Detail", (f) => f.detail ?? ""],
+      ["Check", (f) => f.what],
+      ["Saw", (f) => f.detail],
+      ["Fix", (f) => (f.fix ? h("code", {}, f.fix) : "")],
     ],
   });
 }

@@ -2,20 +2,21 @@
 import { ago, badge, h } from "../dom.js";
 import { tablePage } from "./table.js";
 
-const pick = (item, ...keys) => keys.map((k) => item[k]).find((v) => v != null);
-
 export function render(main, { signal }) {
   return tablePage(main, signal, {
     title: "Workers",
     path: "/v1/workers",
-    empty: "No worker has reported.",
+    intro: "Workers that reported recently: what they serve and how busy they are.",
+    empty: "No live worker.",
     columns: [
-      ["Worker", (w) => h("code", {}, pick(w, "worker_id", "id", "name") ?? "?")],
-      ["State", (w) => badge(pick(w, "state", "status") ?? (w.alive === false ? "gone" : "alive"))],
-      ["Host", (w) => pick(w, "host", "hostname") ?? "—"],
-      ["Queues", (w) => (pick(w, "queues") ?? []).join?.(", ") ?? String(pick(w, "queues") ?? "—")],
-      ["Running", (w) => String(pick(w, "running", "busy", "in_flight") ?? "—")],
-      ["Seen", (w) => ago(pick(w, "heartbeat_at", "last_seen", "updated_at", "seen_at"))],
+      ["Worker", (w) => h("code", {}, w.id)],
+      ["State", (w) => badge(w.state)],
+      ["Host", (w) => `${w.host} (pid ${w.pid})`],
+      ["Queues", (w) => w.queues.join(", ")],
+      ["Running", (w) => `${w.running} of ${w.concurrency}`],
+      ["Finished", (w) => String(w.completed)],
+      ["Version", (w) => w.version || "—"],
+      ["Seen", (w) => ago(w.last_seen)],
     ],
   });
 }

@@ -39,7 +39,7 @@ export function drawGantt(container, items, open) {
       ran != null ? `run ${duration(ran)}${r.finished_at == null ? " so far" : ""}` : "not started"].filter(Boolean).join(", ");
     const track = h("div", { class: "track", title: text });
     if (r.enqueued_at != null) {
-      track.append(h("span", { class: "bar wait", style: `left:${pct(r.enqueued_at)};width:${width(r.enqueued_at, start ?? now)}` }));
+      track.append(h("span", { class: "bar wait", style: `left:${pct(r.enqueued_at)};width:${width(r.enqueued_at, start ?? r.finished_at ?? now)}` }));
     }
     if (start != null) {
       track.append(h("span", { class: `bar run s-${r.status}`, style: `left:${pct(start)};width:${width(start, end)}` }));
