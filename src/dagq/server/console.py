@@ -10,9 +10,10 @@ token on every request and holds no state on the server.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
-from starlette.responses import FileResponse
+from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
 #: The console's files (package data).
@@ -32,7 +33,7 @@ async def index() -> FileResponse:
 class _Assets(StaticFiles):
     """Static files that a browser revalidates (ETag) before reusing."""
 
-    def file_response(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
         response = super().file_response(*args, **kwargs)
         response.headers.update(NO_CACHE)
         return response

@@ -4,12 +4,15 @@ export const RUN_STATES = ["pending", "running", "compensating", "completed", "f
 export const FINAL_RUN_STATES = new Set(["completed", "failed", "cancelled", "compensation_failed"]);
 export const TASK_STATES = ["pending", "ready", "running", "waiting", "completed", "failed", "skipped", "upstream_failed", "cancelled"];
 
-/** The state a task is in right after a history entry of `kind` (null: not a change). */
+/**
+ * The state a task is in right after a history entry of `kind` (null: not a change).
+ * A task starting to run writes no history entry (the worker's start only changes the
+ * run's state), so the run page also re-reads the states while the run goes on.
+ */
 export function stateAfter(kind) {
   switch (kind) {
-    case "dispatched": return "running";
+    case "dispatched": case "retried": return "ready";
     case "waiting": return "waiting";
-    case "retried": case "retry_requested": return "ready";
     case "completed": case "failed": case "skipped": case "upstream_failed": case "cancelled": return kind;
     default: return null;
   }

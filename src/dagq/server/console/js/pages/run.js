@@ -1,7 +1,7 @@
 // A run: its DAG coloured by state and updated live from the run's event stream, a
 // timeline (Gantt) of its attempts, a task panel, and cancel / retry actions.
 import { ApiError, enc, get, post } from "../api.js";
-import { badge, coalesce, h, notice, when } from "../dom.js";
+import { badge, coalesce, h, notice, pause, when } from "../dom.js";
 import { GraphView } from "../graph/view.js";
 import { runHash } from "../routes.js";
 import { drawGantt, fromTasks } from "../run/gantt.js";
@@ -10,6 +10,8 @@ import { FINAL_RUN_STATES, stateAfter } from "../states.js";
 import { follow } from "../sse.js";
 
 let page = null; // the page shown: {panel, view, id}
+/** How long a quiet stream goes before the run's states are read again. */
+const QUIET_MS = 1500;
 
 /** The same run, another task (or none): no reload, no new stream. */
 export function retarget(params) {
@@ -139,9 +141,11 @@ export async function render(main, { params, signal }) {
 
   let refreshing = false;
   let again = false;
+  let refreshed = 0;
   async function refresh() {
     if (refreshing) { again = true; return; }
     refreshing = true;
+    refreshed = performance.now();
     try {
       [detail, graph, tasks] = await Promise.all([get(base, { signal }), get(`${base}/graph`, { signal }), get(`${base}/tasks`, { signal })]);
       view.update(nodeInfo());
@@ -155,6 +159,15 @@ export async function render(main, { params, signal }) {
     }
   }
   const soon = coalesce(refresh, 250);
+  // A task starting on a worker changes the state but writes no history entry (so no
+  // event): while the run goes on, its states are read again when the stream is quiet.
+  (async () => {
+    while (!signal.aborted) {
+      await pause(QUIET_MS, signal);
+      const quiet = performance.now() - refreshed >= QUIET_MS;
+      if (!signal.aborted && quiet && !document.hidden && !FINAL_RUN_STATES.has(detail.status)) soon();
+    }
+  })();
 
   drawHead();
   const shown = view.setGraph({ nodes: nodeInfo(), edges: graph.edges });
