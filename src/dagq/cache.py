@@ -32,6 +32,8 @@ class Entry:
     stored: Stored
     name: str
     tenant: str
+    #: The run's labels, as submitted (kept in its index row).
+    labels: dict[str, str] = field(default_factory=dict)
     deadlines: list[tuple[float, int, int]] = field(default_factory=list)
     repairs: list[tuple[float, int, machine.Dispatch]] = field(default_factory=list)
     timers: list[tuple[float, int]] = field(default_factory=list)

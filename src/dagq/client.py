@@ -256,14 +256,17 @@ class Client:
         params: Mapping[str, Any] | None = None,
         workflow_id: str | None = None,
         tenant: str = "",
+        labels: Mapping[str, str] | None = None,
     ) -> Submission:
-        """Store a workflow (a definition, a builder, or a YAML/JSON/Python file path)."""
+        """Store a workflow (a definition, a builder, or a YAML/JSON/Python file path),
+        with ``labels`` (``key: value``) to find it by."""
         result = await submit(
             self.store,
             as_definition(workflow),
             params=params,
             workflow_id=workflow_id,
             tenant=tenant,
+            labels=labels,
         )
         return Submission(id=result.workflow_id, created=result.created)
 

@@ -754,12 +754,12 @@ class Coordinator:
             return None
         # A large definition builds a great many objects at once, dead again on return.
         with garbage.young_only(len(definition.data) > OFF_LOOP_BYTES):
-            name, tenant, plan = await self._compiled(definition.data)
+            name, tenant, labels, plan = await self._compiled(definition.data)
         found = await read_state(self.store, workflow_id, plan)
         if found is None:
             return None
         st, stored = found
-        entry = Entry(plan, st, stored, name, tenant)
+        entry = Entry(plan, st, stored, name, tenant, labels)
         entry.replay = replay
         entry.releasing = held is not None
         if st.status in WORKFLOW_ACTIVE:
@@ -769,13 +769,13 @@ class Coordinator:
             await self._resolve_all(entry)
         return entry
 
-    async def _compiled(self, data: bytes) -> tuple[str, str, Plan]:
-        """The name, tenant and plan of a definition document; a large one is decoded
+    async def _compiled(self, data: bytes) -> tuple[str, str, dict[str, str], Plan]:
+        """The name, tenant, labels and plan of a definition document; a large one is decoded
         (a task at a time) and compiled off the loop."""
         compiled = await off_loop(len(data), _compile, data, self._plans.get)
         if compiled.new:
             self.remember_plan(compiled.fingerprint, compiled.plan)
-        return compiled.name, compiled.tenant, compiled.plan
+        return compiled.name, compiled.tenant, compiled.labels, compiled.plan
 
     def _schedule_repairs(self, entry: Entry) -> None:
         """A fresh load may follow a crash between flush and send: re-send what is due.
@@ -1042,6 +1042,7 @@ def _value_needed(plan: Plan, task: int) -> bool:
 class _Compiled:
     name: str
     tenant: str
+    labels: dict[str, str]
     fingerprint: str
     plan: Plan
     #: Compiled now (not found among the known plans).
@@ -1060,7 +1061,14 @@ def _compile(data: bytes, known: Callable[[str], Plan | None]) -> _Compiled:
     new = plan is None
     if plan is None:
         plan = compile_plan(submitted.definition, submitted.params)
-    return _Compiled(submitted.definition.name, submitted.tenant, submitted.fingerprint, plan, new)
+    return _Compiled(
+        submitted.definition.name,
+        submitted.tenant,
+        submitted.labels,
+        submitted.fingerprint,
+        plan,
+        new,
+    )
 
 
 def _unconfirmed(entry: Entry, dispatched: Iterable[machine.Dispatch]) -> set[int]:
@@ -1120,6 +1128,8 @@ def index_row(entry: Entry) -> IndexRow:
         data["error"] = st.error
     if st.finished_at != UNSET:
         data["finished_at"] = st.finished_at
+    if entry.labels:
+        data["labels"] = entry.labels
     return IndexRow(
         id=st.workflow_id,
         name=entry.name,

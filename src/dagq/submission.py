@@ -27,6 +27,7 @@ from dagq.errors import (
     DamagedData,
     PayloadTooLarge,
     UsageError,
+    ValidationError,
     WorkflowExists,
     WorkflowNotFound,
 )
@@ -53,6 +54,8 @@ class Submitted(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float
     fingerprint: str
     tenant: str = ""
+    #: ``key: value`` pairs to find the run by (``GET /v1/workflows?label=k=v``).
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 def _outline(struct: type[msgspec.Struct], name: str, kind: Any) -> type[msgspec.Struct]:
@@ -132,9 +135,12 @@ async def submit(
     params: Mapping[str, Any] | None = None,
     workflow_id: str | None = None,
     tenant: str = "",
+    labels: Mapping[str, str] | None = None,
     clock: Any = time.time,
 ) -> SubmitResult:
-    """Store a workflow and wake the coordinator; repeat-safe for the same id."""
+    """Store a workflow and wake the coordinator; repeat-safe for the same id (the
+    first submission's labels stay)."""
+    labels = check_labels(labels or {})
     resolved = resolve_params(definition, params or {})
     check_bounds(definition, resolved)
     if workflow_id is None:  # an empty id is refused like any other invalid one
@@ -148,6 +154,7 @@ async def submit(
         created_at=now,
         fingerprint=fingerprint(definition, resolved),
         tenant=tenant,
+        labels=labels,
     )
     document = msgspec.json.encode(submitted)
     if len(document) > payloads.MAX_DEFINITION_BYTES:
@@ -173,7 +180,12 @@ async def submit(
             await store.documents.put(keys.definition(workflow_id), document, if_none_match=True)
         except ConflictError:  # a concurrent submit of the same id won the race
             return await submit(
-                store, definition, params=params, workflow_id=workflow_id, tenant=tenant
+                store,
+                definition,
+                params=params,
+                workflow_id=workflow_id,
+                tenant=tenant,
+                labels=labels,
             )
     initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
     with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
@@ -226,8 +238,34 @@ def _pending_row(submitted: Submitted, plan: Plan) -> IndexRow:
         created_at=submitted.created_at,
         updated_at=submitted.created_at,
         tenant=submitted.tenant,
-        data={"total": len(plan.tasks), "counts": {"pending": len(plan.tasks)}},
+        data={
+            "total": len(plan.tasks),
+            "counts": {"pending": len(plan.tasks)},
+            **({"labels": submitted.labels} if submitted.labels else {}),
+        },
     )
+
+
+#: Bounds of a run's labels.
+MAX_LABELS = 32
+MAX_LABEL_KEY = 63
+MAX_LABEL_VALUE = 200
+
+
+def check_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels, or ValidationError naming the one at fault."""
+    if len(labels) > MAX_LABELS:
+        raise ValidationError(f"a run has at most {MAX_LABELS} labels, not {len(labels)}")
+    for key, value in labels.items():
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_LABEL_KEY or "=" in key:
+            raise ValidationError(
+                f"label key {str(key)[:80]!r} must be 1-{MAX_LABEL_KEY} characters, without '='"
+            )
+        if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE:
+            raise ValidationError(
+                f"label {key!r}: its value must be text of at most {MAX_LABEL_VALUE} characters"
+            )
+    return dict(labels)
 
 
 def new_request_id() -> str:

@@ -49,3 +49,33 @@ def test_benchmark_azure_mode_counts_storage_transactions(azurite: object) -> No
     # Tasks sent together go out bundled: far fewer queue messages than tasks.
     assert 0 < run["transactions"]["queue.send"] < 52
     assert "tx/task" in stdout
+
+
+@pytest.mark.timeout(240)
+def test_the_server_benchmark_runs() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.server",
+            "--tasks",
+            "20",
+            "--rows",
+            "200",
+            "--requests",
+            "3",
+            "--steps",
+            "3",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=230,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.splitlines()[0])
+    assert result["rows"] == 200 and result["tasks"] == 22
+    assert result["status_p50_ms"] > 0 and result["list_p50_ms"] > 0
+    assert result["sse_history_events"] >= 3 and result["sse_rows_events"] >= 1
+    assert "dagq server benchmark" in done.stdout

@@ -310,3 +310,54 @@ def test_dead_letters_are_listed_shown_replayed_and_purged(
     http.post(f"{location}/cancel")
     http.post("/v1/workflows/api-buried-2/cancel")
     wait_for_status(http, location, "cancelled")
+
+
+# --- labels and bulk actions --------------------------------------------------------------
+
+
+def test_bulk_cancel_counts_in_a_dry_run_then_cancels_only_the_runs_matched(
+    http: httpx.Client,
+) -> None:
+    locations = []
+    for n, batch in enumerate(["b1", "b1", "b1", "b2"]):
+        body = {"definition": GATED, "id": f"api-bulk-{n}", "labels": {"batch": batch}}
+        answer = http.post("/v1/workflows", json=body)
+        assert answer.status_code == 202, answer.text
+        locations.append(answer.headers["location"])
+    for location in locations:
+        wait_for_status(http, location, "running")
+    listed = http.get("/v1/workflows", params={"label": "batch=b1"}).json()["items"]
+    assert sorted(w["id"] for w in listed) == ["api-bulk-0", "api-bulk-1", "api-bulk-2"]
+    assert all(w["labels"] == {"batch": "b1"} for w in listed)
+    both = http.get("/v1/workflows", params=[("label", "batch=b1"), ("label", "x=y")]).json()
+    assert both["items"] == []
+
+    dry = http.post("/v1/workflows/cancel", json={"label": "batch=b1"})
+    assert dry.status_code == 200, dry.text
+    assert dry.json() == {
+        "matched": 3,
+        "ids": ["api-bulk-2", "api-bulk-1", "api-bulk-0"],
+        "dry_run": True,
+        "skipped": {},
+    }
+    assert all(http.get(loc).json()["status"] == "running" for loc in locations)  # untouched
+
+    real = http.post(
+        "/v1/workflows/cancel", json={"label": "batch=b1", "dry_run": False, "reason": "bulk"}
+    ).json()
+    assert (real["matched"], real["dry_run"], real["skipped"]) == (3, False, {})
+    for location in locations[:3]:
+        assert wait_for_end(http, location)["status"] == "cancelled"
+    assert http.get(locations[3]).json()["status"] == "running"
+    retry = http.post("/v1/workflows/retry", json={"label": ["batch=b1"], "dry_run": True})
+    assert retry.json()["matched"] == 3  # cancelled runs can be retried
+    assert http.post("/v1/workflows/cancel", json={"label": "batch=b1"}).json()["matched"] == 0
+
+    problem(http.post("/v1/workflows/cancel", json={"dry_run": "yes"}), 422)
+    problem(http.post("/v1/workflows/cancel", json={"status": "sleepy"}), 422)
+    problem(http.post("/v1/workflows/cancel", json={"colour": "red"}), 422)
+    problem(http.post("/v1/workflows/retry", content=b'{"name": '), 400)
+    bad = {"definition": GATED, "labels": {"a=b": "c"}}
+    problem(http.post("/v1/workflows", json=bad), 422)
+    http.post(f"{locations[3]}/cancel")
+    wait_for_end(http, locations[3])

@@ -13,6 +13,7 @@ from fastapi.openapi.utils import get_openapi
 from dagq.client import Client
 from dagq.server import (
     actions,
+    bulk,
     changes,
     console,
     dead_letter_routes,
@@ -55,6 +56,7 @@ def create_app(settings: Settings) -> FastAPI:
     # logs before workflows: its path would otherwise be read as a task's name
     for router in (
         logs.router,
+        bulk.router,
         workflows.router,
         actions.router,
         changes.router,
@@ -68,6 +70,10 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
+#: Every struct the OpenAPI document describes.
+SCHEMAS = (*resources.SCHEMAS, logs.LogText, *fleet.SCHEMAS, *dead_letter_routes.SCHEMAS, bulk.Bulk)
+
+
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document, with the response structs' schemas (from msgspec) added."""
     if app.openapi_schema is None:
@@ -75,7 +81,13 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             title=app.title, version=app.version, summary=app.summary, routes=app.routes
         )
         _, components = msgspec.json.schema_components(
-            (*resources.SCHEMAS, logs.LogText, *fleet.SCHEMAS, *dead_letter_routes.SCHEMAS),
+            (
+                *resources.SCHEMAS,
+                logs.LogText,
+                *fleet.SCHEMAS,
+                *dead_letter_routes.SCHEMAS,
+                bulk.Bulk,
+            ),
             ref_template="#/components/schemas/{name}",
         )
         document.setdefault("components", {}).setdefault("schemas", {}).update(components)

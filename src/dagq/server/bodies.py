@@ -29,12 +29,13 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 class SubmitEnvelope(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The JSON form of a submission: a definition (a mapping, or YAML/JSON text) or
-    the name of a workflow submitted before, with params and an optional id."""
+    the name of a workflow submitted before, with params, an optional id and labels."""
 
     definition: dict[str, Any] | str | None = None
     name: str | None = None
     params: dict[str, Any] = msgspec.field(default_factory=dict)
     id: str | None = None
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class Submission:
     name: str | None
     params: dict[str, Any] = field(default_factory=dict)
     workflow_id: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 def media_type(header: str | None) -> str | None:
@@ -84,6 +86,7 @@ def read_submission(body: bytes, content_type: str | None, workflow_id: str | No
         name=envelope.name,
         params=envelope.params,
         workflow_id=envelope.id or workflow_id,
+        labels=envelope.labels,
     )
 
 

@@ -71,7 +71,8 @@ async def submit_workflow(
     workflow_id: Annotated[str | None, Query(alias="id", description="Name the run.")] = None,
 ) -> Response:
     """Submit a definition (YAML or JSON body), or ``{"definition" | "name", "params",
-    "id"}`` as JSON, where ``name`` re-submits the newest workflow of that name. Answers
+    "id", "labels"}`` as JSON, where ``name`` re-submits the newest workflow of that name
+    and ``labels`` (``{"key": "value"}``) are what the run can be found by. Answers
     202 with ``Location`` (the run's status); an ``Idempotency-Key`` makes it safe to
     send again."""
 
@@ -84,7 +85,11 @@ async def submit_workflow(
         )
         definition = found.definition or await _submitted_before(api, who, found.name or "")
         result = await api.client.submit(
-            definition, params=found.params, workflow_id=found.workflow_id, tenant=who.tenant
+            definition,
+            params=found.params,
+            workflow_id=found.workflow_id,
+            tenant=who.tenant,
+            labels=found.labels,
         )
         url = status_url(result.id)
         headers = {"Location": url, "Retry-After": str(api.settings.retry_after_s)}
