@@ -167,6 +167,35 @@ def test_runs_list_opens_a_run_by_keyboard(page: Page, http: httpx.Client, artef
     expect(page.locator(".run-head")).to_contain_text("2/2 done")
 
 
+def test_bulk_cancel_by_filter_shows_the_dry_run_count_first(
+    page: Page, http: httpx.Client, cli: DagqCli, artefacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    hold = f"while [ ! -f {cli.workdir / 'never'} ]; do sleep 0.1; done"
+    ids = [
+        submit(http, {"name": "console-bulk", "tasks": [{"name": "hold", "cmd": hold}]})
+        for _ in range(2)
+    ]
+    other = submit(http, {"name": "console-bulk-other", "tasks": [{"name": "hold", "cmd": hold}]})
+    page.goto("/#/runs")
+    page.get_by_label("Name").fill("console-bulk")
+    page.get_by_role("button", name="Filter").click()
+    expect(page.locator("table.runs tbody tr")).to_have_count(2)
+    page.get_by_role("button", name="Cancel…").click()
+    dry_run = page.locator(".bulk .dry-run")
+    expect(dry_run).to_contain_text("would act on 2 runs")
+    shot(page, artefacts, "runs-bulk-dry-run")
+    for workflow_id in ids:  # the dry run touched nothing
+        assert http.get(f"/v1/workflows/{workflow_id}").json()["status"] != "cancelled"
+    page.get_by_role("button", name="Cancel 2 runs").click()
+    expect(page.locator(".bulk")).to_contain_text("Cancelled 2 runs")
+    for workflow_id in ids:
+        expect(page.locator(f'tr[data-id="{workflow_id}"] .badge')).to_have_text("cancelled")
+    assert http.get(f"/v1/workflows/{other}").json()["status"] != "cancelled"
+    assert http.post(f"/v1/workflows/{other}/cancel").status_code == 202
+
+
 def test_run_graph_changes_colour_live_and_a_wait_is_approved(
     page: Page, http: httpx.Client, cli: DagqCli, artefacts: Path
 ) -> None:

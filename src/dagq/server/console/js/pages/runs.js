@@ -62,7 +62,7 @@ export async function render(main, { query: q, signal }) {
   const body = h("tbody");
   const table = h("table", { class: "runs" },
     h("caption", { class: "sr-only" }, "Runs, newest first"),
-    h("thead", {}, h("tr", {}, ["Run", "Name", "Status", "Progress", "Created", "Updated", "Tenant"].map((c) => h("th", { scope: "col" }, c)))),
+    h("thead", {}, h("tr", {}, ["Run", "Name", "Status", "Progress", "Created", "Updated", "Tenant", "Labels"].map((c) => h("th", { scope: "col" }, c)))),
     body);
   const bulk = h("section", { class: "bulk", "aria-label": "Act on every matching run" });
   const message = h("div", { class: "message", role: "status" });
@@ -92,10 +92,12 @@ export async function render(main, { query: q, signal }) {
         h("td", {}, h("progress", { max: r.total || 1, value: done, "aria-label": `${done} of ${r.total} tasks done` }), ` ${done}/${r.total}`),
         h("td", { title: new Date(r.created_at * 1000).toISOString() }, when(r.created_at)),
         h("td", {}, ago(r.updated_at)),
-        h("td", {}, r.tenant || "—"));
+        h("td", {}, r.tenant || "—"),
+        h("td", { class: "small" }, Object.entries(r.labels ?? {}).map(([k, v]) =>
+          h("a", { class: "label", href: `#/runs${query({ ...filters, label: `${k}=${v}` })}` }, `${k}=${v}`))));
       return openable(row, () => { location.hash = runHash(r.id); });
     }));
-    if (!list.length) body.append(h("tr", {}, h("td", { colspan: 7 }, notice("No runs match."))));
+    if (!list.length) body.append(h("tr", {}, h("td", { colspan: 8 }, notice("No runs match."))));
   };
   const redraw = coalesce(draw, 150);
 
@@ -154,6 +156,7 @@ function bulkActions(section, filters, reload, signal) {
     for (const k of Object.keys(body)) if (body[k] === "") delete body[k];
     section.replaceChildren(notice(`Counting the runs a ${action} would touch…`));
     try {
+      if (action === "cancel") body.reason = "cancelled from the console (by filter)";
       const dry = await post(`/v1/workflows/${action}`, body, { signal });
       const confirm = h("button", { type: "button", class: "danger" }, `${action === "cancel" ? "Cancel" : "Retry"} ${dry.matched} run${dry.matched === 1 ? "" : "s"}`);
       const back = h("button", { type: "button" }, "Back");
