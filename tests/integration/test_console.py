@@ -369,3 +369,37 @@ def test_a_2000_node_graph_paints_quickly_and_stays_usable(page: Page, artefacts
     focused = page.evaluate("document.activeElement.dataset.name")
     assert focused in {"step-1049", "step-1050", "step-1051"}
     shot(page, artefacts, "big-graph")
+
+
+def test_workers_queues_doctor_and_dead_letter_pages(page: Page, artefacts: Path) -> None:
+    from playwright.sync_api import expect
+
+    page.goto("/#/workers")
+    expect(page.locator("table tbody")).to_contain_text("serving")
+    expect(page.locator("table tbody")).to_contain_text("of 4")
+    page.get_by_role("link", name="Queues").click()
+    expect(page.locator("h1")).to_have_text("Queues")
+    expect(page.locator("table tbody")).to_contain_text("default")
+    page.get_by_role("link", name="Doctor").click()
+    expect(page.locator("table tbody")).to_contain_text("coordinator")
+    shot(page, artefacts, "doctor")
+    page.get_by_role("link", name="Dead letters").click()
+    expect(page.locator("table tbody")).to_contain_text("No dead letters.")
+    page.get_by_role("button", name="Replay selected").click()
+    expect(page.locator(".message").first).to_contain_text("Select dead letters first.")
+
+
+def test_console_files_are_package_data() -> None:
+    """Every file the console serves is in the wheel (pyproject's package data)."""
+    import tomllib
+
+    root = Path(__file__).parents[2]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["dagq"]
+    package = root / "src" / "dagq"
+    console = package / "server" / "console"
+    served = {p for p in console.rglob("*") if p.is_file() and "bundle" not in p.parts}
+    shipped = {p for pattern in patterns for p in package.glob(pattern)}  # as setuptools globs
+    assert served
+    assert not served - shipped, sorted(p.name for p in served - shipped)
