@@ -21,8 +21,17 @@ export function drawGantt(container, items, open) {
     return;
   }
   const now = Date.now() / 1000;
+  // An attempt with no recorded end that a later one replaced ended when that one was sent.
+  const next = new Map();
+  const last = new Map(); // task → its latest attempt seen so far (rows go by send time)
+  for (const r of rows) {
+    const before = last.get(r.task);
+    if (before) next.set(before, r.enqueued_at ?? r.started_at);
+    last.set(r.task, r);
+  }
+  const endOf = (r) => r.finished_at ?? next.get(r) ?? now;
   const t0 = Math.min(...rows.map((r) => r.enqueued_at ?? r.started_at));
-  const t1 = Math.max(...rows.map((r) => r.finished_at ?? now));
+  const t1 = Math.max(...rows.map(endOf));
   const span = Math.max(t1 - t0, 0.001);
   const pct = (t) => `${(((t - t0) / span) * 100).toFixed(3)}%`;
   const width = (a, b) => `${Math.max(((b - a) / span) * 100, 0.15).toFixed(3)}%`;
@@ -31,15 +40,15 @@ export function drawGantt(container, items, open) {
   const list = h("ol", { class: "gantt", "aria-label": `Timeline from ${when(t0)}` });
   for (const r of rows.slice(0, MAX_ROWS)) {
     const start = r.started_at;
-    const end = r.finished_at ?? now;
+    const end = endOf(r);
     const wait = r.enqueued_at != null && start != null ? start - r.enqueued_at : null;
     const ran = start != null ? end - start : null;
     const text = [`${r.task} attempt ${r.attempt}: ${r.status ?? ""}`,
       wait != null ? `queue wait ${duration(wait)}` : null,
-      ran != null ? `run ${duration(ran)}${r.finished_at == null ? " so far" : ""}` : "not started"].filter(Boolean).join(", ");
+      ran != null ? `run ${duration(ran)}${r.finished_at == null ? " so far" : ""}` : "no start recorded"].filter(Boolean).join(", ");
     const track = h("div", { class: "track", title: text });
     if (r.enqueued_at != null) {
-      track.append(h("span", { class: "bar wait", style: `left:${pct(r.enqueued_at)};width:${width(r.enqueued_at, start ?? r.finished_at ?? now)}` }));
+      track.append(h("span", { class: "bar wait", style: `left:${pct(r.enqueued_at)};width:${width(r.enqueued_at, start ?? end)}` }));
     }
     if (start != null) {
       track.append(h("span", { class: `bar run s-${r.status}`, style: `left:${pct(start)};width:${width(start, end)}` }));
