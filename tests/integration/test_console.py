@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.cli_harness import DagqCli
+from tests.integration.cli_harness import DagqCli, wait_until
 from tests.integration.test_server_api import ApiServer
 
 if TYPE_CHECKING:
@@ -403,3 +403,44 @@ def test_console_files_are_package_data() -> None:
     shipped = {p for pattern in patterns for p in package.glob(pattern)}  # as setuptools globs
     assert served
     assert not served - shipped, sorted(p.name for p in served - shipped)
+
+
+def test_console_asks_for_a_token_once_and_sends_it_on_every_request(
+    browser: Browser, cli: DagqCli, artefacts: Path
+) -> None:
+    """Against a server that requires tokens: a 401 asks for one (once), and every
+    request after it, the live stream included, carries it as a bearer header."""
+    from playwright.sync_api import expect
+
+    pytest.importorskip("dagq.tokens", reason="access control (dagq token) is not merged yet")
+    made = cli.run("token", "create", "--name", "console", "--role", "operator")
+    assert made.code == 0, made.output
+    token = made.stdout.strip()
+    guarded = ApiServer(cli)
+    guarded.process = cli.start(
+        "server", "--store", cli.store_url, "--port", str(guarded.port), "--auth"
+    )
+    wait_until(guarded._answers, timeout_s=20, what="the server with --auth to answer")
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, base_url=guarded.url)
+    page = context.new_page()
+    sent: dict[str, str | None] = {}
+    page.on("request", lambda r: sent.__setitem__(r.url, r.headers.get("authorization")))
+    try:
+        page.goto("/#/runs")
+        dialog = page.locator("#token-dialog")
+        expect(dialog).to_be_visible()
+        shot(page, artefacts, "token-dialog")
+        dialog.get_by_label("Bearer token").fill(token)
+        dialog.get_by_role("button", name="Use token").click()
+        expect(page.locator("table.runs")).to_be_visible()
+        expect(page.locator("#live")).to_have_text("● live")  # the stream took the token
+        page.reload()
+        expect(page.locator("table.runs")).to_be_visible()
+        expect(dialog).to_be_hidden()  # kept for the tab: not asked again
+        stream = [url for url in sent if "/v1/stream" in url]
+        assert stream, sent
+        assert all(sent[url] == f"Bearer {token}" for url in stream)
+        assert all(token not in url for url in sent)  # never in a URL
+    finally:
+        context.close()
+        assert guarded.stop() == 0

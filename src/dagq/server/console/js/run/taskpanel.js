@@ -18,6 +18,7 @@ export class TaskPanel {
     this.name = null;
     this.controller = null;
     this.logsFor = null;
+    this.drafts = new Map(); // task → the decision data typed so far (kept across redraws)
   }
 
   /** Shows task `name` (null: closes the panel). */
@@ -84,6 +85,8 @@ export class TaskPanel {
     const node = this.node(task.name);
     if (task.status === "waiting" && node?.signal) {
       const data = h("textarea", { rows: 3, class: "code", "aria-label": "Data sent with the decision (JSON)", placeholder: '{"note": "looks good"}' });
+      data.value = this.drafts.get(task.name) ?? "";
+      data.addEventListener("input", () => this.drafts.set(task.name, data.value));
       const said = h("p", { class: "small", role: "status" });
       const decide = (approved) => async () => {
         let extra = {};
@@ -97,6 +100,7 @@ export class TaskPanel {
         try {
           await post(`/v1/workflows/${enc(this.id)}/signals/${enc(node.signal)}`, body);
           said.textContent = `${approved ? "Approved" : "Rejected"}: signal '${node.signal}' sent.`;
+          this.drafts.delete(task.name);
           this.onChange();
         } catch (error) {
           said.replaceChildren(notice(error.message, "error"));
