@@ -444,3 +444,19 @@ def test_console_asks_for_a_token_once_and_sends_it_on_every_request(
     finally:
         context.close()
         assert guarded.stop() == 0
+
+
+def test_api_docs_load_swagger_ui_from_the_package(page: Page) -> None:
+    """/docs draws the OpenAPI document with Swagger UI's files served by dagq itself:
+    no request leaves 127.0.0.1."""
+    from playwright.sync_api import expect
+
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url))
+    page.goto("/docs")
+    expect(page.locator(".swagger-ui .title")).to_contain_text("dagq")
+    expect(page.locator(".opblock-summary-path").first).to_be_visible()
+    assert asked
+    assert all(url.startswith(("http://127.0.0.1:", "data:")) for url in asked), [
+        u for u in asked if not u.startswith("http://127.0.0.1:")
+    ]

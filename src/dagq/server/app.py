@@ -47,7 +47,7 @@ def create_app(settings: Settings) -> FastAPI:
         summary="The HTTP job API of dagq: submit workflows, watch them, act on them.",
         version=_version(),
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # the console serves /docs with its own Swagger UI files
         openapi_url="/openapi.json",
         redoc_url=None,
     )

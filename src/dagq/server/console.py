@@ -1,10 +1,11 @@
 """The web console: static files shipped inside the package, served at ``/``.
 
-``/`` answers the console's page; its scripts, styles and the vendored graph layout
-library are under ``/console/``. Everything the browser needs is in the package (built
-from npm by ``console/bundle/build.sh`` and committed), so serving it needs no Node. The
-console is a client of the ``/v1`` API like any other: it sends the caller's bearer
-token on every request and holds no state on the server.
+``/`` answers the console's page; its scripts, styles and vendored libraries are under
+``/console/``, and ``/docs`` is Swagger UI from the package's own copy. Everything the
+browser needs is in the package (built from npm by ``console/bundle/build.sh`` and
+committed), so serving it needs no Node. The console is a client of the ``/v1`` API like
+any other: it sends the caller's bearer token on every request and holds no state on
+the server.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
-from starlette.responses import FileResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from starlette.responses import FileResponse, HTMLResponse, Response
 from starlette.staticfiles import StaticFiles
 
 #: The console's files (package data).
@@ -30,6 +32,18 @@ async def index() -> FileResponse:
     return FileResponse(ASSETS / "index.html", headers=NO_CACHE)
 
 
+@router.get("/docs")
+async def docs() -> HTMLResponse:
+    """The OpenAPI document in Swagger UI, from the package's own copy (no CDN)."""
+    return get_swagger_ui_html(
+        openapi_url="/openapi.json",
+        title="dagq API",
+        swagger_js_url="/console/vendor/swagger-ui/swagger-ui-bundle.js",
+        swagger_css_url="/console/vendor/swagger-ui/swagger-ui.css",
+        swagger_favicon_url="data:,",
+    )
+
+
 class _Assets(StaticFiles):
     """Static files that a browser revalidates (ETag) before reusing."""
 
@@ -40,6 +54,7 @@ class _Assets(StaticFiles):
 
 
 def install(app: FastAPI) -> None:
-    """Serve the console at ``/`` and its assets under ``/console/``."""
+    """Serve the console at ``/``, its assets under ``/console/``, and ``/docs`` (the app
+    is created with ``docs_url=None``)."""
     app.include_router(router)
     app.mount("/console", _Assets(directory=ASSETS), name="console")
