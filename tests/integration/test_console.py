@@ -141,9 +141,14 @@ def shot(page: Page, artefacts: Path, name: str) -> None:
     page.screenshot(path=str(artefacts / f"{name}.png"))
 
 
-def test_runs_list_opens_a_run_by_keyboard(page: Page, http: httpx.Client, artefacts: Path) -> None:
+def test_runs_list_shows_a_new_run_live_and_opens_it_by_keyboard(
+    page: Page, http: httpx.Client, artefacts: Path
+) -> None:
     from playwright.sync_api import expect
 
+    page.goto("/#/runs")
+    expect(page.locator("#live")).to_have_text("● live")
+    page.evaluate("window.__sameDocument = true")  # gone if the page reloads
     workflow_id = submit(
         http,
         {
@@ -154,10 +159,9 @@ def test_runs_list_opens_a_run_by_keyboard(page: Page, http: httpx.Client, artef
             ],
         },
     )
-    page.goto("/#/runs")
     row = page.locator(f'tr[data-id="{workflow_id}"]')
-    expect(row).to_be_visible()
-    expect(row.locator(".badge")).to_have_text("completed", timeout=WAIT_MS)
+    expect(row.locator(".badge")).to_have_text("completed")  # from the stream
+    assert page.evaluate("window.__sameDocument") is True
     expect(page.locator(".counts")).to_contain_text("completed")
     shot(page, artefacts, "runs")
     row.focus()
@@ -165,6 +169,8 @@ def test_runs_list_opens_a_run_by_keyboard(page: Page, http: httpx.Client, artef
     expect(page).to_have_url(re.compile(rf"#/runs/{re.escape(workflow_id)}$"))
     expect(node(page, "report")).to_have_class(state("completed"))
     expect(page.locator(".run-head")).to_contain_text("2/2 done")
+    page.emulate_media(color_scheme="dark")
+    shot(page, artefacts, "run-dark")
 
 
 def test_bulk_cancel_by_filter_shows_the_dry_run_count_first(

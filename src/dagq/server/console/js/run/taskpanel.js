@@ -19,6 +19,9 @@ export class TaskPanel {
     this.controller = null;
     this.logsFor = null;
     this.drafts = new Map(); // task → the decision data typed so far (kept across redraws)
+    aside.addEventListener("keydown", (e) => {
+      if (e.key === "Escape") onClose();
+    });
   }
 
   /** Shows task `name` (null: closes the panel). */
