@@ -40,8 +40,21 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+#: How long ``dagq server`` may take to answer once started.
+START_S = 60
 #: How long a condition in the page may take to hold (a run's task on a loaded machine).
 WAIT_MS = 30_000
+
+
+class ConsoleServer(ApiServer):
+    """``dagq server`` given longer to start: three of these start at once under xdist,
+    beside browsers, on a shared 2-core machine."""
+
+    def start(self, *args: str) -> None:
+        self.process = self.cli.start(
+            "server", "--store", self.cli.store_url, "--port", str(self.port), *args
+        )
+        wait_until(self._answers, timeout_s=START_S, what="the server to answer /healthz")
 
 
 def _browser_or_skip() -> None:
@@ -64,14 +77,14 @@ def _browser_or_skip() -> None:
 def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagqCli]:
     _browser_or_skip()
     with DagqCli(tmp_path_factory.mktemp("console")) as harness:
-        harness.start_coordinator()
-        harness.start_worker("-c", "4")
+        harness.start_coordinator(timeout_s=START_S)
+        harness.start_worker("-c", "4", timeout_s=START_S)
         yield harness
 
 
 @pytest.fixture(scope="module")
 def server(cli: DagqCli) -> Iterator[ApiServer]:
-    api = ApiServer(cli)
+    api = ConsoleServer(cli)
     api.start()
     yield api
     if api.process is not None and api.process.process.poll() is None:
@@ -422,11 +435,8 @@ def test_console_asks_for_a_token_once_and_sends_it_on_every_request(
     made = cli.run("token", "create", "--name", "console", "--role", "operator")
     assert made.code == 0, made.output
     token = made.stdout.strip()
-    guarded = ApiServer(cli)
-    guarded.process = cli.start(
-        "server", "--store", cli.store_url, "--port", str(guarded.port), "--auth"
-    )
-    wait_until(guarded._answers, timeout_s=20, what="the server with --auth to answer")
+    guarded = ConsoleServer(cli)
+    guarded.start("--auth")
     context = browser.new_context(viewport={"width": 1400, "height": 900}, base_url=guarded.url)
     page = context.new_page()
     sent: dict[str, str | None] = {}
