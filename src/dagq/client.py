@@ -201,16 +201,21 @@ class AttemptState(msgspec.Struct, frozen=True, kw_only=True):
 
 def workflow_status(name: str, plan: Plan, st: RunState) -> WorkflowStatus:
     """The public view of a run."""
-    bad = (TaskStatus.FAILED, TaskStatus.UPSTREAM_FAILED)
-    failed = [task_info(plan, st, i) for i, c in enumerate(st.task_status) if c == bad[0]]
-    failed += [task_info(plan, st, i) for i, c in enumerate(st.task_status) if c == bad[1]][:20]
+    counts = st.count_map()
+    failed: list[TaskInfo] = []
+    if counts.get("failed"):  # a scan of every task only when there is one to find
+        codes = st.task_status
+        failed = [task_info(plan, st, i) for i, c in enumerate(codes) if c == TaskStatus.FAILED]
+    if counts.get("upstream_failed"):
+        upstream = (i for i, c in enumerate(st.task_status) if c == TaskStatus.UPSTREAM_FAILED)
+        failed += [task_info(plan, st, i) for _, i in zip(range(20), upstream, strict=False)]
     return WorkflowStatus(
         id=st.workflow_id,
         name=name,
         status=st.status,
         total=st.n_tasks,
         done=st.n_terminal,
-        counts=st.count_map(),
+        counts=counts,
         created_at=st.created_at,
         updated_at=st.updated_at,
         finished_at=_time(st.finished_at),
@@ -462,9 +467,25 @@ class Client:
             quarantine=reason,
             coordinator=await self._coordinator_alive() if st.status in WORKFLOW_ACTIVE else None,
             semantics=_semantics(plan, submitted.definition),
+            runner=await self._runner(plan, st, i),
             **await self._queue_facts(plan, st, i),
         )
         return explain(plan, st, history, i, facts)
+
+    async def _runner(self, plan: Plan, st: RunState, i: int) -> str | None:
+        """The live worker whose record lists the running attempt of task ``i``, "" when
+        none does, None when that cannot be told (not running, a foreach task, or a
+        worker running more attempts than its record lists)."""
+        if st.task_status[i] != TaskStatus.RUNNING or i in st.groups:
+            return None
+        wanted = keys.message_id(st.workflow_id, plan.tasks[i].name, st.attempt[i])
+        workers = await registry.live_workers(self.store.documents, now=time.time())
+        for worker in workers:
+            if wanted in worker.attempts:
+                return f"{worker.id} on {worker.host}, pid {worker.pid}"
+        if any(w.running > len(w.attempts) for w in workers):
+            return None
+        return ""
 
     async def _quarantine_reason(self, workflow_id: str) -> str | None:
         try:

@@ -14,6 +14,7 @@ import msgspec
 
 from dagq.history import HistoryEntry
 from dagq.plan import POLICY_ALL, POLICY_ALL_SETTLED, POLICY_ANY, Plan, PlanTask
+from dagq.registry import EXPIRY_BEATS, HEARTBEAT_S
 from dagq.state import BAD, TERMINAL, UNSET, RunState, TaskStatus
 
 #: How long a sent task may wait unstarted before explain suspects no worker serves its
@@ -24,6 +25,11 @@ _POLICY_NAMES = {POLICY_ALL: "all", POLICY_ANY: "any", POLICY_ALL_SETTLED: "all_
 _ATTEMPT_KINDS = frozenset(
     {"dispatched", "retried", "failed", "completed", "cancelled", "iterated", "exhausted"}
 )
+
+
+#: A running attempt that no live worker has reported this long after it started is
+#: suspected lost (a worker record is rewritten every few seconds and lists it).
+ORPHAN_AFTER_S = EXPIRY_BEATS * HEARTBEAT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,9 @@ class Facts:
     coordinator: bool | None = None
     #: The rule set the workflow runs under: "dagq" or "jobq" (ai4s-jobq semantics).
     semantics: str | None = None
+    #: For a running task: the live worker whose record lists its attempt
+    #: (``name on host, pid N``), "" when no live worker does; None: not checked.
+    runner: str | None = None
 
 
 class Parent(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,7 +124,7 @@ class Wait(msgspec.Struct, frozen=True, kw_only=True):
     """One thing the task waits for now."""
 
     #: start, parents, coordinator, quarantine, parallelism, max_parallel, retry_delay, queue,
-    #: no_worker, dead_letter, worker, signal, timer.
+    #: no_worker, dead_letter, worker, lost_worker, signal, timer.
     kind: str
     detail: str
     #: What a person can do about it, if anything.
@@ -482,9 +491,21 @@ def _running_waits(ctx: _Context) -> list[Wait]:
         return waits
     started = st.started_at[i]
     since = f" for {now - started:.0f}s" if started != UNSET else ""
-    detail = f"attempt {st.attempt[i]} of {task.max_attempts} is running on a worker{since}"
+    runner = ctx.facts.runner
+    where = f"worker {runner}" if runner else "a worker"
+    detail = f"attempt {st.attempt[i]} of {task.max_attempts} is running on {where}{since}"
     if task.timeout_s is not None and started != UNSET:
         detail += f"; it times out in {max(0.0, started + task.timeout_s - now):.0f}s"
+    if runner == "" and started != UNSET and now - started > ORPHAN_AFTER_S:
+        return [
+            Wait(
+                kind="lost_worker",
+                detail=f"{detail}, but no live worker reports running it: its worker "
+                "seems to have died; the task is delivered again once its message's "
+                "visibility timeout ends",
+                fix="nothing: it is retried by itself (dagq workers lists the live ones)",
+            )
+        ]
     return [Wait(kind="worker", detail=detail)]
 
 

@@ -40,6 +40,8 @@ class LogSlice(msgspec.Struct, frozen=True, kw_only=True):
     ended: str | None
     #: The attempt ended and ``next_offset`` is the end of its output.
     complete: bool
+    #: The output is the kept log (nothing was sent live), not the live chunks.
+    kept: bool = False
 
 
 class ChunkSizes:
@@ -87,8 +89,8 @@ async def read_log(
     if chunks:
         data = await _bytes_from(client, chunks, fetched, offset)
     elif ended is not None:  # nothing was sent live: the kept log is the output
-        kept = await client.logs(workflow_id, task, attempt=state.attempt, item=item, undo=undo)
-        data = kept.encode()[offset : offset + READ_BYTES]
+        text = await client.logs(workflow_id, task, attempt=state.attempt, item=item, undo=undo)
+        data = text.encode()[offset : offset + READ_BYTES]
     else:
         data = b""
     total = sum(size for _, size in chunks)
@@ -103,6 +105,7 @@ async def read_log(
         data=data,
         ended=ended,
         complete=whole,
+        kept=not chunks and ended is not None,
     )
 
 

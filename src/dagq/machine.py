@@ -265,6 +265,8 @@ def _on_started(plan: Plan, state: RunState, event: Any, now: float, fx: Effects
             state.held.remove(i)
             state.in_flight += 1
         state.set_status(i, TaskStatus.RUNNING)
+    if state.started_at[i] == UNSET:  # a message delivered again starts it again
+        fx.note(event.at, "started", plan.tasks[i].name, event.attempt)
     state.started_at[i] = event.at
     state.touch(i)
 

@@ -108,14 +108,15 @@ class Registration:
         """Write the record now (a failure is logged; the next beat tries again)."""
         record = self._describe()
         self._key = record_key(record.id)
+        limit_s = max(1.0, record.heartbeat_s)
         try:
             await asyncio.wait_for(
-                self._documents.put(self._key, msgspec.json.encode(record)),
-                max(1.0, record.heartbeat_s),
+                self._documents.put(self._key, msgspec.json.encode(record)), limit_s
             )
         except (DagqError, TimeoutError) as exc:
             if not self._failing:
-                log.warning("cannot write this worker's record (retrying): %s", exc)
+                why = str(exc) or f"the store did not answer within {limit_s:g} s"
+                log.warning("cannot write this worker's record (retrying): %s", why)
             self._failing = True
             return
         if self._failing:
@@ -143,7 +144,8 @@ class Registration:
         try:
             await asyncio.wait_for(self._documents.delete(self._key), 5.0)
         except (DagqError, TimeoutError) as exc:
-            log.warning("cannot delete this worker's record (it expires on its own): %s", exc)
+            why = str(exc) or "the store did not answer within 5 s"
+            log.warning("cannot delete this worker's record (it expires on its own): %s", why)
 
 
 async def live_workers(documents: Documents, *, now: float) -> list[WorkerRecord]:

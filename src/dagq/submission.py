@@ -214,10 +214,13 @@ def check_bounds(definition: WorkflowDef, params: Mapping[str, Any]) -> None:
 async def load_submitted(store: Store, workflow_id: str) -> Submitted | None:
     """The definition document of a workflow, or None if there is no such workflow."""
     doc = await store.documents.get(keys.definition(workflow_id))
-    if doc is None:
-        return None
+    return None if doc is None else decode_document(doc.data, workflow_id)
+
+
+def decode_document(data: bytes, workflow_id: str) -> Submitted:
+    """A definition document as stored (msgspec's errors for a damaged one)."""
     try:
-        return msgspec.json.decode(doc.data, type=Submitted)
+        return msgspec.json.decode(data, type=Submitted)
     except RecursionError:  # stored before values were bounded: never crash a reader
         raise DamagedData(f"the definition of {workflow_id} is nested too deep to decode") from None
 

@@ -65,6 +65,7 @@ LIST_FIELDS = {
     "updated_at",
     "tenant",
     "error",
+    "labels",
 }
 EVENT_FIELDS = {"at", "kind", "task", "attempt", "detail"}
 DOCTOR_FIELDS = {"level", "check", "detail", "fix"}
@@ -419,8 +420,10 @@ def test_events_tell_the_story_of_a_retried_task(cli: DagqCli, done_id: str) -> 
     assert story[0] == ("submitted", None, 0)
     assert [s for s in story if s[1] == "chatty"] == [
         ("dispatched", "chatty", 1),
+        ("started", "chatty", 1),
         ("retried", "chatty", 1),
         ("dispatched", "chatty", 2),
+        ("started", "chatty", 2),
         ("completed", "chatty", 2),
     ]
     assert story[-1] == ("workflow_completed", None, 0)

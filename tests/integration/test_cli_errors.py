@@ -92,6 +92,10 @@ CASES = {
     ),
     "worker-empty-queue": case("worker", "-q", "", mentions=("not a valid queue name",)),
     "submit-missing-file": case("submit", "nowhere.yaml", mentions=("nowhere.yaml",)),
+    # options that mean nothing alone
+    "status-interval-without-watch": case(
+        "status", "known", "--interval", "5", mentions=("--interval needs --watch",)
+    ),
 }
 
 

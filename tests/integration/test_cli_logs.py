@@ -359,3 +359,26 @@ def test_follow_of_a_task_that_runs_no_attempt_ends_when_it_does(cli: DagqCli) -
     assert "'pause' ran no attempt: it is completed" in timer.stderr
     assert skipped.code == 1, skipped.output
     assert "'never' ran no attempt: it is skipped" in skipped.stderr
+
+
+def test_follow_escapes_control_characters_and_joins_a_character_split_between_chunks(
+    cli: DagqCli, follow: Callable[..., Follower]
+) -> None:
+    go = cli.workdir / "go"
+    cli.start_coordinator()
+    cli.start_worker()
+    # 'é' is two bytes: the first is sent live, the second only after the wait.
+    cmd = rf"printf 'col \033[31mred\ncaf\303'; {wait_for_file(str(go))}; printf '\251 end'"
+    cli.submit_here("esc", {"name": "esc", "tasks": [{"name": "t", "cmd": cmd}]})
+
+    follower = follow("esc", "t")
+    follower.wait_for_line("col \\x1b[31mred")
+    go.touch()
+    code, text = follower.finish()
+    on_terminal = cli.run_on_terminal("logs", "esc", "t", "--follow")
+
+    assert code == 0, text
+    assert "café end" in text
+    assert "\x1b" not in text
+    # On a terminal the closing line starts a line of its own.
+    assert "café end\r\n[attempt 1 of 't' completed]" in on_terminal.stdout

@@ -552,3 +552,28 @@ def test_piped_tables_keep_every_line_of_an_error(local: DagqCli) -> None:
     for shown in (ran.stdout, local.run("tasks", "two-lines").stdout, local.run("list").stdout):
         [row] = [line for line in shown.splitlines() if line.startswith(("t\t", "two-lines\t"))]
         assert "one\\ntwo" in row, shown  # whole, the newline escaped, on one line
+
+
+#: A right-to-left override and a C1 control: invisible, and they reorder what follows.
+SNEAKY = "evil\u202eexe\u0085"
+
+
+def test_a_name_and_an_output_with_invisible_marks_are_shown_escaped(local: DagqCli) -> None:
+    wf = local.workflow(
+        "sneaky.yaml",
+        {
+            "name": SNEAKY,
+            "tasks": [{"name": "t", "call": "json:loads", "args": [json.dumps(SNEAKY)]}],
+        },
+    )
+    validated = local.run("validate", wf)
+    ran = local.run("run", wf, "--id", "sneaky")
+    shown = local.run("output", "sneaky", "t")
+
+    assert "workflow 'evil\\u202eexe\\x85'" in validated.stdout
+    assert "running evil\\u202eexe\\x85 as sneaky" in ran.stdout
+    # Still JSON, and the same value: the marks are written as JSON escapes.
+    assert shown.stdout.strip() == '"evil\\u202eexe\\u0085"'
+    assert json.loads(shown.stdout) == SNEAKY
+    for text in (validated.stdout, ran.stdout, shown.stdout):
+        assert "\u202e" not in text and "\u0085" not in text

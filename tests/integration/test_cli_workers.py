@@ -97,6 +97,39 @@ def test_the_record_names_the_attempts_a_worker_runs(cli: DagqCli) -> None:
     assert record["attempts"] == ["busy/hold/1"]
 
 
+def test_explain_names_the_worker_of_a_running_task_and_suspects_one_killed(
+    cli: DagqCli,
+) -> None:
+    cli.start_coordinator()
+    worker = cli.start_worker("--heartbeat", "0.2")
+    go = cli.workdir / "go"
+    hold = {"name": "hold", "cmd": f"while [ ! -f {go} ]; do sleep 0.05; done"}
+    cli.submit_here("lost", {"name": "l", "tasks": [hold]})
+
+    def waits() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = cli.json("explain", "lost", "hold")["waiting_for"]
+        return found
+
+    try:
+        running = wait_until(
+            lambda: (w := waits()) and f"pid {worker.pid}" in w[0]["detail"] and w,
+            timeout_s=20,
+            what="explain to name the worker running the task",
+        )
+        worker.stop(signal.SIGKILL)
+        lost = wait_until(
+            lambda: (w := waits()) and w[0]["kind"] == "lost_worker" and w,
+            timeout_s=40,
+            what="explain to suspect the killed worker",
+            interval_s=0.5,
+        )
+    finally:
+        go.touch()  # the task's shell outlives its killed worker
+
+    assert running[0]["kind"] == "worker"
+    assert "no live worker reports running it" in lost[0]["detail"]
+
+
 def test_a_worker_stopped_cleanly_deletes_its_record(cli: DagqCli) -> None:
     worker = cli.start_worker()
     wait_until(lambda: record_of(cli, worker.pid), timeout_s=10, what="the worker's record")

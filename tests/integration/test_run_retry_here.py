@@ -69,3 +69,13 @@ def test_retry_run_with_nothing_to_retry_is_one_clear_line(cli: DagqCli) -> None
     again = cli.run("retry", "f", "--run")
 
     assert_one_clear_line(again, "nothing to retry in f")
+
+
+def test_retry_run_piped_never_wraps_a_line(cli: DagqCli) -> None:
+    del cli.env["COLUMNS"]  # as in a plain shell: rich would assume 80 columns
+
+    result = cli.run("retry", "f", "--run", "--quiet")
+
+    [verdict] = [line for line in result.stdout.splitlines() if "workflow failed" in line]
+    assert len(verdict) > 80
+    assert verdict.endswith("task 'upload' failed: exit code 1"), result.stdout

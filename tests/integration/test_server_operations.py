@@ -361,3 +361,32 @@ def test_bulk_cancel_counts_in_a_dry_run_then_cancels_only_the_runs_matched(
     problem(http.post("/v1/workflows", json=bad), 422)
     http.post(f"{locations[3]}/cancel")
     wait_for_end(http, locations[3])
+
+
+def test_every_attempt_of_a_retried_task_has_its_start_on_the_timeline(
+    http: httpx.Client, tmp_path: Path
+) -> None:
+    mark = tmp_path / "tried"
+    flaky = {
+        "name": "api-flaky",
+        "tasks": [
+            {
+                "name": "flaky",
+                "cmd": f"if [ -f {mark} ]; then echo ok; else touch {mark}; exit 1; fi",
+                "num_retries": 1,
+                "retry": {"backoff_s": 0},
+            }
+        ],
+    }
+    location = submit(http, flaky, "api-flaky")
+    assert wait_for_end(http, location)["status"] == "completed"
+    items = http.get(f"{location}/timeline").json()["items"]
+    assert [(i["task"], i["attempt"], i["status"]) for i in items] == [
+        ("flaky", 1, "retried"),
+        ("flaky", 2, "completed"),
+    ]
+    for item in items:
+        assert item["enqueued_at"] <= item["started_at"] <= item["finished_at"], item
+    assert items[0]["finished_at"] <= items[1]["enqueued_at"]
+    attempts = http.get(f"{location}/tasks/flaky").json()["attempts"]
+    assert [a["started_at"] for a in attempts] == [i["started_at"] for i in items]

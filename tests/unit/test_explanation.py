@@ -249,6 +249,30 @@ def test_a_running_task_says_how_long_and_when_it_times_out() -> None:
     assert "running on a worker for 30s; it times out in 70s" in found.waiting_for[0].detail
 
 
+def test_a_running_task_names_the_worker_that_reports_it() -> None:
+    sim = Sim([{"name": "a"}])
+    sim.start()
+    sim.started("a")
+    sim.now += 30
+    found = why(sim, "a", runner="w1 on host-1, pid 42")
+    assert kinds(found) == ["worker"]
+    assert "running on worker w1 on host-1, pid 42 for 30s" in found.waiting_for[0].detail
+
+
+@pytest.mark.parametrize(("after_s", "kind"), [(5, "worker"), (30, "lost_worker")])
+def test_a_running_task_no_live_worker_reports_is_suspected_lost_after_a_while(
+    after_s: float, kind: str
+) -> None:
+    sim = Sim([{"name": "a"}])
+    sim.start()
+    sim.started("a")
+    sim.now += after_s  # a worker's record lists a new attempt within a few seconds
+    found = why(sim, "a", runner="")
+    assert kinds(found) == [kind]
+    if kind == "lost_worker":
+        assert "no live worker reports running it" in found.waiting_for[0].detail
+
+
 def test_no_coordinator_and_a_quarantine_come_first_for_an_unfinished_task() -> None:
     sim = Sim([{"name": "a"}])
     sim.start()

@@ -176,6 +176,7 @@ def validate(*, file: Path) -> None:
     and a warning for each thing it says that has no effect (exit 0 all the same).
     """
     from dagq.cli.run import load_definition
+    from dagq.cli.tables import printable
     from dagq.definition import rule_set
     from dagq.errors import DagqError
     from dagq.params import describe_params
@@ -187,7 +188,8 @@ def validate(*, file: Path) -> None:
         fail(str(exc))
     for warning in warnings(definition):
         click.echo(f"warning: {file}: {warning}", err=True)
-    click.echo(f"{file}: ok — workflow '{definition.name}', {len(definition.tasks)} tasks")
+    name = printable(definition.name, one_line=True)
+    click.echo(f"{file}: ok — workflow '{name}', {len(definition.tasks)} tasks")
     click.echo(f"  {rule_set(definition).describe()}")
     if definition.params:
         click.echo(f"  params: {describe_params(definition.params)}")
@@ -599,6 +601,9 @@ def status(
     """State, counts, progress, rate, ETA (or what it waits for) and failed tasks."""
     from dagq.cli.status import run_status
 
+    given = click.get_current_context().get_parameter_source("interval")
+    if not watch and given is not click.core.ParameterSource.DEFAULT:
+        fail("--interval needs --watch (it is the time between refreshes)")
     if by_layer:
         if watch:
             fail("--by-layer and --watch cannot be combined")

@@ -130,7 +130,7 @@ class LiveProgress:
     def __init__(self, console: Console, workflow_id: str, name: str) -> None:
         self.console = console
         self.workflow_id = workflow_id
-        self.name = name
+        self.name = printable(name, one_line=True)
         self.started = time.monotonic()
         self.first_done: int | None = None
         self._live: Live | None = None
@@ -142,7 +142,7 @@ class LiveProgress:
             self._live = Live(console=self.console, refresh_per_second=8, transient=True)
             self._live.__enter__()
         else:
-            self.console.print(f"running {self.name} as {self.workflow_id}")
+            self.console.print(f"running {self.name} as {self.workflow_id}", markup=False)
         return self
 
     def __exit__(self, *exc: Any) -> None:

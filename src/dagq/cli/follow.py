@@ -1,18 +1,23 @@
 """``dagq logs ID TASK --follow``: an attempt's output as it comes, until it ends.
 
 The worker sends what the task writes every half second (:mod:`dagq.live_logs`);
-this prints what is new (:mod:`dagq.log_reading`), and stops when the run's state
-says the attempt ended — completed (exit 0) or anything else (exit 1). A task not
-started yet is waited for. An attempt that ended before anything was streamed shows
-its kept log.
+this prints what is new (:mod:`dagq.log_reading`, as the HTTP API reads it), and
+stops when the run's state says the attempt ended — completed (exit 0) or anything
+else (exit 1). A task not started yet is waited for. An attempt that ended before
+anything was streamed shows its kept log.
+
+What it prints is escaped as ``dagq logs`` escapes it (a control character in a task's
+output cannot drive the terminal), a character split between two chunks included.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import sys
 
 from dagq.cli.inspect import EXIT_FAILED, EXIT_OK, with_client
+from dagq.cli.tables import printable
 from dagq.client import Client
 from dagq.keys import attempt_name
 from dagq.log_reading import LogSlice, read_log
@@ -49,21 +54,22 @@ def run_follow(
             return EXIT_OK if piece.ended == "completed" else EXIT_FAILED
         number = piece.attempt
         print(f"[following attempt {number} of '{name}']", file=sys.stderr, flush=True)
-        while True:
-            sys.stdout.buffer.write(piece.data)
-            sys.stdout.buffer.flush()
+        out = _Output()
+        while not piece.kept:
+            out.write(piece.data)
             if piece.complete:
                 break
             if piece.ended is None:
                 await asyncio.sleep(POLL_S)
             piece = await read(client, number, piece.next_offset)
-        if piece.data and not piece.data.endswith(b"\n"):
-            print(flush=True)
+        out.finish()
+        if piece.kept and piece.data:  # it ended before anything was sent live
+            print(printable(piece.data.decode("utf-8", "replace")), flush=True)
         ended = piece.ended
         if ended != "completed":
             error = await client.error(workflow_id, task, attempt=number, item=item, undo=undo)
             if error:
-                print(f"--- error ---\n{error}", flush=True)
+                print(f"--- error ---\n{printable(error)}", flush=True)
         print(f"[attempt {number} of '{name}' {ended}]", file=sys.stderr)
         return EXIT_OK if ended == "completed" else EXIT_FAILED
 
@@ -71,3 +77,29 @@ def run_follow(
         return with_client(store_url, body)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+class _Output:
+    """stdout for the chunks of one attempt: decoded across chunk boundaries, escaped."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+        self.shown = False
+        self._last = "\n"
+
+    def write(self, data: bytes) -> None:
+        self._print(self._decoder.decode(data))
+
+    def finish(self) -> None:
+        """Flush a character cut short; on a terminal, end an unfinished last line so
+        that the closing line (on stderr) starts a line of its own."""
+        self._print(self._decoder.decode(b"", final=True))
+        if self.shown and self._last != "\n" and sys.stdout.isatty():
+            self._print("\n")
+
+    def _print(self, text: str) -> None:
+        if not text:
+            return
+        sys.stdout.write(printable(text))
+        sys.stdout.flush()
+        self.shown, self._last = True, text[-1]

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.text import Text
 
 from dagq.cli.display import STYLES, duration, error_cell, state_text
-from dagq.cli.tables import Listing, out_console, printable
+from dagq.cli.tables import Listing, out_console, printable, printable_json
 from dagq.client import Client, TaskInfo, WorkflowTask
 from dagq.errors import DagqError
 
@@ -175,7 +175,7 @@ async def _tasks_of_one(client: Client, workflow_id: str, wanted: TaskFilter) ->
 def run_output(store_url: str, workflow_id: str, task: str, *, item: int = -1) -> int:
     """``dagq output``: the task's output (or one instance's) as JSON."""
     value = with_client(store_url, lambda c: c.output(workflow_id, task, item=item))
-    print(msgspec.json.format(msgspec.json.encode(value).decode(), indent=2))
+    print(printable_json(msgspec.json.format(msgspec.json.encode(value).decode(), indent=2)))
     return EXIT_OK
 
 

@@ -94,7 +94,7 @@ def retry_run_command(
 ) -> int:
     """``dagq retry ID --run``: retry a finished run and drive it here, as ``dagq run``
     does (no cluster needed); returns the process exit code."""
-    console = Console(stderr=False, highlight=False)
+    console = out_console()
     try:
         submitted = asyncio.run(_submitted(store_url, workflow_id))
         return asyncio.run(

@@ -54,6 +54,13 @@ def printable(text: str, *, one_line: bool = False) -> str:
     return pattern.sub(_escape, text)
 
 
+def printable_json(text: str) -> str:
+    """JSON text with every invisible mark that :func:`printable` escapes written as a
+    JSON escape (``\\u202e``): the same JSON, safe on a terminal. (Such marks can only
+    be inside strings, where a JSON escape means the same character.)"""
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def printable_bytes(data: bytes) -> str:
     """Bytes as text: UTF-8 where they are, every other byte and control as ``\\xNN``."""
     return printable(data.decode("utf-8", "surrogateescape"))
