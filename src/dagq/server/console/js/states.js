@@ -6,12 +6,13 @@ export const TASK_STATES = ["pending", "ready", "running", "waiting", "completed
 
 /**
  * The state a task is in right after a history entry of `kind` (null: not a change).
- * A task starting to run writes no history entry (the worker's start only changes the
- * run's state), so the run page also re-reads the states while the run goes on.
+ * Some changes write no entry (a foreach instance's progress, a store written by an older
+ * dagq without `started`), so the run page also re-reads the states while the run goes on.
  */
 export function stateAfter(kind) {
   switch (kind) {
     case "dispatched": case "retried": return "ready";
+    case "started": return "running";
     case "waiting": return "waiting";
     case "completed": case "failed": case "skipped": case "upstream_failed": case "cancelled": return kind;
     default: return null;

@@ -159,8 +159,8 @@ export async function render(main, { params, signal }) {
     }
   }
   const soon = coalesce(refresh, 250);
-  // A task starting on a worker changes the state but writes no history entry (so no
-  // event): while the run goes on, its states are read again when the stream is quiet.
+  // Not every change of state writes a history entry (so not every one is an event):
+  // while the run goes on, its states are read again when the stream is quiet.
   (async () => {
     while (!signal.aborted) {
       await pause(QUIET_MS, signal);
