@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import yaml
+from bench.console import layered_definition
 
 from tests.integration.cli_harness import DagqCli, wait_until
 from tests.integration.test_server_api import ApiServer
@@ -354,24 +355,12 @@ def test_preview_draws_a_definition_then_submits_it(
     expect(node(page, "square")).to_contain_text("3/3 items")
 
 
-def big_definition(tasks: int, width: int = 50) -> dict[str, Any]:
-    """``tasks`` tasks in layers of ``width``, each depending on two of the layer above."""
-    found: list[dict[str, Any]] = []
-    for i in range(tasks):
-        task: dict[str, Any] = {"name": f"step-{i:04d}", "cmd": "true"}
-        if i >= width:
-            above = i - width
-            other = max(0, above + i % 3 - 1)
-            task["depends_on"] = sorted({f"step-{above:04d}", f"step-{other:04d}"})
-        found.append(task)
-    return {"name": "console-big", "tasks": found}
-
-
 def test_a_2000_node_graph_paints_quickly_and_stays_usable(page: Page, artefacts: Path) -> None:
     from playwright.sync_api import expect
 
     page.goto("/#/preview")
-    page.get_by_label("Workflow definition (YAML or JSON)").fill(json.dumps(big_definition(2000)))
+    definition = json.dumps(layered_definition(2000))
+    page.get_by_label("Workflow definition (YAML or JSON)").fill(definition)
     page.get_by_role("button", name="Preview graph").click()
     expect(page.locator("svg.dag g.node")).to_have_count(2000)
     page.wait_for_function("performance.getEntriesByName('dag-first-paint').length > 0")
@@ -476,3 +465,23 @@ def test_api_docs_load_swagger_ui_from_the_package(page: Page) -> None:
     assert all(url.startswith(("http://127.0.0.1:", "data:")) for url in asked), [
         u for u in asked if not u.startswith("http://127.0.0.1:")
     ]
+
+
+def test_the_console_benchmark_runs() -> None:
+    """``python -m bench.console`` works (CI proves it, it does not time it)."""
+    import subprocess
+    import sys
+
+    _browser_or_skip()
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.console", "--tasks", "120", "--repeat", "1"],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.splitlines()[0])
+    assert figures["runs"][0]["nodes"] == 120
+    assert figures["runs"][0]["first_paint_ms"] <= figures["runs"][0]["layout_ms"]
