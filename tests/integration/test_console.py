@@ -253,6 +253,7 @@ def test_run_graph_changes_colour_live_and_a_wait_is_approved(
     page.keyboard.press("Enter")
     panel = page.locator("aside.task-panel")
     expect(panel.locator("h2")).to_have_text("review")
+    expect(panel.locator(".reason")).to_contain_text("approve")  # why it is not running
     panel.get_by_label("Data sent with the decision (JSON)").fill('{"by": "console-test"}')
     panel.get_by_role("button", name="Approve").click()
     expect(node(page, "review")).to_have_class(state("completed"))

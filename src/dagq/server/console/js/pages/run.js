@@ -10,8 +10,10 @@ import { FINAL_RUN_STATES, stateAfter } from "../states.js";
 import { follow } from "../sse.js";
 
 let page = null; // the page shown: {panel, view, id}
-/** How long a quiet stream goes before the run's states are read again. */
+/** How long a quiet stream goes before the run's states are read again (plus a little
+ * per task: a large run's states are a large read). */
 const QUIET_MS = 1500;
+const QUIET_MS_PER_TASK = 2;
 
 /** The same run, another task (or none): no reload, no new stream. */
 export function retarget(params) {
@@ -158,13 +160,14 @@ export async function render(main, { params, signal }) {
       if (again && !signal.aborted) { again = false; refresh(); }
     }
   }
-  const soon = coalesce(refresh, 250);
+  const soon = coalesce(refresh, 250 + graph.nodes.length / 10);
+  const quietMs = QUIET_MS + QUIET_MS_PER_TASK * graph.nodes.length;
   // Not every change of state writes a history entry (so not every one is an event):
   // while the run goes on, its states are read again when the stream is quiet.
   (async () => {
     while (!signal.aborted) {
-      await pause(QUIET_MS, signal);
-      const quiet = performance.now() - refreshed >= QUIET_MS;
+      await pause(quietMs, signal);
+      const quiet = performance.now() - refreshed >= quietMs;
       if (!signal.aborted && quiet && !document.hidden && !FINAL_RUN_STATES.has(detail.status)) soon();
     }
   })();

@@ -57,7 +57,7 @@ function apiFilters(filters) {
 export async function render(main, { query: q, signal }) {
   const filters = filtersOf(q);
   const rows = new Map();
-  const counts = h("div", { class: "counts", role: "group", "aria-label": "Runs by status" });
+  const counts = h("div", { class: "counts", role: "group", "aria-label": "Runs listed, by status", title: "The runs listed below, by status" });
   const spark = h("div", { class: "spark" });
   const body = h("tbody");
   const table = h("table", { class: "runs" },
@@ -66,12 +66,15 @@ export async function render(main, { query: q, signal }) {
     body);
   const bulk = h("section", { class: "bulk", "aria-label": "Act on every matching run" });
   const message = h("div", { class: "message", role: "status" });
+  const more = h("button", { type: "button", hidden: true }, "Show older runs");
+  let cursor = null;
   main.append(
     h("div", { class: "page-head" }, h("h1", {}, "Runs"), counts, spark),
     filterForm(filters),
     bulk,
     message,
     h("div", { class: "scroll" }, table),
+    more,
   );
 
   const draw = () => {
@@ -105,8 +108,24 @@ export async function render(main, { query: q, signal }) {
     const page = await get(`/v1/workflows${query({ ...apiFilters(filters), limit: PAGE })}`, { signal });
     rows.clear();
     for (const r of page.items) rows.set(r.id, r);
+    cursor = page.next_cursor;
+    more.hidden = !cursor;
     draw();
   };
+  more.addEventListener("click", async () => {
+    more.disabled = true;
+    try {
+      const page = await get(`/v1/workflows${query({ ...apiFilters(filters), limit: PAGE, cursor })}`, { signal });
+      for (const r of page.items) rows.set(r.id, r);
+      cursor = page.next_cursor;
+      more.hidden = !cursor;
+      draw();
+    } catch (error) {
+      message.replaceChildren(notice(error.message, "error"));
+    } finally {
+      more.disabled = false;
+    }
+  });
   try {
     await load();
   } catch (error) {
