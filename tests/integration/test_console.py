@@ -422,7 +422,9 @@ def test_console_asks_for_a_token_once_and_sends_it_on_every_request(
     from playwright.sync_api import expect
 
     pytest.importorskip("dagq.tokens", reason="access control (dagq token) is not merged yet")
-    made = cli.run("token", "create", "--name", "console", "--role", "operator")
+    made = cli.run(
+        "token", "create", "--name", "console", "--role", "operator", "--store", cli.store_url
+    )
     assert made.code == 0, made.output
     token = made.stdout.strip()
     guarded = ConsoleServer(cli)
