@@ -15,6 +15,7 @@ from dagq.server import (
     actions,
     bulk,
     changes,
+    console,
     dead_letter_routes,
     fleet,
     health,
@@ -49,7 +50,7 @@ def create_app(settings: Settings) -> FastAPI:
         summary="The HTTP job API of dagq: submit workflows, watch them, act on them.",
         version=_version(),
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # the console serves /docs with its own Swagger UI files
         openapi_url="/openapi.json",
         redoc_url=None,
     )
@@ -68,6 +69,7 @@ def create_app(settings: Settings) -> FastAPI:
         health.router,
     ):
         app.include_router(router)
+    console.install(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

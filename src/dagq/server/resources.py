@@ -99,13 +99,17 @@ class TaskDetail(TaskInfo, frozen=True, kw_only=True):
 
 
 class GraphNode(msgspec.Struct, frozen=True, kw_only=True):
-    """A task as a node: policy, condition, queue, and state (for a submitted run)."""
+    """A task as a node: policy, condition, queue, and state (for a submitted run);
+    ``marks`` say what it does beyond running once (``foreach``, ``loop ≤3``,
+    ``wait_for 'go'``, ``sleep 5s``, ``compensate``), ``signal`` the one it waits for."""
 
     name: str
     queue: str
     policy: str
     condition: str | None
     state: str | None
+    marks: list[str] = msgspec.field(default_factory=list)
+    signal: str | None = None
 
 
 class GraphEdge(msgspec.Struct, frozen=True, kw_only=True):
@@ -295,8 +299,10 @@ def graph_of(
                 policy=n.policy,
                 condition=n.condition,
                 state=n.state,
+                marks=list(n.marks),
+                signal=task.wait_for.signal if task.wait_for else None,
             )
-            for n, queue in zip(nodes, queues, strict=True)
+            for n, task, queue in zip(nodes, definition.tasks, queues, strict=True)
         ],
         edges=[
             GraphEdge(source=parent, target=n.name, conditional=n.condition is not None)
