@@ -973,3 +973,17 @@ def config_show(*, as_json: bool) -> None:
     from dagq.cli.settings import run_show
 
     _exit(lambda: run_show(as_json=as_json))
+
+
+@main.group(name="store")
+def store_group() -> None:
+    """The store as a whole: migrate its tables, copy it to another backend."""
+
+
+@store_group.command("migrate")
+@store_option
+def store_migrate(*, store_url: str) -> None:
+    """Create or upgrade a PostgreSQL store's tables (also done at first use)."""
+    from dagq.cli.store_admin import run_migrate
+
+    _exit(lambda: run_migrate(store_url))

@@ -40,9 +40,10 @@ from dagq.stores.postgres_leases import PostgresLeases, fence
 from dagq.stores.postgres_queues import PostgresQueues
 from dagq.stores.postgres_queues import delete as delete_messages
 from dagq.stores.postgres_queues import send as send_messages
+from dagq.stores.postgres_schema import VERSION
 from dagq.stores.postgres_wakeups import Listener
 
-__all__ = ["open_postgres_store"]
+__all__ = ["migrate_postgres_store", "open_postgres_store"]
 
 # Sends from any store on the same database and schema in this process wake its waiters.
 _WAKEUPS: dict[tuple[str, str], Wakeups] = {}
@@ -109,3 +110,16 @@ class _Committer:
         for queue in {op.queue for op in ops if isinstance(op, SendOp)}:
             self._wakeups.notify(queue)
         return etags
+
+
+async def migrate_postgres_store(url: str) -> tuple[int | None, int]:
+    """Apply the migrations a store still lacks; its schema versions before and after.
+
+    A store newer than this dagq is refused (StoreUnavailable), and left as it is.
+    """
+    db = Database(parse_postgres_url(url), time.time, create=True)
+    try:
+        await db.pool()  # opening migrates
+        return db.found_version, VERSION
+    finally:
+        await db.close()

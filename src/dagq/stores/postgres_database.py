@@ -12,6 +12,7 @@ Driver errors become :class:`~dagq.errors.StoreUnavailable` naming the store.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import zlib
@@ -35,6 +36,10 @@ POOL_SIZE = 10
 CONNECT_TIMEOUT_S = 10.0
 DEFAULT_SCHEMA = "dagq"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,49}")
+
+# The pool logs every failed connection attempt; dagq reports failures itself, once.
+if logging.getLogger("psycopg.pool").level == logging.NOTSET:
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
 Conn = psycopg.AsyncConnection[Any]
 #: Statement parameters: positional (``%s``) or named (``%(name)s``).
@@ -104,6 +109,8 @@ class Database:
         self._pid = 0
         self._lock: asyncio.Lock | None = None
         self._closed = False
+        #: The schema version found at opening (None: a new store), before migrating.
+        self.found_version: int | None = None
         self.on_close: list[Callable[[], Any]] = []
 
     @property
@@ -135,6 +142,16 @@ class Database:
         return self._pool
 
     async def _open(self) -> psycopg_pool.AsyncConnectionPool[Conn]:
+        # One plain connection first: a wrong URL or a server that is down fails at
+        # once with the driver's reason, rather than after the pool's retries.
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.target.conninfo, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S)
+            )
+            async with conn:
+                await self._prepare(conn)
+        except psycopg.Error as exc:
+            raise self.unavailable(exc) from exc
         pool: psycopg_pool.AsyncConnectionPool[Conn] = psycopg_pool.AsyncConnectionPool(
             self.target.conninfo,
             min_size=1,
@@ -144,19 +161,12 @@ class Database:
             open=False,
             name=f"dagq-{self.target.schema}",
         )
-        try:
-            await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
-            async with pool.connection() as conn:
-                await self._prepare(conn)
-        except BaseException as exc:
-            await pool.close()
-            if isinstance(exc, psycopg.Error | psycopg_pool.PoolTimeout):
-                raise self.unavailable(exc) from exc
-            raise
+        await pool.open(wait=False)
         return pool
 
     async def _prepare(self, conn: Conn) -> None:
         version = await schema_version(conn, self.schema)
+        self.found_version = version
         if version is not None and version > VERSION:
             raise StoreUnavailable(
                 f"postgres store {self.url} has schema version {version}, newer than this "
