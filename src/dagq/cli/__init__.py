@@ -987,3 +987,17 @@ def store_migrate(*, store_url: str) -> None:
     from dagq.cli.store_admin import run_migrate
 
     _exit(lambda: run_migrate(store_url))
+
+
+@store_group.command("copy")
+@click.argument("source_url", metavar="SRC")
+@click.argument("destination_url", metavar="DST")
+def store_copy(*, source_url: str, destination_url: str) -> None:
+    """Copy the whole store SRC (definitions, states, history, index, pending messages,
+    dead letters) into the new, empty store DST, e.g. a sqlite file into PostgreSQL.
+
+    Stop the coordinator and the workers first; afterwards, point them at DST.
+    """
+    from dagq.cli.store_admin import run_copy
+
+    _exit(lambda: run_copy(source_url, destination_url))

@@ -7,6 +7,7 @@ import asyncio
 from dagq.cli.inspect import EXIT_OK, console
 from dagq.errors import ValidationError
 from dagq.stores import open_store
+from dagq.stores.transfer import CopyReport
 
 
 def run_migrate(store_url: str) -> int:
@@ -35,3 +36,27 @@ def run_migrate(store_url: str) -> int:
 async def _check(store_url: str) -> None:
     store = open_store(store_url, create=False)
     await store.close()
+
+
+def run_copy(source_url: str, destination_url: str) -> int:
+    """``dagq store copy SRC DST``: everything in SRC into the new, empty store DST."""
+    from dagq.stores.transfer import copy_store
+
+    async def main() -> CopyReport:
+        source = open_store(source_url, create=False)
+        try:
+            destination = open_store(destination_url)
+            try:
+                return await copy_store(source, destination)
+            finally:
+                await destination.close()
+        finally:
+            await source.close()
+
+    report = asyncio.run(main())
+    console().print(
+        f"copied {source_url} to {destination_url}: {report.documents} document(s), "
+        f"{report.index_rows} index row(s), {report.messages} pending message(s), "
+        f"{report.dead_letters} dead letter(s)"
+    )
+    return EXIT_OK

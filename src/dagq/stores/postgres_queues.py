@@ -31,6 +31,7 @@ from dagq.stores.common import (
 )
 from dagq.stores.postgres_database import Conn, Database
 from dagq.stores.postgres_wakeups import Listener
+from dagq.stores.transfer import PendingMessage
 
 _SEND = """
 WITH sent AS (
@@ -227,3 +228,10 @@ class PostgresQueues:
         await self._listener.start()
         left = timeout_s - (time.monotonic() - started)
         await self._wakeups.wait(queue, max(left, 0.0), seen=seen)
+
+    async def pending(self, *, after: int, limit: int) -> list[tuple[int, PendingMessage]]:
+        """Queued messages of every queue after row ``after``, read without receiving
+        them (for :func:`~dagq.stores.transfer.copy_store`)."""
+        sql = "SELECT seq, queue, id, body FROM {s}.messages WHERE seq > %s ORDER BY seq LIMIT %s"
+        rows = await self._db.rows(sql, (after, limit))
+        return [(seq, PendingMessage(q, i, bytes(b))) for seq, q, i, b in rows]
