@@ -31,7 +31,7 @@ from dagq.stores.base import (
     UpsertOp,
 )
 from dagq.stores.common import Wakeups, check_batch, check_max_deliveries
-from dagq.stores.postgres_database import Database, parse_postgres_url
+from dagq.stores.postgres_database import Checks, Conn, Cursor, Database, parse_postgres_url
 from dagq.stores.postgres_documents import PostgresDocuments
 from dagq.stores.postgres_documents import delete as delete_document
 from dagq.stores.postgres_documents import put as put_document
@@ -89,27 +89,46 @@ class _Committer:
 
     async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
         check_batch(ops)
-        now = self._db.clock()
-        db = self._db
         etags: list[str] = []
-        async with db.connection() as conn, conn.transaction():
-            rows = [op.row for op in ops if isinstance(op, UpsertOp)]
-            for op in ops:
-                if isinstance(op, FenceOp):
-                    await fence(db, conn, op.name, op.token)
-                elif isinstance(op, PutOp):
-                    etags.append(await put_document(db, conn, op))
-                elif isinstance(op, DeleteOp):
-                    await delete_document(db, conn, op.key)
-                elif isinstance(op, SendOp):
-                    await send_messages(db, conn, op, now, self._channel)
-                elif isinstance(op, AckOp):
-                    op.deleted.append(await delete_messages(db, conn, op.queue, op.receipts))
-            if rows:  # an index row is never read within the batch: all at the end
-                await upsert(db, conn, rows)
+        async with self._db.connection() as conn, conn.transaction():
+            # Pipelined: every statement goes out at once, the outcomes are checked
+            # when they are all back, and a failed check rolls the whole batch back.
+            checks: Checks = []
+            acks: list[tuple[AckOp, Cursor]] = []
+            async with conn.pipeline() as pipeline:
+                await self._send_all(conn, ops, etags, checks, acks)
+                await pipeline.sync()
+            for check in checks:
+                await check()
+        for op, cur in acks:
+            op.deleted.append(max(cur.rowcount, 0))
         for queue in {op.queue for op in ops if isinstance(op, SendOp)}:
             self._wakeups.notify(queue)
         return etags
+
+    async def _send_all(
+        self,
+        conn: Conn,
+        ops: Sequence[BatchOp],
+        etags: list[str],
+        checks: Checks,
+        acks: list[tuple[AckOp, Cursor]],
+    ) -> None:
+        db, now = self._db, self._db.clock()
+        rows = [op.row for op in ops if isinstance(op, UpsertOp)]
+        for op in ops:
+            if isinstance(op, FenceOp):
+                await fence(db, conn, op.name, op.token, checks)
+            elif isinstance(op, PutOp):
+                etags.append(await put_document(db, conn, op, checks=checks))
+            elif isinstance(op, DeleteOp):
+                await delete_document(db, conn, op.key)
+            elif isinstance(op, SendOp):
+                await send_messages(db, conn, op, now, self._channel)
+            elif isinstance(op, AckOp):
+                acks.append((op, await delete_messages(db, conn, op.queue, op.receipts)))
+        if rows:  # an index row is never read within the batch: all at the end
+            await upsert(db, conn, rows)
 
 
 async def migrate_postgres_store(url: str) -> tuple[int | None, int]:

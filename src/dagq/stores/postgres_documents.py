@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dagq.stores.base import Document, PutOp
 from dagq.stores.common import check_limit, check_put, conflict, new_token
-from dagq.stores.postgres_database import Conn, Database
+from dagq.stores.postgres_database import Checks, Conn, Database
 
 _INSERT = "INSERT INTO {s}.documents (key, data, etag) VALUES (%s, %s, %s) ON CONFLICT (key) DO "
 _REPLACE = _INSERT + "UPDATE SET data = excluded.data, etag = excluded.etag"
@@ -22,8 +22,12 @@ SELECT (SELECT count(*) FROM gone), EXISTS (SELECT 1 FROM {s}.documents WHERE ke
 """
 
 
-async def put(db: Database, conn: Conn, op: PutOp) -> str:
-    """One conditional or plain write on ``conn``; the new etag (else ConflictError)."""
+async def put(db: Database, conn: Conn, op: PutOp, *, checks: Checks | None = None) -> str:
+    """One conditional or plain write on ``conn``; the new etag (else ConflictError).
+
+    With ``checks`` (in a pipeline, where the outcome is known only later), the check
+    of the condition is appended there instead of made now.
+    """
     etag = new_token()
     data = bytes(op.data)
     if op.if_none_match:
@@ -32,15 +36,21 @@ async def put(db: Database, conn: Conn, op: PutOp) -> str:
         cur = await conn.execute(db.sql(_REPLACE), (op.key, data, etag))
     else:
         cur = await conn.execute(db.sql(_SWAP), (data, etag, op.key, op.if_match))
-    if cur.rowcount == 0:
-        raise conflict(op.key, op.if_match)
+
+    async def check() -> None:
+        if cur.rowcount == 0:
+            raise conflict(op.key, op.if_match)
+
+    if checks is None:
+        await check()
+    else:
+        checks.append(check)
     return etag
 
 
-async def delete(db: Database, conn: Conn, key: str) -> int:
-    """Delete unconditionally on ``conn``; how many rows went."""
-    cur = await conn.execute(db.sql("DELETE FROM {s}.documents WHERE key = %s"), (key,))
-    return cur.rowcount
+async def delete(db: Database, conn: Conn, key: str) -> None:
+    """Delete unconditionally on ``conn``."""
+    await conn.execute(db.sql("DELETE FROM {s}.documents WHERE key = %s"), (key,))
 
 
 def prefix_end(prefix: str) -> str | None:
@@ -72,8 +82,7 @@ class PostgresDocuments:
 
     async def delete(self, key: str, *, if_match: str | None = None) -> bool:
         if if_match is None:
-            async with self._db.connection() as conn:
-                return await delete(self._db, conn, key) > 0
+            return await self._db.count("DELETE FROM {s}.documents WHERE key = %s", (key,)) > 0
         row = await self._db.row(_DELETE_IF, (key, if_match, key))
         assert row is not None
         if row[0]:

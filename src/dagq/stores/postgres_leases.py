@@ -13,7 +13,7 @@ from dataclasses import replace
 from dagq.errors import LeaseHeld, LeaseLost
 from dagq.stores.base import Lease
 from dagq.stores.common import check_ttl, lease_lost, new_token
-from dagq.stores.postgres_database import Conn, Database
+from dagq.stores.postgres_database import Checks, Conn, Database
 
 _TAKE = """
 INSERT INTO {s}.leases AS held (name, owner, token, acquired_at, expires_at)
@@ -25,12 +25,18 @@ RETURNING token
 """
 
 
-async def fence(db: Database, conn: Conn, name: str, token: str) -> None:
-    """Inside a transaction: go on only while lease ``name`` is held with ``token``."""
-    sql = db.sql("SELECT token FROM {s}.leases WHERE name = %s FOR SHARE")
-    held = await (await conn.execute(sql, (name,))).fetchone()
-    if held is None or held[0] != token:
-        raise LeaseLost(f"lease {name!r} is no longer held; nothing was written")
+async def fence(db: Database, conn: Conn, name: str, token: str, checks: Checks) -> None:
+    """Inside a transaction: commit only while lease ``name`` is held with ``token``
+    (checked with ``checks``, before the commit)."""
+    sql = db.sql("SELECT token = %s FROM {s}.leases WHERE name = %s FOR SHARE")
+    cur = await conn.execute(sql, (token, name))
+
+    async def check() -> None:
+        held = await cur.fetchone()
+        if held is None or not held[0]:
+            raise LeaseLost(f"lease {name!r} is no longer held; nothing was written")
+
+    checks.append(check)
 
 
 class PostgresLeases:

@@ -29,7 +29,7 @@ from dagq.stores.common import (
     new_token,
     stale_receipt,
 )
-from dagq.stores.postgres_database import Conn, Database
+from dagq.stores.postgres_database import Conn, Cursor, Database
 from dagq.stores.postgres_wakeups import Listener
 from dagq.stores.transfer import PendingMessage
 
@@ -48,7 +48,7 @@ SELECT pg_notify(%(channel)s, %(queue)s)
 _RECEIVE = """
 WITH overdue AS (
     SELECT seq FROM {s}.messages
-    WHERE queue = %(queue)s AND visible_at <= %(now)s AND dequeue_count >= %(most)s
+    WHERE queue = %(queue)s AND visible_at <= %(now)s AND dequeue_count >= {most}
     ORDER BY visible_at, seq FOR UPDATE SKIP LOCKED
 ), dead AS (
     DELETE FROM {s}.messages m USING overdue WHERE m.seq = overdue.seq
@@ -60,7 +60,7 @@ WITH overdue AS (
     FROM dead ORDER BY visible_at, seq
 ), taken AS (
     SELECT seq FROM {s}.messages
-    WHERE queue = %(queue)s AND visible_at <= %(now)s AND dequeue_count < %(most)s
+    WHERE queue = %(queue)s AND visible_at <= %(now)s AND dequeue_count < {most}
     ORDER BY visible_at, seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 UPDATE {s}.messages m
@@ -110,12 +110,9 @@ async def send(db: Database, conn: Conn, op: SendOp, now: float, channel: str) -
     await conn.execute(db.sql(_SEND), args)
 
 
-async def delete(db: Database, conn: Conn, queue: str, receipts: Sequence[str]) -> int:
-    """Delete received messages on ``conn``; how many went."""
-    if not receipts:
-        return 0
-    cur = await conn.execute(db.sql(_DELETE), (queue, list(receipts)))
-    return cur.rowcount
+async def delete(db: Database, conn: Conn, queue: str, receipts: Sequence[str]) -> Cursor:
+    """Delete received messages on ``conn``; the cursor tells how many went (rowcount)."""
+    return await conn.execute(db.sql(_DELETE), (queue, list(receipts)))
 
 
 class PostgresQueues:
@@ -131,7 +128,9 @@ class PostgresQueues:
         self._wakeups = wakeups
         self._listener = listener
         self._seen: dict[str, int] = {}
-        self._max_deliveries = max_deliveries
+        # A literal, not a parameter: the planner then sees that the overdue check fits
+        # the partial index of messages delivered before (dequeue_count > 0).
+        self._receive = _RECEIVE.replace("{most}", str(int(max_deliveries)))
 
     async def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
         check_outgoing(queue, messages)
@@ -151,16 +150,16 @@ class PostgresQueues:
         args = {
             "queue": queue,
             "now": now,
-            "most": self._max_deliveries,
             "limit": max_messages,
             "until": now + visibility_timeout_s,
         }
-        rows = sorted(await self._db.rows(_RECEIVE, args))
+        rows = sorted(await self._db.rows(self._receive, args))
         return [Message(queue, r[1], bytes(r[2]), r[3], r[4], r[5]) for r in rows]
 
     async def delete(self, queue: str, receipts: Sequence[str]) -> int:
-        async with self._db.connection() as conn:
-            return await delete(self._db, conn, queue, receipts)
+        if not receipts:
+            return 0
+        return await self._db.count(_DELETE, (queue, list(receipts)))
 
     async def extend(self, queue: str, receipt: str, visibility_timeout_s: float) -> str:
         check_visibility(visibility_timeout_s)
