@@ -18,6 +18,10 @@ import threading
 import time
 from collections.abc import Sequence
 
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from dagq.errors import DagqError
 from dagq.stores.base import (
     DEFAULT_MAX_DELIVERIES,
     AckOp,
@@ -30,17 +34,17 @@ from dagq.stores.base import (
     Store,
     UpsertOp,
 )
-from dagq.stores.common import Wakeups, check_batch, check_max_deliveries
-from dagq.stores.postgres_database import Checks, Conn, Cursor, Database, parse_postgres_url
+from dagq.stores.common import Wakeups, check_batch, check_max_deliveries, conflict
+from dagq.stores.postgres_database import Conn, Cursor, Database, parse_postgres_url
 from dagq.stores.postgres_documents import PostgresDocuments
 from dagq.stores.postgres_documents import delete as delete_document
 from dagq.stores.postgres_documents import put as put_document
 from dagq.stores.postgres_index import PostgresIndex, upsert
-from dagq.stores.postgres_leases import PostgresLeases, fence
+from dagq.stores.postgres_leases import PostgresLeases, fence, fence_lost
 from dagq.stores.postgres_queues import PostgresQueues
 from dagq.stores.postgres_queues import delete as delete_messages
 from dagq.stores.postgres_queues import send as send_messages
-from dagq.stores.postgres_schema import VERSION
+from dagq.stores.postgres_schema import FAILED, VERSION
 from dagq.stores.postgres_wakeups import Listener
 
 __all__ = ["migrate_postgres_store", "open_postgres_store"]
@@ -90,16 +94,25 @@ class _Committer:
     async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
         check_batch(ops)
         etags: list[str] = []
-        async with self._db.connection() as conn, conn.transaction():
-            # Pipelined: every statement goes out at once, the outcomes are checked
-            # when they are all back, and a failed check rolls the whole batch back.
-            checks: Checks = []
-            acks: list[tuple[AckOp, Cursor]] = []
-            async with conn.pipeline() as pipeline:
-                await self._send_all(conn, ops, etags, checks, acks)
-                await pipeline.sync()
-            for check in checks:
-                await check()
+        failures: dict[str, DagqError] = {}
+        acks: list[tuple[AckOp, Cursor]] = []
+        async with self._db.connection() as conn:
+            # Pipelined, in one round trip: BEGIN, every statement, COMMIT. A guarded
+            # statement whose condition is false raises, which aborts the transaction:
+            # nothing of the batch is written.
+            try:
+                async with conn.pipeline() as pipeline:
+                    await conn.execute("BEGIN")
+                    await self._send_all(conn, ops, etags, failures, acks)
+                    await conn.execute("COMMIT")
+                    await pipeline.sync()
+            except psycopg.Error as exc:
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    await conn.execute("ROLLBACK")
+                message = exc.diag.message_primary or ""
+                if exc.sqlstate == FAILED and message in failures:
+                    raise failures[message] from None
+                raise
         for op, cur in acks:
             op.deleted.append(max(cur.rowcount, 0))
         for queue in {op.queue for op in ops if isinstance(op, SendOp)}:
@@ -111,16 +124,19 @@ class _Committer:
         conn: Conn,
         ops: Sequence[BatchOp],
         etags: list[str],
-        checks: Checks,
+        failures: dict[str, DagqError],
         acks: list[tuple[AckOp, Cursor]],
     ) -> None:
         db, now = self._db, self._db.clock()
         rows = [op.row for op in ops if isinstance(op, UpsertOp)]
-        for op in ops:
+        for n, op in enumerate(ops):
+            guard = f"dagq batch operation {n}"
             if isinstance(op, FenceOp):
-                await fence(db, conn, op.name, op.token, checks)
+                failures[guard] = fence_lost(op.name)
+                await fence(db, conn, op.name, op.token, guard)
             elif isinstance(op, PutOp):
-                etags.append(await put_document(db, conn, op, checks=checks))
+                failures[guard] = conflict(op.key, op.if_match)
+                etags.append(await put_document(db, conn, op, guard=guard))
             elif isinstance(op, DeleteOp):
                 await delete_document(db, conn, op.key)
             elif isinstance(op, SendOp):

@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +43,6 @@ if logging.getLogger("psycopg.pool").level == logging.NOTSET:
 
 Conn = psycopg.AsyncConnection[Any]
 Cursor = psycopg.AsyncCursor[Any]
-#: Checks of statements' outcomes, run once a pipeline has delivered them.
-Checks = list[Callable[[], Awaitable[None]]]
 #: Statement parameters: positional (``%s``) or named (``%(name)s``).
 Args = Sequence[Any] | Mapping[str, Any]
 

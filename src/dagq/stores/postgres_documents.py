@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dagq.stores.base import Document, PutOp
 from dagq.stores.common import check_limit, check_put, conflict, new_token
-from dagq.stores.postgres_database import Checks, Conn, Database
+from dagq.stores.postgres_database import Conn, Database
 
 _INSERT = "INSERT INTO {s}.documents (key, data, etag) VALUES (%s, %s, %s) ON CONFLICT (key) DO "
 _REPLACE = _INSERT + "UPDATE SET data = excluded.data, etag = excluded.etag"
@@ -22,29 +22,34 @@ SELECT (SELECT count(*) FROM gone), EXISTS (SELECT 1 FROM {s}.documents WHERE ke
 """
 
 
-async def put(db: Database, conn: Conn, op: PutOp, *, checks: Checks | None = None) -> str:
-    """One conditional or plain write on ``conn``; the new etag (else ConflictError).
+_GUARD = " RETURNING 1) SELECT {s}.fail(%s) WHERE NOT EXISTS (SELECT 1 FROM written)"
+_GUARDED_CREATE = "WITH written AS (" + _CREATE + _GUARD
+_GUARDED_SWAP = "WITH written AS (" + _SWAP + _GUARD
 
-    With ``checks`` (in a pipeline, where the outcome is known only later), the check
-    of the condition is appended there instead of made now.
+
+async def put(db: Database, conn: Conn, op: PutOp, *, guard: str | None = None) -> str:
+    """One conditional or plain write on ``conn``; the new etag.
+
+    A failed condition raises ConflictError; with ``guard`` (in a pipelined batch,
+    whose outcome is known only at the end) the statement itself fails instead, with
+    ``guard`` as its message (:data:`~dagq.stores.postgres_schema.FAILED`).
     """
     etag = new_token()
     data = bytes(op.data)
+    args: tuple[object, ...]
     if op.if_none_match:
-        cur = await conn.execute(db.sql(_CREATE), (op.key, data, etag))
+        sql, args = (_CREATE, (op.key, data, etag))
     elif op.if_match is None:
-        cur = await conn.execute(db.sql(_REPLACE), (op.key, data, etag))
+        sql, args = (_REPLACE, (op.key, data, etag))
     else:
-        cur = await conn.execute(db.sql(_SWAP), (data, etag, op.key, op.if_match))
-
-    async def check() -> None:
-        if cur.rowcount == 0:
-            raise conflict(op.key, op.if_match)
-
-    if checks is None:
-        await check()
-    else:
-        checks.append(check)
+        sql, args = (_SWAP, (data, etag, op.key, op.if_match))
+    if guard is not None and sql is not _REPLACE:
+        sql = _GUARDED_CREATE if sql is _CREATE else _GUARDED_SWAP
+        await conn.execute(db.sql(sql), (*args, guard))
+        return etag
+    cur = await conn.execute(db.sql(sql), args)
+    if guard is None and cur.rowcount == 0:
+        raise conflict(op.key, op.if_match)
     return etag
 
 

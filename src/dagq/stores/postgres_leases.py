@@ -13,7 +13,7 @@ from dataclasses import replace
 from dagq.errors import LeaseHeld, LeaseLost
 from dagq.stores.base import Lease
 from dagq.stores.common import check_ttl, lease_lost, new_token
-from dagq.stores.postgres_database import Checks, Conn, Database
+from dagq.stores.postgres_database import Conn, Database
 
 _TAKE = """
 INSERT INTO {s}.leases AS held (name, owner, token, acquired_at, expires_at)
@@ -25,18 +25,21 @@ RETURNING token
 """
 
 
-async def fence(db: Database, conn: Conn, name: str, token: str, checks: Checks) -> None:
-    """Inside a transaction: commit only while lease ``name`` is held with ``token``
-    (checked with ``checks``, before the commit)."""
-    sql = db.sql("SELECT token = %s FROM {s}.leases WHERE name = %s FOR SHARE")
-    cur = await conn.execute(sql, (token, name))
+_FENCE = """
+WITH held AS (SELECT 1 FROM {s}.leases WHERE name = %s AND token = %s FOR SHARE)
+SELECT {s}.fail(%s) WHERE NOT EXISTS (SELECT 1 FROM held)
+"""
 
-    async def check() -> None:
-        held = await cur.fetchone()
-        if held is None or not held[0]:
-            raise LeaseLost(f"lease {name!r} is no longer held; nothing was written")
 
-    checks.append(check)
+async def fence(db: Database, conn: Conn, name: str, token: str, guard: str) -> None:
+    """In a pipelined batch: fail with ``guard`` unless lease ``name`` is held with
+    ``token``; else keep the row locked until the commit."""
+    await conn.execute(db.sql(_FENCE), (name, token, guard))
+
+
+def fence_lost(name: str) -> LeaseLost:
+    """The error of a batch whose fence failed."""
+    return LeaseLost(f"lease {name!r} is no longer held; nothing was written")
 
 
 class PostgresLeases:

@@ -15,6 +15,9 @@ after a small fraction of it changed rather than the default fifth.
 
 from __future__ import annotations
 
+#: The SQLSTATE of :func:`fail`: a guarded statement of a batch found its condition false.
+FAILED = "DQ001"
+
 #: The schema version this dagq writes; a newer store is refused.
 VERSION = 1
 
@@ -60,6 +63,11 @@ MIGRATIONS: dict[int, list[str]] = {
             ON {s}.index_rows (name, created_at DESC, id DESC)""",
         """CREATE INDEX IF NOT EXISTS index_rows_tenant
             ON {s}.index_rows (tenant, created_at DESC, id DESC)""",
+        # Raised by a batch's guarded statements (a lost condition, a lost lease), so a
+        # whole batch goes out in one round trip and fails as one transaction.
+        """CREATE OR REPLACE FUNCTION {s}.fail(message text) RETURNS boolean
+            LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION USING ERRCODE = 'DQ001', MESSAGE = message; END $$""",
         """CREATE TABLE IF NOT EXISTS {s}.leases (
             name text PRIMARY KEY, owner text NOT NULL, token text NOT NULL,
             acquired_at float8 NOT NULL, expires_at float8 NOT NULL
