@@ -18,7 +18,7 @@ import logging
 import psycopg
 
 from dagq.stores.common import Wakeups, new_token
-from dagq.stores.postgres_database import Database
+from dagq.stores.postgres_database import CONNECT_TIMEOUT_S, Database
 
 log = logging.getLogger("dagq.stores.postgres")
 
@@ -62,9 +62,15 @@ class Listener:
 
     async def _listen(self) -> None:
         await self._db.pool()  # the schema exists, the URL works
-        conn = await psycopg.AsyncConnection.connect(self._db.target.conninfo, autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(
+            self._db.target.conninfo, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S)
+        )
         self._conn = conn
-        await conn.execute(f"LISTEN {_quote(self.channel)}")
+        try:
+            await conn.execute(f"LISTEN {_quote(self.channel)}")
+        except BaseException:
+            await self.close()
+            raise
         probe = f"\x01probe-{new_token()}"
         arrived = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._serve(conn, probe, arrived), name="dagq-pg-listen")
