@@ -102,3 +102,21 @@ def test_copy_refuses_while_a_coordinator_runs_on_the_source(
 
     assert refused.code == 2, refused.output
     assert "a coordinator" in refused.stderr and "stop it" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "destination", "fault"),
+    [
+        ("memory://", "sqlite:///copy.db", "memory:// lives only inside one process"),
+        ("sqlite:///a.db", "sqlite:///a.db", "SRC and DST are the same store"),
+        ("sqlite:///missing.db", "sqlite:///copy.db", "no dagq store at missing.db"),
+    ],
+)
+def test_copy_refuses_what_cannot_be_copied_in_one_line(
+    cli: DagqCli, source: str, destination: str, fault: str
+) -> None:
+    done = cli.run("store", "copy", source, destination)
+    assert done.code == 2, done.output
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: ") and fault in line
+    assert not (cli.workdir / "copy.db").exists()

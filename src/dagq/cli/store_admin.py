@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from dagq.cli.inspect import EXIT_OK, console
-from dagq.errors import ValidationError
+from dagq.errors import UsageError, ValidationError
 from dagq.stores import open_store
 from dagq.stores.transfer import CopyReport
 
@@ -41,6 +41,11 @@ async def _check(store_url: str) -> None:
 def run_copy(source_url: str, destination_url: str) -> int:
     """``dagq store copy SRC DST``: everything in SRC into the new, empty store DST."""
     from dagq.stores.transfer import copy_store
+
+    if "memory://" in (source_url, destination_url):
+        raise UsageError("memory:// lives only inside one process; copy between stores on disk")
+    if source_url == destination_url:
+        raise UsageError(f"SRC and DST are the same store ({source_url}); name a new, empty one")
 
     async def main() -> CopyReport:
         source = open_store(source_url, create=False)
