@@ -34,7 +34,8 @@ def store_option(function: F) -> F:
         show_default=True,
         help="Where state lives: sqlite:///relative/path.db or sqlite:////absolute/path.db "
         "(one file, several processes), azure://ACCOUNT/PREFIX (Azure Storage; pip install "
-        "'dagq[azure]'), memory:// (this process only); env DAGQ_STORE.",
+        "'dagq[azure]'), postgresql://USER@HOST:PORT/DATABASE[?schema=NAME] (PostgreSQL; "
+        "pip install 'dagq[postgres]'), memory:// (this process only); env DAGQ_STORE.",
     )(function)
 
 
