@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +27,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_once(
-    workload: str, size: str, mode: str, workers: int, store: str, *, telemetry: bool = False
+    workload: str,
+    size: str,
+    mode: str,
+    workers: int,
+    store: str,
+    *,
+    telemetry: bool = False,
+    hold: bool = False,
 ) -> dict[str, Any]:
     """One run in a fresh process; its JSON result."""
     command = [
@@ -41,6 +49,7 @@ def run_once(
         "--store",
         store,
         *(["--telemetry"] if telemetry else []),
+        *(["--hold-transaction"] if hold else []),
     ]
     done = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, check=False, timeout=1800
@@ -85,7 +94,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument(
-        "--stores", default="sqlite", help="sqlite, azure (Azurite; comma-separated)"
+        "--stores",
+        default="sqlite",
+        help="sqlite, azure (Azurite), postgres (a throw-away cluster; comma-separated)",
+    )
+    parser.add_argument(
+        "--hold-transaction",
+        action="store_true",
+        help="postgres: a transaction held open elsewhere for each whole run",
     )
     parser.add_argument(
         "--telemetry",
@@ -94,6 +110,21 @@ def main() -> None:
     )
     args = parser.parse_args()
     summaries = []
+    cluster = None
+    if "postgres" in args.stores.split(",") and not os.environ.get("DAGQ_BENCH_POSTGRES"):
+        from tests.postgres import start
+
+        cluster = start()  # one throw-away cluster for every run; each has its own schema
+        os.environ["DAGQ_BENCH_POSTGRES"] = cluster.url
+    try:
+        _all(args, summaries)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    _table(summaries, args.runs)
+
+
+def _all(args: argparse.Namespace, summaries: list[Any]) -> None:
     for workload in args.workloads.split(","):
         for size in args.sizes.split(","):
             if size not in SIZES[workload]:
@@ -104,7 +135,6 @@ def main() -> None:
                         summaries.append(
                             _runs(workload, size, mode, store, args, telemetry=telemetry)
                         )
-    _table(summaries, args.runs)
 
 
 def _runs(
@@ -112,7 +142,15 @@ def _runs(
 ) -> Any:
     results = []
     for _ in range(args.runs):
-        result = run_once(workload, size, mode, args.workers, store, telemetry=telemetry == "on")
+        result = run_once(
+            workload,
+            size,
+            mode,
+            args.workers,
+            store,
+            telemetry=telemetry == "on",
+            hold=args.hold_transaction,
+        )
         print(json.dumps(result), flush=True)
         if result["status"] != ["completed"]:
             raise SystemExit(

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -217,13 +218,50 @@ def _telemetry() -> subprocess.Popen[bytes]:
     return sink
 
 
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str]:
+    """The server URL of ``DAGQ_BENCH_POSTGRES``, else of a throw-away cluster."""
+    given = os.environ.get("DAGQ_BENCH_POSTGRES")
+    if given:
+        yield given
+        return
+    from tests.postgres import start
+
+    cluster = start()
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
+@contextlib.contextmanager
+def held_transaction(server: str, hold: bool) -> Iterator[None]:
+    """With ``hold``, a transaction that has taken a snapshot stays open meanwhile: the
+    oldest xmin stops, and vacuum can remove no dead row for the whole run."""
+    if not hold:
+        yield
+        return
+    import psycopg
+
+    with psycopg.connect(server) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        conn.execute("SELECT txid_current(), count(*) FROM pg_class").fetchone()
+        yield
+        conn.rollback()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("workload", choices=sorted(SIZES))
     parser.add_argument("size")
     parser.add_argument("mode", choices=["inproc", "multiproc"])
     parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--store", choices=["sqlite", "azure"], default="sqlite")
+    parser.add_argument("--store", choices=["sqlite", "azure", "postgres"], default="sqlite")
+    parser.add_argument(
+        "--hold-transaction",
+        action="store_true",
+        help="postgres: keep a transaction (and its snapshot) open elsewhere for the whole run",
+    )
     parser.add_argument(
         "--telemetry",
         action="store_true",
@@ -254,6 +292,10 @@ def main() -> None:
                 result = asyncio.run(body(definition, count, args.workers, url))
             finally:
                 emulator.stop()
+        elif args.store == "postgres":
+            with postgres_server() as server, held_transaction(server, args.hold_transaction):
+                url = f"{server}?schema=b{secrets.token_hex(6)}"
+                result = asyncio.run(body(definition, count, args.workers, url))
         else:
             url = f"sqlite:///{Path(tmp) / 'bench.db'}"
             result = asyncio.run(body(definition, count, args.workers, url))
@@ -271,7 +313,7 @@ def main() -> None:
                 "workload": args.workload,
                 "size": args.size,
                 "mode": args.mode,
-                "store": args.store,
+                "store": args.store + ("+held-xact" if args.hold_transaction else ""),
                 "workflows": count,
                 "telemetry": args.telemetry,
                 **result,

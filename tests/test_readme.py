@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 import yaml
 
 from dagq.loading import load_data
+from tests.postgres import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -147,6 +149,12 @@ PYTHON_BLOCKS = {
 }
 #: Shell blocks that show rather than run: benchmarks (minutes long).
 SHOWN_ONLY = ("python -m bench",)
+#: What marks each other shell block, and the test that runs it as written.
+SHELL_BLOCKS = {
+    "dagq server": "test_the_server_example_in_the_readme_runs_as_written",
+    "dagq store migrate": "test_the_postgresql_setup_in_the_readme_runs_as_written",
+    "dagq store copy": "test_the_store_copy_line_in_the_readme_runs_as_written",
+}
 
 
 def test_every_python_and_shell_block_of_the_readme_is_run_by_a_test() -> None:
@@ -155,7 +163,62 @@ def test_every_python_and_shell_block_of_the_readme_is_run_by_a_test() -> None:
         assert len(marks) == 1, f"no one test runs this README block:\n{source}"
         assert PYTHON_BLOCKS[marks[0]] in globals()
     for source in blocks("bash")[2:]:
-        assert "dagq server" in source or any(s in source for s in SHOWN_ONLY), source
+        marks = [mark for mark in SHELL_BLOCKS if mark in source]
+        assert len(marks) == 1 or any(s in source for s in SHOWN_ONLY), source
+        assert all(SHELL_BLOCKS[mark] in globals() for mark in marks)
+
+
+#: The PostgreSQL URL the README shows; the tests put a throw-away cluster's in its place.
+README_PG_URL = "postgresql://dagq@db.internal:5432/jobs?schema=dagq"
+
+
+def _shell_lines(source: str) -> list[str]:
+    return [line.split("  #")[0].strip() for line in source.splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(120)
+def test_the_postgresql_setup_in_the_readme_runs_as_written(
+    scratch: Path, postgres_cluster: Cluster
+) -> None:
+    """Each line in turn (the extra is installed already); the processes started in the
+    background come up on the cluster, and are stopped at the end."""
+    from tests.conftest import postgres_url
+    from tests.integration.cli_harness import DagqCli, wait_until
+
+    source = next(b for b in blocks("bash") if "dagq store migrate" in b)
+    lines = _shell_lines(source.replace(README_PG_URL, postgres_url(postgres_cluster)))
+    assert lines[0] == "pip install 'dagq[postgres]'"
+    with DagqCli(scratch) as cli:
+        for line in lines[1:]:
+            words = shlex.split(line.rstrip("&"))
+            if words[0] == "export":
+                name, _, value = words[1].partition("=")
+                cli.env[name] = value
+            elif line.endswith("&"):
+                started = cli.start(*words[1:])
+                ready = " serving " if words[1] == "worker" else "holds the lease"
+                wait_until(lambda s=started, r=ready: r in s.stderr(), timeout_s=60, what=ready)
+            else:
+                done = cli.run(*words[1:])
+                assert done.code == 0, done.output
+                assert "created, schema version" in done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_store_copy_line_in_the_readme_runs_as_written(
+    scratch: Path, postgres_cluster: Cluster
+) -> None:
+    from tests.conftest import postgres_url
+    from tests.integration.cli_harness import DagqCli
+
+    source = next(b for b in blocks("bash") if "dagq store copy" in b)
+    [line] = _shell_lines(source.replace(README_PG_URL, postgres_url(postgres_cluster)))
+    with DagqCli(scratch) as cli:
+        cli.store_url = f"sqlite:///{scratch / 'dagq.db'}"  # the line's relative dagq.db
+        cli.submit_here("waiting", {"name": "w", "tasks": [{"name": "a", "cmd": "true"}]})
+        done = cli.run(*shlex.split(line)[1:])
+    assert done.code == 0, done.output
+    assert "1 index row(s)" in done.stdout
 
 
 @pytest.mark.timeout(60)

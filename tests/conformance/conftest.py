@@ -1,13 +1,15 @@
 """The ``store`` fixture: every backend, with the clock it runs on.
 
 A backend joins the conformance suite by adding one entry to ``BACKENDS``. memory and
-sqlite run on a fake clock that moves only when told; azure runs against the Azurite
+sqlite run on a fake clock that moves only when told (postgres too: its times come from
+the client's clock); azure runs against the Azurite
 emulator, whose time is real, so its clock's ``advance`` really waits (the tests keep
 durations short) and time comparisons allow ``clock.tolerance`` of slack.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ import pytest
 from dagq.stores.azure import open_azure_store
 from dagq.stores.base import Store
 from dagq.stores.memory import open_memory_store
+from dagq.stores.postgres import open_postgres_store
 from dagq.stores.sqlite import open_sqlite_store
 from tests.conftest import azure_prefix
 
@@ -101,10 +104,20 @@ async def _azure(tmp_path: Path, clock: SuiteClock, max_deliveries: int) -> Stor
     return open_azure_store(url, clock=clock, max_deliveries=max_deliveries, environ={})
 
 
+#: The running cluster's server URL, set by the ``backend`` fixture for postgres.
+_POSTGRES: list[str] = []
+
+
+async def _postgres(tmp_path: Path, clock: SuiteClock, max_deliveries: int) -> Store:
+    url = f"{_POSTGRES[0]}?schema=t{secrets.token_hex(6)}"
+    return open_postgres_store(url, clock=clock, max_deliveries=max_deliveries)
+
+
 BACKENDS: dict[str, Backend] = {
     "memory": Backend(_memory),
     "sqlite": Backend(_sqlite),
     "azure": Backend(_azure, clock=RealClock, needs="azurite"),
+    "postgres": Backend(_postgres, needs="postgres_cluster"),
 }
 
 
@@ -114,7 +127,9 @@ def backend(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     needs = BACKENDS[name].needs
     if needs is not None:
-        request.getfixturevalue(needs)
+        running = request.getfixturevalue(needs)
+        if name == "postgres":
+            _POSTGRES[:] = [running.url]
     return name
 
 
@@ -127,7 +142,9 @@ def clock(backend: str) -> SuiteClock:
 def store_factories() -> dict[str, StoreFactory]:
     """The backends on a fake clock, for tests that open their own stores and drive
     time themselves (see BACKENDS)."""
-    return {name: b.open for name, b in BACKENDS.items() if b.clock is FakeClock}
+    return {
+        name: b.open for name, b in BACKENDS.items() if b.clock is FakeClock and b.needs is None
+    }
 
 
 @pytest.fixture(scope="session")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.postgres import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,3 +91,23 @@ def test_benchmark_runs_with_telemetry_off_and_on() -> None:
         (w, t) for w in ("W1", "W2") for t in (False, True)
     }
     assert all(r["status"] == ["completed"] and r["cpu_s"] > 0 for r in lines)
+
+
+@pytest.mark.timeout(180)
+def test_benchmark_postgres_mode_runs_with_a_transaction_held_open(
+    postgres_cluster: Cluster,
+) -> None:
+    args = ["--sizes", "tiny", "--runs", "1", "--workloads", "W2", "--stores", "postgres"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", *args, "--modes", "multiproc", "--hold-transaction"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+        env={**os.environ, "DAGQ_BENCH_POSTGRES": postgres_cluster.url},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    [run] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert (run["store"], run["status"]) == ("postgres+held-xact", ["completed"])
+    assert run["step_p95_ms"] >= run["step_p50_ms"] > 0

@@ -198,4 +198,4 @@ def test_store_help_names_every_store_kind(cli: DagqCli) -> None:
 
     for url in SUPPORTED_URLS:
         assert url in shown, url
-    assert "postgres" not in shown  # no such store exists yet: nothing is promised
+    assert "pip install 'dagq[postgres]'" in shown

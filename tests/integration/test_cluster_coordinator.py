@@ -1,7 +1,7 @@
 """``dagq coordinator``: one per store (by lease), logs its pace, stops cleanly.
 
-Each test runs real ``dagq coordinator`` processes on one scratch SQLite store and
-looks at the lease in the store itself.
+Each test runs real ``dagq coordinator`` processes on one scratch store (a SQLite
+file, and again a PostgreSQL schema) and looks at the lease in the store itself.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dagq.stores.base import Lease, Store
+from tests.conftest import postgres_url
 from tests.integration.cli_harness import DagqCli, wait_for_file, wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -24,9 +25,12 @@ PACE_LINE = re.compile(
 )
 
 
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[DagqCli]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def cli(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[DagqCli]:
+    """The command in a scratch directory, on a sqlite file or a PostgreSQL schema."""
     with DagqCli(tmp_path) as cli:
+        if request.param == "postgres":
+            cli.store_url = postgres_url(request.getfixturevalue("postgres_cluster"))
         yield cli
 
 

@@ -4,7 +4,8 @@ storage call (``DAGQ_FAULTS``), then replaced.
 The workflow is a diamond of shell tasks. Each run of a task appends to ``runs.log``;
 its side effect, guarded by the task's idempotency key, appends to ``effects.log``.
 After each crash and restart: the workflow completes, every task's effect happened
-exactly once, and no task whose completion was recorded ran again.
+exactly once, and no task whose completion was recorded ran again. Every test runs on
+sqlite and on PostgreSQL (a batch is one transaction on both).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dagq.stores.faults import FAULTS_ENV
+from tests.conftest import postgres_url
 from tests.integration.cli_harness import DagqCli, Started, lines
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,9 +38,12 @@ DIAMOND = {
 }
 
 
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[DagqCli]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def cli(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[DagqCli]:
+    """The command in a scratch directory, on a sqlite file or a PostgreSQL schema."""
     with DagqCli(tmp_path) as cli:
+        if request.param == "postgres":
+            cli.store_url = postgres_url(request.getfixturevalue("postgres_cluster"))
         yield cli
 
 

@@ -54,7 +54,16 @@ def test_a_bad_azure_url_names_itself() -> None:
         open_store("azure://devstoreaccount1/x")
 
 
-@pytest.mark.parametrize("url", ["postgres://db/dagq", "memory://named", "dagq.sqlite", ""])
+async def test_a_postgres_url_opens_a_postgres_store_without_touching_the_network() -> None:
+    from dagq.stores.postgres_documents import PostgresDocuments
+
+    store = open_store("postgresql://me:secret@db.invalid:5433/jobs?schema=team_a")
+    assert isinstance(store.documents, PostgresDocuments)
+    assert store.url == "postgresql://me@db.invalid:5433/jobs?schema=team_a"
+    await store.close()
+
+
+@pytest.mark.parametrize("url", ["mysql://db/dagq", "memory://named", "dagq.sqlite", ""])
 def test_an_unknown_url_names_itself_and_the_supported_schemes(url: str) -> None:
     with pytest.raises(ValidationError) as raised:
         open_store(url)

@@ -34,7 +34,8 @@ def store_option(function: F) -> F:
         show_default=True,
         help="Where state lives: sqlite:///relative/path.db or sqlite:////absolute/path.db "
         "(one file, several processes), azure://ACCOUNT/PREFIX (Azure Storage; pip install "
-        "'dagq[azure]'), memory:// (this process only); env DAGQ_STORE.",
+        "'dagq[azure]'), postgresql://USER@HOST:PORT/DATABASE[?schema=NAME] (PostgreSQL; "
+        "pip install 'dagq[postgres]'), memory:// (this process only); env DAGQ_STORE.",
     )(function)
 
 
@@ -1100,3 +1101,31 @@ def config_show(*, as_json: bool) -> None:
     from dagq.cli.settings import run_show
 
     _exit(lambda: run_show(as_json=as_json))
+
+
+@main.group(name="store")
+def store_group() -> None:
+    """The store as a whole: migrate its tables, copy it to another backend."""
+
+
+@store_group.command("migrate")
+@store_option
+def store_migrate(*, store_url: str) -> None:
+    """Create or upgrade a PostgreSQL store's tables (also done at first use)."""
+    from dagq.cli.store_admin import run_migrate
+
+    _exit(lambda: run_migrate(store_url))
+
+
+@store_group.command("copy")
+@click.argument("source_url", metavar="SRC")
+@click.argument("destination_url", metavar="DST")
+def store_copy(*, source_url: str, destination_url: str) -> None:
+    """Copy the whole store SRC (definitions, states, history, index, pending messages,
+    dead letters) into the new, empty store DST, e.g. a sqlite file into PostgreSQL.
+
+    Stop the coordinator and the workers first; afterwards, point them at DST.
+    """
+    from dagq.cli.store_admin import run_copy
+
+    _exit(lambda: run_copy(source_url, destination_url))

@@ -5,7 +5,8 @@
 opens the embedded default, which several processes may share. A plain path ending
 in ``.db`` means sqlite too. ``open_store("azure://ACCOUNT/PREFIX")`` opens a store in
 an Azure Storage account (``devstoreaccount1``: the local Azurite emulator) that
-processes on many machines may share.
+processes on many machines may share; ``open_store("postgresql://USER@HOST:PORT/DB")``
+one in a PostgreSQL database (``?schema=NAME``, default ``dagq``), likewise shared.
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ SUPPORTED_URLS = (
     "sqlite:///relative/path.db",
     "sqlite:////absolute/path.db",
     "azure://ACCOUNT/PREFIX",
+    "postgresql://USER@HOST:PORT/DATABASE[?schema=NAME]",
 )
 
 #: The top-level packages of the ``azure`` extra.
 _AZURE_PACKAGES = frozenset({"azure", "aiohttp"})
+#: The top-level packages of the ``postgres`` extra.
+_POSTGRES_PACKAGES = frozenset({"psycopg", "psycopg_pool"})
 
 __all__ = ["Store", "open_memory_store", "open_sqlite_store", "open_store"]
 
@@ -70,6 +74,18 @@ def _open(url: str, *, clock: Clock, max_deliveries: int, create: bool) -> Store
             ) from exc
 
         return open_azure_store(url, clock=clock, max_deliveries=max_deliveries, create=create)
+    if url.startswith(("postgresql:", "postgres:")):
+        try:
+            from dagq.stores.postgres import open_postgres_store
+        except ImportError as exc:
+            if (exc.name or "").partition(".")[0] not in _POSTGRES_PACKAGES:
+                raise
+            raise ValidationError(
+                f"store URL {url!r} needs the PostgreSQL store, which is not installed "
+                f"({exc.name or exc}); install it with: pip install 'dagq[postgres]'"
+            ) from exc
+
+        return open_postgres_store(url, clock=clock, max_deliveries=max_deliveries, create=create)
     raise ValidationError(
         f"store URL {url!r} is not supported; use one of: {', '.join(SUPPORTED_URLS)}, "
         "or a file path ending in .db"

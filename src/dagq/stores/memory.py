@@ -47,6 +47,7 @@ from dagq.stores.common import (
     stale_receipt,
     too_many_deliveries,
 )
+from dagq.stores.transfer import PendingMessage
 
 
 class MemoryDocuments:
@@ -198,6 +199,17 @@ class MemoryQueues:
 
     async def wait(self, queue: str, timeout_s: float) -> None:
         await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
+
+    async def pending(self, *, after: int, limit: int) -> list[tuple[int, PendingMessage]]:
+        """Queued messages of every queue after position ``after``, without receiving
+        them (for :func:`~dagq.stores.transfer.copy_store`)."""
+        found = sorted(
+            (m.seq + 1, PendingMessage(queue, m.id, m.body))
+            for queue, queued in self._queues.items()
+            for m in queued.values()
+            if m.seq + 1 > after
+        )
+        return found[:limit]
 
     def _find(self, queue: str, receipt: str) -> _Queued | None:
         for queued in self._queues.get(queue, {}).values():

@@ -71,6 +71,7 @@ from dagq.stores.common import (
     too_many_deliveries,
 )
 from dagq.stores.sqlite_schema import SCHEMA
+from dagq.stores.transfer import PendingMessage
 
 _T = TypeVar("_T")
 
@@ -677,6 +678,13 @@ class SqliteQueues:
 
     async def wait(self, queue: str, timeout_s: float) -> None:
         await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
+
+    async def pending(self, *, after: int, limit: int) -> list[tuple[int, PendingMessage]]:
+        """Queued messages of every queue after row ``after``, read without receiving
+        them (for :func:`~dagq.stores.transfer.copy_store`)."""
+        sql = "SELECT seq, queue, id, body FROM messages WHERE seq > ? ORDER BY seq LIMIT ?"
+        rows = await self._db.read(lambda c: c.execute(sql, (after, limit)).fetchall())
+        return [(seq, PendingMessage(q, i, bytes(b))) for seq, q, i, b in rows]
 
 
 class SqliteIndex:

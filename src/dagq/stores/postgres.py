@@ -1,0 +1,160 @@
+"""The PostgreSQL backend: one schema of a database, shared by processes on many machines.
+
+``open_store("postgresql://USER@HOST:PORT/DB?schema=S")`` opens it without touching
+the network; the first operation opens the pool and applies the migrations
+(:mod:`.postgres_database`, :mod:`.postgres_schema`). The primitives:
+:mod:`.postgres_documents`, :mod:`.postgres_queues` (wake-ups by LISTEN/NOTIFY,
+:mod:`.postgres_wakeups`), :mod:`.postgres_index`, :mod:`.postgres_leases`. Times come
+from the ``clock`` of the process, as on sqlite: machines sharing a store keep their
+clocks in step (NTP).
+
+A batch commits in one transaction (:class:`_Committer`): all of it or none, and a
+fence holds the lease row until the commit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from dagq.errors import DagqError
+from dagq.stores.base import (
+    DEFAULT_MAX_DELIVERIES,
+    AckOp,
+    BatchOp,
+    Clock,
+    DeleteOp,
+    FenceOp,
+    PutOp,
+    SendOp,
+    Store,
+    UpsertOp,
+)
+from dagq.stores.common import Wakeups, check_batch, check_max_deliveries, conflict
+from dagq.stores.postgres_database import Conn, Cursor, Database, parse_postgres_url
+from dagq.stores.postgres_documents import PostgresDocuments
+from dagq.stores.postgres_documents import delete as delete_document
+from dagq.stores.postgres_documents import put as put_document
+from dagq.stores.postgres_index import PostgresIndex, upsert
+from dagq.stores.postgres_leases import PostgresLeases, fence, fence_lost
+from dagq.stores.postgres_queues import PostgresQueues
+from dagq.stores.postgres_queues import delete as delete_messages
+from dagq.stores.postgres_queues import send as send_messages
+from dagq.stores.postgres_schema import FAILED, VERSION
+from dagq.stores.postgres_wakeups import Listener
+
+__all__ = ["migrate_postgres_store", "open_postgres_store"]
+
+# Sends from any store on the same database and schema in this process wake its waiters.
+_WAKEUPS: dict[tuple[str, str], Wakeups] = {}
+_WAKEUPS_LOCK = threading.Lock()
+
+
+def open_postgres_store(
+    url: str,
+    *,
+    clock: Clock = time.time,
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+    create: bool = True,
+) -> Store:
+    """Open the store a ``postgresql://`` URL names (no network until used).
+
+    ``create=False`` refuses, at first use, a schema that holds no store.
+    """
+    check_max_deliveries(max_deliveries)
+    target = parse_postgres_url(url)
+    db = Database(target, clock, create=create)
+    with _WAKEUPS_LOCK:
+        wakeups = _WAKEUPS.setdefault((target.conninfo, target.schema), Wakeups())
+    listener = Listener(db, wakeups)
+    db.on_close.append(listener.close)
+    return Store(
+        url=target.url,
+        documents=PostgresDocuments(db),
+        queues=PostgresQueues(db, wakeups, listener, max_deliveries),
+        index=PostgresIndex(db),
+        leases=PostgresLeases(db),
+        closers=[db.close],
+        committer=_Committer(db, wakeups, listener.channel),
+    )
+
+
+class _Committer:
+    """Commits a whole batch in one transaction: all or nothing."""
+
+    def __init__(self, db: Database, wakeups: Wakeups, channel: str) -> None:
+        self._db = db
+        self._wakeups = wakeups
+        self._channel = channel
+
+    async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
+        check_batch(ops)
+        etags: list[str] = []
+        failures: dict[str, DagqError] = {}
+        acks: list[tuple[AckOp, Cursor]] = []
+        async with self._db.connection() as conn:
+            # Pipelined, in one round trip: BEGIN, every statement, COMMIT. A guarded
+            # statement whose condition is false raises, which aborts the transaction:
+            # nothing of the batch is written.
+            try:
+                async with conn.pipeline() as pipeline:
+                    await conn.execute("BEGIN")
+                    await self._send_all(conn, ops, etags, failures, acks)
+                    await conn.execute("COMMIT")
+                    await pipeline.sync()
+            except psycopg.Error as exc:
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    await conn.execute("ROLLBACK")
+                message = exc.diag.message_primary or ""
+                if exc.sqlstate == FAILED and message in failures:
+                    raise failures[message] from None
+                raise
+        for op, cur in acks:
+            op.deleted.append(max(cur.rowcount, 0))
+        for queue in {op.queue for op in ops if isinstance(op, SendOp)}:
+            self._wakeups.notify(queue)
+        return etags
+
+    async def _send_all(
+        self,
+        conn: Conn,
+        ops: Sequence[BatchOp],
+        etags: list[str],
+        failures: dict[str, DagqError],
+        acks: list[tuple[AckOp, Cursor]],
+    ) -> None:
+        db, now = self._db, self._db.clock()
+        rows = [op.row for op in ops if isinstance(op, UpsertOp)]
+        for n, op in enumerate(ops):
+            guard = f"dagq batch operation {n}"
+            if isinstance(op, FenceOp):
+                failures[guard] = fence_lost(op.name)
+                await fence(db, conn, op.name, op.token, guard)
+            elif isinstance(op, PutOp):
+                failures[guard] = conflict(op.key, op.if_match)
+                etags.append(await put_document(db, conn, op, guard=guard))
+            elif isinstance(op, DeleteOp):
+                await delete_document(db, conn, op.key)
+            elif isinstance(op, SendOp):
+                await send_messages(db, conn, op, now, self._channel)
+            elif isinstance(op, AckOp):
+                acks.append((op, await delete_messages(db, conn, op.queue, op.receipts)))
+        if rows:  # an index row is never read within the batch: all at the end
+            await upsert(db, conn, rows)
+
+
+async def migrate_postgres_store(url: str) -> tuple[int | None, int]:
+    """Apply the migrations a store still lacks; its schema versions before and after.
+
+    A store newer than this dagq is refused (StoreUnavailable), and left as it is.
+    """
+    db = Database(parse_postgres_url(url), time.time, create=True)
+    try:
+        await db.pool()  # opening migrates
+        return db.found_version, VERSION
+    finally:
+        await db.close()

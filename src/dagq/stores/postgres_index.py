@@ -1,0 +1,108 @@
+"""The index of the PostgreSQL store: one row per workflow, the filtered columns beside
+the encoded row, an index per filter that serves its newest-first order, and keyset
+paging on ``(created_at, id)``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dagq.stores.base import IndexPage, IndexRow
+from dagq.stores.common import (
+    check_page_size,
+    check_statuses,
+    decode_cursor,
+    decode_row,
+    encode_cursor,
+    encode_row,
+)
+from dagq.stores.postgres_database import Conn, Database
+
+_UPSERT = """
+INSERT INTO {s}.index_rows (id, name, status, tenant, created_at, updated_at, row)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (id) DO UPDATE SET name = excluded.name, status = excluded.status,
+    tenant = excluded.tenant, created_at = excluded.created_at,
+    updated_at = excluded.updated_at, row = excluded.row
+"""
+
+
+def row_args(row: IndexRow) -> tuple[Any, ...]:
+    """The parameters of :data:`_UPSERT` for ``row``."""
+    return (
+        row.id,
+        row.name,
+        row.status,
+        row.tenant,
+        row.created_at,
+        row.updated_at,
+        encode_row(row),
+    )
+
+
+async def upsert(db: Database, conn: Conn, rows: Sequence[IndexRow]) -> None:
+    """Insert or replace ``rows`` on ``conn``."""
+    if len(rows) == 1:
+        await conn.execute(db.sql(_UPSERT), row_args(rows[0]))
+        return
+    async with conn.cursor() as cur:
+        await cur.executemany(db.sql(_UPSERT), [row_args(row) for row in rows])
+
+
+class PostgresIndex:
+    """Index rows in the ``index_rows`` table."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def upsert(self, row: IndexRow) -> None:
+        async with self._db.connection() as conn:
+            await upsert(self._db, conn, [row])
+
+    async def get(self, workflow_id: str) -> IndexRow | None:
+        found = await self._db.row("SELECT row FROM {s}.index_rows WHERE id = %s", (workflow_id,))
+        return None if found is None else decode_row(bytes(found[0]))
+
+    async def query(
+        self,
+        *,
+        status: Sequence[str] | None = None,
+        name: str | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> IndexPage:
+        check_page_size(limit)
+        check_statuses(status)
+        where, args = _filters(status, name, tenant, cursor)
+        sql = (
+            f"SELECT row FROM {{s}}.index_rows {where} "
+            f"ORDER BY created_at DESC, id DESC LIMIT {int(limit) + 1}"
+        )
+        rows = [decode_row(bytes(data)) for (data,) in await self._db.rows(sql, args)]
+        if len(rows) > limit:
+            return IndexPage(rows[:limit], encode_cursor(rows[limit - 1]))
+        return IndexPage(rows)
+
+    async def delete(self, workflow_id: str) -> bool:
+        sql = "DELETE FROM {s}.index_rows WHERE id = %s"
+        return await self._db.count(sql, (workflow_id,)) > 0
+
+
+def _filters(
+    status: Sequence[str] | None, name: str | None, tenant: str | None, cursor: str | None
+) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    args: list[Any] = []
+    if status is not None:
+        clauses.append("status = ANY(%s)")
+        args.append(list(status))
+    for column, value in (("name", name), ("tenant", tenant)):
+        if value is not None:
+            clauses.append(f"{column} = %s")
+            args.append(value)
+    if cursor is not None:
+        created_at, row_id = decode_cursor(cursor)
+        clauses.append("(created_at, id) < (%s, %s)")
+        args.extend((created_at, row_id))
+    return ("WHERE " + " AND ".join(clauses) if clauses else ""), args

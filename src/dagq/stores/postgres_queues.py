@@ -1,0 +1,236 @@
+"""Queues of the PostgreSQL store: every queue's messages in one table.
+
+* **send**: one ``INSERT … SELECT FROM unnest(…)`` per batch, ``ON CONFLICT DO
+  NOTHING`` on ``(queue, id)`` (a duplicate id still queued is dropped), and a
+  ``pg_notify`` naming the queue, delivered when the insert commits (see
+  :mod:`.postgres_wakeups`).
+* **receive**: one statement that moves the queue's overdue messages (delivered
+  ``max_deliveries`` times) to ``dead_letters`` and claims up to ``max_messages``
+  visible ones with ``FOR UPDATE SKIP LOCKED`` over the ``(queue, visible_at, seq)``
+  index, so concurrent receivers never wait for each other nor take the same message.
+* **delete**: one ``DELETE … receipt = ANY(…)``: a handled message is deleted, never
+  marked, so the table holds only what is pending.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+
+from dagq.stores.base import DeadLetter, Message, OutgoingMessage, QueueDepth, SendOp
+from dagq.stores.common import (
+    Wakeups,
+    check_limit,
+    check_outgoing,
+    check_receive,
+    check_visibility,
+    new_message_id,
+    new_token,
+    stale_receipt,
+)
+from dagq.stores.postgres_database import Conn, Cursor, Database
+from dagq.stores.postgres_wakeups import Listener
+from dagq.stores.transfer import PendingMessage
+
+_SEND = """
+WITH sent AS (
+    INSERT INTO {s}.messages (queue, id, body, enqueued_at, visible_at)
+    SELECT %(queue)s, m.id, m.body, %(now)s, %(now)s + m.delay
+    FROM unnest(%(ids)s::text[], %(bodies)s::bytea[], %(delays)s::float8[])
+        WITH ORDINALITY AS m (id, body, delay, n)
+    ORDER BY m.n
+    ON CONFLICT (queue, id) DO NOTHING
+)
+SELECT pg_notify(%(channel)s, %(queue)s)
+"""
+
+_RECEIVE = """
+WITH overdue AS (
+    SELECT seq FROM {s}.messages
+    WHERE queue = %(queue)s AND visible_at <= %(now)s AND dequeue_count >= {most}
+    ORDER BY visible_at, seq FOR UPDATE SKIP LOCKED
+), dead AS (
+    DELETE FROM {s}.messages m USING overdue WHERE m.seq = overdue.seq
+    RETURNING m.queue, m.id, m.body, m.dequeue_count, m.visible_at, m.seq
+), buried AS (
+    INSERT INTO {s}.dead_letters (queue, id, body, dequeue_count, reason, dead_at)
+    SELECT queue, id, body, dequeue_count,
+        'delivered ' || dequeue_count || ' times without being deleted', %(now)s
+    FROM dead ORDER BY visible_at, seq
+), taken AS (
+    SELECT seq FROM {s}.messages
+    WHERE queue = %(queue)s AND visible_at <= %(now)s AND dequeue_count < {most}
+    ORDER BY visible_at, seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+UPDATE {s}.messages m
+SET visible_at = %(until)s, dequeue_count = m.dequeue_count + 1,
+    receipt = md5(m.seq::text || random()::text || clock_timestamp()::text)
+FROM taken WHERE m.seq = taken.seq
+RETURNING m.seq, m.id, m.body, m.receipt, m.dequeue_count, m.enqueued_at
+"""
+
+_DELETE = "DELETE FROM {s}.messages WHERE queue = %s AND receipt = ANY(%s)"
+
+_DEAD_LETTER = """
+WITH gone AS (
+    DELETE FROM {s}.messages WHERE queue = %s AND receipt = %s
+    RETURNING queue, id, body, dequeue_count
+)
+INSERT INTO {s}.dead_letters (queue, id, body, dequeue_count, reason, dead_at)
+SELECT queue, id, body, dequeue_count, %s, %s FROM gone
+"""
+
+_DEAD_COLUMNS = "queue, id, body, dequeue_count, reason, dead_at, seq"
+
+#: A dead letter's key: its row number and the microsecond it died.
+_DEAD_KEY = re.compile(r"[0-9]{1,18}-[0-9]{1,20}")
+
+
+def _dead_key(seq: int, dead_at: float) -> str:
+    return f"{seq}-{round(dead_at * 1_000_000)}"
+
+
+def _dead_letter(row: tuple[object, ...]) -> DeadLetter:
+    q, i, b, n, r, t, seq = row
+    assert isinstance(t, float) and isinstance(seq, int)
+    return DeadLetter(str(q), str(i), bytes(b), int(n), str(r), t, key=_dead_key(seq, t))  # type: ignore[call-overload]
+
+
+async def send(db: Database, conn: Conn, op: SendOp, now: float, channel: str) -> None:
+    """Insert ``op``'s messages on ``conn`` and announce them on ``channel``."""
+    args = {
+        "queue": op.queue,
+        "now": now,
+        "ids": [m.id or new_message_id() for m in op.messages],
+        "bodies": [bytes(m.body) for m in op.messages],
+        "delays": [float(m.delay_s) for m in op.messages],
+        "channel": channel,
+    }
+    await conn.execute(db.sql(_SEND), args)
+
+
+async def delete(db: Database, conn: Conn, queue: str, receipts: Sequence[str]) -> Cursor:
+    """Delete received messages on ``conn``; the cursor tells how many went (rowcount)."""
+    return await conn.execute(db.sql(_DELETE), (queue, list(receipts)))
+
+
+class PostgresQueues:
+    """Messages in the ``messages`` table, dead letters in ``dead_letters``."""
+
+    deduplicates = True
+    bundle_size = 1
+
+    def __init__(
+        self, db: Database, wakeups: Wakeups, listener: Listener, max_deliveries: int
+    ) -> None:
+        self._db = db
+        self._wakeups = wakeups
+        self._listener = listener
+        self._seen: dict[str, int] = {}
+        # A literal, not a parameter: the planner then sees that the overdue check fits
+        # the partial index of messages delivered before (dequeue_count > 0).
+        self._receive = _RECEIVE.replace("{most}", str(int(max_deliveries)))
+
+    async def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
+        check_outgoing(queue, messages)
+        if not messages:
+            return
+        op = SendOp(queue, messages)
+        async with self._db.connection() as conn:
+            await send(self._db, conn, op, self._db.clock(), self._listener.channel)
+        self._wakeups.notify(queue)
+
+    async def receive(
+        self, queue: str, *, max_messages: int, visibility_timeout_s: float
+    ) -> list[Message]:
+        check_receive(max_messages, visibility_timeout_s)
+        self._seen[queue] = self._wakeups.sends(queue)
+        now = self._db.clock()
+        args = {
+            "queue": queue,
+            "now": now,
+            "limit": max_messages,
+            "until": now + visibility_timeout_s,
+        }
+        rows = sorted(await self._db.rows(self._receive, args))
+        return [Message(queue, r[1], bytes(r[2]), r[3], r[4], r[5]) for r in rows]
+
+    async def delete(self, queue: str, receipts: Sequence[str]) -> int:
+        if not receipts:
+            return 0
+        return await self._db.count(_DELETE, (queue, list(receipts)))
+
+    async def extend(self, queue: str, receipt: str, visibility_timeout_s: float) -> str:
+        check_visibility(visibility_timeout_s)
+        new_receipt = new_token()
+        args = (self._db.clock() + visibility_timeout_s, new_receipt, queue, receipt)
+        sql = (
+            "UPDATE {s}.messages SET visible_at = %s, receipt = %s "
+            "WHERE queue = %s AND receipt = %s"
+        )
+        if await self._db.count(sql, args) == 0:
+            raise stale_receipt(queue, receipt)
+        return new_receipt
+
+    async def dead_letter(self, queue: str, receipt: str, reason: str) -> None:
+        await self._db.count(_DEAD_LETTER, (queue, receipt, reason, self._db.clock()))
+
+    async def dead_letters(self, queue: str | None, *, limit: int = 100) -> list[DeadLetter]:
+        check_limit(limit)
+        sql = (
+            f"SELECT {_DEAD_COLUMNS} FROM {{s}}.dead_letters "
+            "WHERE %s::text IS NULL OR queue = %s ORDER BY seq LIMIT %s"
+        )
+        return [_dead_letter(row) for row in await self._db.rows(sql, (queue, queue, limit))]
+
+    async def dead_letter_of(self, key: str) -> DeadLetter | None:
+        if not _DEAD_KEY.fullmatch(key):
+            return None
+        sql = f"SELECT {_DEAD_COLUMNS} FROM {{s}}.dead_letters WHERE seq = %s"
+        row = await self._db.row(sql, (int(key.split("-", maxsplit=1)[0]),))
+        if row is None:
+            return None
+        found = _dead_letter(row)
+        return found if found.key == key else None
+
+    async def remove_dead_letters(self, keys: Sequence[str]) -> int:
+        # A key names the row and the microsecond it died, as on sqlite.
+        wanted = {k for k in keys if _DEAD_KEY.fullmatch(k)}
+        if not wanted:
+            return 0
+        seqs = [int(k.split("-")[0]) for k in wanted]
+        sql = "SELECT seq, dead_at FROM {s}.dead_letters WHERE seq = ANY(%s)"
+        matching = [
+            seq for seq, t in await self._db.rows(sql, (seqs,)) if _dead_key(seq, t) in wanted
+        ]
+        if not matching:
+            return 0
+        return await self._db.count("DELETE FROM {s}.dead_letters WHERE seq = ANY(%s)", (matching,))
+
+    async def depth(self, queue: str) -> QueueDepth:
+        now = self._db.clock()
+        sql = (
+            "SELECT count(*), count(*) FILTER (WHERE visible_at <= %s), min(enqueued_at) "
+            "FROM {s}.messages WHERE queue = %s"
+        )
+        row = await self._db.row(sql, (now, queue))
+        assert row is not None
+        total, visible, oldest = row
+        age = 0.0 if oldest is None else max(0.0, now - oldest)
+        return QueueDepth(visible, total - visible, age)
+
+    async def wait(self, queue: str, timeout_s: float) -> None:
+        # Noted before the listener starts: a send meanwhile ends the wait at once.
+        seen = self._seen.get(queue, self._wakeups.sends(queue))
+        started = time.monotonic()
+        await self._listener.start()
+        left = timeout_s - (time.monotonic() - started)
+        await self._wakeups.wait(queue, max(left, 0.0), seen=seen)
+
+    async def pending(self, *, after: int, limit: int) -> list[tuple[int, PendingMessage]]:
+        """Queued messages of every queue after row ``after``, read without receiving
+        them (for :func:`~dagq.stores.transfer.copy_store`)."""
+        sql = "SELECT seq, queue, id, body FROM {s}.messages WHERE seq > %s ORDER BY seq LIMIT %s"
+        rows = await self._db.rows(sql, (after, limit))
+        return [(seq, PendingMessage(q, i, bytes(b))) for seq, q, i, b in rows]

@@ -1,0 +1,122 @@
+"""Wake-ups across processes for the PostgreSQL store: LISTEN/NOTIFY.
+
+Every send notifies the store's channel with the queue's name as payload, delivered
+when the send commits. The first ``wait`` of a store opens one extra connection that
+LISTENs and turns each notification into a local wake-up of that queue's waiters, so
+a task chain across processes is not paced by a polling interval. Before relying on
+it, the listener checks that a notification of its own actually arrives; behind a
+pooler in transaction mode (PgBouncer ``pool_mode = transaction``) it does not, and
+the store falls back to polling (``wait`` sleeps its timeout) with a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import psycopg
+
+from dagq.stores.common import Wakeups, new_token
+from dagq.stores.postgres_database import CONNECT_TIMEOUT_S, Database
+
+log = logging.getLogger("dagq.stores.postgres")
+
+#: How long the start-up check waits for its own notification.
+PROBE_TIMEOUT_S = 5.0
+#: After the listening connection failed, how long until the next attempt.
+RETRY_AFTER_S = 5.0
+
+
+class Listener:
+    """One LISTENing connection per store and process, started by the first wait."""
+
+    def __init__(self, db: Database, wakeups: Wakeups) -> None:
+        self._db = db
+        self._wakeups = wakeups
+        self.channel = f"dagq:{db.target.schema}"
+        self._task: asyncio.Task[None] | None = None
+        self._conn: psycopg.AsyncConnection[object] | None = None
+        self._lock: asyncio.Lock | None = None
+        self._retry_at = 0.0
+        #: False once the start-up check failed: waits poll.
+        self.working = True
+
+    async def start(self) -> None:
+        """Listen, unless listening already or known not to work here."""
+        if self._task is not None and not self._task.done():
+            return
+        loop = asyncio.get_running_loop()
+        if not self.working or loop.time() < self._retry_at:
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._task is not None and not self._task.done():
+                return
+            try:
+                await self._listen()
+            except (psycopg.Error, OSError) as exc:
+                self._retry_at = loop.time() + RETRY_AFTER_S
+                log.warning("postgres store %s: cannot LISTEN (%s); polling", self._db.url, exc)
+
+    async def _listen(self) -> None:
+        await self._db.pool()  # the schema exists, the URL works
+        conn = await psycopg.AsyncConnection.connect(
+            self._db.target.conninfo, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S)
+        )
+        self._conn = conn
+        try:
+            await conn.execute(f"LISTEN {_quote(self.channel)}")
+        except BaseException:
+            await self.close()
+            raise
+        probe = f"\x01probe-{new_token()}"
+        arrived = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._serve(conn, probe, arrived), name="dagq-pg-listen")
+        async with self._db.connection() as other:
+            await other.execute("SELECT pg_notify(%s, %s)", (self.channel, probe))
+        try:
+            await asyncio.wait_for(asyncio.shield(arrived), PROBE_TIMEOUT_S)
+        except TimeoutError:
+            self.working = False
+            log.warning(
+                "postgres store %s: a NOTIFY did not reach LISTEN within %.0fs (a pooler in "
+                "transaction mode?); falling back to polling",
+                self._db.url,
+                PROBE_TIMEOUT_S,
+            )
+            await self.close()
+
+    async def _serve(
+        self, conn: psycopg.AsyncConnection[object], probe: str, arrived: asyncio.Future[None]
+    ) -> None:
+        try:
+            async for notify in conn.notifies():
+                if notify.payload == probe:
+                    if not arrived.done():
+                        arrived.set_result(None)
+                    continue
+                self._wakeups.notify(notify.payload)
+        except psycopg.Error as exc:
+            log.warning("postgres store %s: LISTEN connection lost (%s)", self._db.url, exc)
+            self._retry_at = asyncio.get_running_loop().time() + RETRY_AFTER_S
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+
+    async def close(self) -> None:
+        """Stop listening."""
+        task, self._task = self._task, None
+        conn, self._conn = self._conn, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                await task
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error, RuntimeError):
+                await conn.close()
+
+
+def _quote(channel: str) -> str:
+    return '"' + channel.replace('"', '""') + '"'

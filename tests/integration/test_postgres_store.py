@@ -1,0 +1,180 @@
+"""What the PostgreSQL store adds beside the conformance suite: ``dagq store migrate``,
+schema versions, URLs, and wake-ups that cross processes (LISTEN/NOTIFY)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from dagq.stores import open_store
+from dagq.stores.base import OutgoingMessage
+from dagq.stores.postgres_schema import VERSION
+from tests.conftest import postgres_url
+from tests.integration.cli_harness import DagqCli
+from tests.postgres import Cluster
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, postgres_cluster: Cluster) -> Iterator[DagqCli]:
+    with DagqCli(tmp_path) as cli:
+        cli.store_url = postgres_url(postgres_cluster)
+        yield cli
+
+
+def _schema(url: str) -> str:
+    return url.rpartition("schema=")[2]
+
+
+def test_store_migrate_creates_the_tables_then_finds_them_up_to_date(cli: DagqCli) -> None:
+    first = cli.run("store", "migrate", "--store", cli.store_url)
+    assert first.code == 0, first.output
+    assert f"created, schema version {VERSION}" in first.stdout
+    again = cli.run("store", "migrate", "--store", cli.store_url)
+    assert again.code == 0, again.output
+    assert f"schema version {VERSION}, up to date" in again.stdout
+
+
+def test_a_store_of_a_newer_schema_version_is_refused_in_one_line(cli: DagqCli) -> None:
+    assert cli.run("store", "migrate", "--store", cli.store_url).code == 0
+    server = cli.store_url.partition("?")[0]
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(
+            f"UPDATE {_schema(cli.store_url)}.meta SET value = %s WHERE key = 'schema_version'",
+            (str(VERSION + 1),),
+        )
+    for args in (("list",), ("store", "migrate", "--store", cli.store_url)):
+        done = cli.run(*args)
+        assert done.code == 2, done.output
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith("error: ") and f"schema version {VERSION + 1}" in line
+        assert "upgrade dagq" in line
+
+
+def test_a_schema_without_a_store_is_not_created_by_commands_that_only_look(
+    cli: DagqCli,
+) -> None:
+    done = cli.run("list")
+    assert done.code == 2, done.output
+    assert "no dagq store at" in done.stderr
+    assert "password" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "fault"),
+    [
+        ("postgresql://localhost", "names no database"),
+        ("postgresql://u@127.0.0.1:5432/db?schema=Bad-Name", "schema 'Bad-Name'"),
+        ("postgresql://u@127.0.0.1:notaport/db", "bad port"),
+    ],
+)
+def test_a_bad_postgres_url_is_a_one_line_error(tmp_path: Path, url: str, fault: str) -> None:
+    with DagqCli(tmp_path) as cli:
+        done = cli.run("list", "--store", url)
+    assert done.code == 2, done.output
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: ") and fault in line
+
+
+def test_an_unreachable_server_is_a_one_line_error_without_the_password(tmp_path: Path) -> None:
+    from tests.postgres import free_port
+
+    url = f"postgresql://u:secret@127.0.0.1:{free_port()}/db"
+    with DagqCli(tmp_path) as cli:
+        done = cli.run("list", "--store", url, timeout_s=40)
+    assert done.code == 2, done.output
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: postgres store postgresql://u@127.0.0.1:")
+    assert "secret" not in line
+
+
+_WITHOUT_PSYCOPG = """
+import sys
+sys.modules["psycopg"] = None  # as if the postgres extra were not installed
+from dagq.errors import ValidationError
+from dagq.stores import open_store
+try:
+    open_store("postgresql://u@127.0.0.1:5432/db")
+except ValidationError as exc:
+    print(exc)
+"""
+
+
+def test_a_postgres_url_without_the_extra_names_the_install_command() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_PSYCOPG], capture_output=True, text=True, check=True
+    )
+    assert "pip install 'dagq[postgres]'" in done.stdout
+
+
+_SEND_LATER = """
+import asyncio, sys, time
+from dagq.stores import open_store
+from dagq.stores.base import OutgoingMessage
+
+async def main() -> None:
+    store = open_store(sys.argv[1])
+    await store.queues.depth("q")  # connected: the send below is quick
+    print("ready", flush=True)
+    sys.stdin.readline()
+    await store.queues.send("q", [OutgoingMessage(b"x")])
+    await store.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_send_in_another_process_wakes_a_waiter_at_once(
+    postgres_cluster: Cluster,
+) -> None:
+    url = postgres_url(postgres_cluster)
+    store = open_store(url)
+    try:
+        await store.queues.wait("q", 0.01)  # the listener is started and checked
+        sender = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(_SEND_LATER), url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert sender.stdout is not None and sender.stdin is not None
+            assert sender.stdout.readline().strip() == "ready"
+            waiter = asyncio.create_task(store.queues.wait("q", 30))
+            await asyncio.sleep(0.05)
+            started = time.monotonic()
+            sender.stdin.write("go\n")
+            sender.stdin.flush()
+            await asyncio.wait_for(waiter, 10)
+            assert time.monotonic() - started < 2  # not the 30 s of a poll
+        finally:
+            sender.communicate(timeout=20)
+        messages = await store.queues.receive("q", max_messages=5, visibility_timeout_s=30)
+        assert [m.body for m in messages] == [b"x"]
+    finally:
+        await store.close()
+
+
+async def test_a_batch_with_a_failed_condition_writes_nothing(postgres_cluster: Cluster) -> None:
+    store = open_store(postgres_url(postgres_cluster))
+    try:
+        await store.documents.put("taken", b"1")
+        batch = store.batch()
+        batch.put("fresh", b"x")
+        batch.send("q", [OutgoingMessage(b"m")])
+        batch.put("taken", b"2", if_none_match=True)
+        with pytest.raises(Exception, match="exists already"):
+            await batch.commit()
+        assert await store.documents.get("fresh") is None
+        assert (await store.queues.depth("q")).visible == 0
+    finally:
+        await store.close()
