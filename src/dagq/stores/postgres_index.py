@@ -84,6 +84,14 @@ class PostgresIndex:
             return IndexPage(rows[:limit], encode_cursor(rows[limit - 1]))
         return IndexPage(rows)
 
+    async def changed(self, after: float, *, limit: int = 100) -> list[IndexRow]:
+        check_page_size(limit)
+        sql = (
+            "SELECT row FROM {s}.index_rows WHERE updated_at > %s "
+            "ORDER BY updated_at, id LIMIT %s"
+        )
+        return [decode_row(bytes(data)) for (data,) in await self._db.rows(sql, (after, limit))]
+
     async def delete(self, workflow_id: str) -> bool:
         sql = "DELETE FROM {s}.index_rows WHERE id = %s"
         return await self._db.count(sql, (workflow_id,)) > 0

@@ -63,6 +63,9 @@ MIGRATIONS: dict[int, list[str]] = {
             ON {s}.index_rows (name, created_at DESC, id DESC)""",
         """CREATE INDEX IF NOT EXISTS index_rows_tenant
             ON {s}.index_rows (tenant, created_at DESC, id DESC)""",
+        # What changed since a moment (the server's stream of every run).
+        """CREATE INDEX IF NOT EXISTS index_rows_updated
+            ON {s}.index_rows (updated_at, id)""",
         # Raised by a batch's guarded statements (a lost condition, a lost lease), so a
         # whole batch goes out in one round trip and fails as one transaction.
         """CREATE OR REPLACE FUNCTION {s}.fail(message text) RETURNS boolean
