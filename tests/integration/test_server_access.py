@@ -537,3 +537,67 @@ def test_a_host_that_is_not_an_address_is_one_line(cli: DagqCli) -> None:
         "error: --host 'example.invalid' is not an IP address; use 127.0.0.1, ::1, localhost, "
         "or an address of this machine (0.0.0.0 for all of them)"
     ]
+
+
+def test_a_bulk_action_is_in_each_runs_history_with_who_asked(
+    http: httpx.Client, tokens: Tokens
+) -> None:
+    alice = tokens.header("alice")
+    body = {"definition": GATED, "labels": {"batch": "access-bulk"}}
+    sent = http.post("/v1/workflows", json=body, headers=alice)
+    assert sent.status_code == 202, sent.text
+    location = sent.headers["location"]
+    wait_for_status(http_as(http, tokens, "alice"), f"{location}/tasks/gate", "waiting")
+
+    done = http.post(
+        "/v1/workflows/cancel",
+        json={"label": "batch=access-bulk", "dry_run": False},
+        headers=alice,
+    )
+
+    assert done.json()["matched"] == 1, done.text
+    assert wait_for_end(http, location)["status"] == "cancelled"
+    assert actors(http, location, alice)["cancel_requested"] == f"token:alice:{tokens.ids['alice']}"
+
+
+def test_dead_letters_take_an_admin_of_no_tenant(http: httpx.Client, tokens: Tokens) -> None:
+    tokens.make("tenant-admin", "--role", "admin", "--tenant", "tenant-a")
+
+    refused = http.get("/v1/dead-letters", headers=tokens.header("tenant-admin"))
+    replay = http.post(
+        "/v1/dead-letters/replay", json={"keys": []}, headers=tokens.header("tenant-admin")
+    )
+
+    assert "bound to tenant 'tenant-a'" in problem(refused, 403)["detail"]
+    problem(replay, 403)
+    assert http.get("/v1/dead-letters", headers=tokens.header("root")).status_code == 200
+
+
+def test_the_stream_of_every_run_ends_once_its_token_is_revoked(
+    cli: DagqCli, server: str, http: httpx.Client, tokens: Tokens
+) -> None:
+    tokens.make("all-streamer", "--role", "viewer")
+    with (
+        httpx.Client(base_url=server, timeout=30) as watcher,
+        watcher.stream("GET", "/v1/stream", headers=tokens.header("all-streamer")) as stream,
+    ):
+        assert stream.status_code == 200
+        lines = stream.iter_lines()
+        submit(http, tokens, "ops", PIPELINE)  # a change it sees
+        for line in lines:
+            if line.startswith("data: "):
+                break
+        done = cli.run("token", "revoke", tokens.ids["all-streamer"], "--store", cli.store_url)
+        assert done.code == 0, done.output
+        wait_until(
+            lambda: (
+                http.get("/v1/workflows", headers=tokens.header("all-streamer")).status_code == 401
+            ),
+            timeout_s=10,
+            what="the revoked token to be refused",
+            interval_s=0.1,
+        )
+        submit(http, tokens, "ops", PIPELINE)  # more changes come
+        after = [line for line in lines if line.startswith("event:")]
+    assert after[-1] == "event: unauthorized"
+    assert "event: workflow" not in after[after.index("event: unauthorized") :]

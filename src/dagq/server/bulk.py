@@ -96,9 +96,9 @@ async def _act(
             try:
                 if action == "cancel":
                     reason = body.reason or "cancelled by a bulk request"
-                    await api.client.cancel(run.id, f"{reason} (by {by})")
+                    await api.client.cancel(run.id, reason, actor=by)
                 else:
-                    await api.client.retry(run.id, ack_timeout_s=0)
+                    await api.client.retry(run.id, ack_timeout_s=0, actor=by)
             except UsageError as exc:  # it ended, or changed, meanwhile
                 skipped[run.id] = str(exc)
         log.info("%s requested %s of %d run(s)", by, action, len(runs))

@@ -23,10 +23,11 @@ import anyio
 import msgspec
 from fastapi import APIRouter, Depends, Header, Query
 from sse_starlette import EventSourceResponse
+from starlette.requests import Request
 
 from dagq.client import Client, row_summary
 from dagq.server import problems
-from dagq.server.access import Caller, caller
+from dagq.server.access import Caller, caller, while_allowed
 from dagq.server.context import Api, allow, api_of
 from dagq.server.filters import RunFilter, run_filter
 from dagq.server.problems import ProblemError
@@ -54,6 +55,7 @@ STREAM_GRACE_S = 5.0
     },
 )
 async def stream_changes(
+    request: Request,
     *,
     who: Who,
     api: Server,
@@ -71,8 +73,9 @@ async def stream_changes(
     resume = last_event_id or after
     start = _position(resume) if resume else time.time()
     stopping = anyio.Event()
+    events = changes(api.client, found, start, poll_s=api.settings.stream_poll_s, stopping=stopping)
     return EventSourceResponse(
-        changes(api.client, found, start, poll_s=api.settings.stream_poll_s, stopping=stopping),
+        while_allowed(request, events),  # a token revoked meanwhile ends the stream
         ping=api.settings.stream_ping_s,
         shutdown_event=stopping,
         shutdown_grace_period=STREAM_GRACE_S,

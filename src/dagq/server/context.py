@@ -74,6 +74,18 @@ def allow(who: Caller, role: Role, what: str) -> None:
         )
 
 
+def allow_store_wide(who: Caller, role: Role, what: str) -> None:
+    """As :func:`allow`, for what belongs to no one tenant (dead letters mix every
+    tenant's messages): a caller bound to a tenant is refused too."""
+    allow(who, role, what)
+    if who.tenant:
+        raise ProblemError(
+            "forbidden",
+            f"{who.name!r} is bound to tenant {who.tenant!r} and may not {what}: they "
+            "belong to every tenant (it takes a token without a tenant)",
+        )
+
+
 def actor(who: Caller) -> str:
     """Who started an action, as recorded with it."""
     return who.name

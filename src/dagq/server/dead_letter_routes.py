@@ -18,7 +18,7 @@ from dagq.dead_letters import DeadLetterInfo
 from dagq.errors import UsageError, ValidationError
 from dagq.server import problems
 from dagq.server.access import Caller, caller
-from dagq.server.context import Api, actor, allow, answer, api_of, json_schema
+from dagq.server.context import Api, actor, allow_store_wide, answer, api_of, json_schema
 from dagq.server.problems import ProblemError
 
 log = logging.getLogger("dagq.server")
@@ -69,7 +69,7 @@ async def list_dead_letters(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:
     """Dead-lettered messages (of ``queue``, or every queue), oldest first."""
-    allow(who, "admin", "see dead letters")
+    allow_store_wide(who, "admin", "see dead letters")
     return answer(DeadLetters(items=await api.client.dead_letters(queue, limit=limit)))
 
 
@@ -84,7 +84,7 @@ async def list_dead_letters(
 async def replay(request: Request, who: Who, api: Server) -> Response:
     """Body ``{"keys": [...]}``: each goes back to its queue (after a fix), then is
     removed; an unknown key refuses them all (404)."""
-    allow(who, "admin", "replay dead letters")
+    allow_store_wide(who, "admin", "replay dead letters")
     wanted = await _keys(request)
     try:
         count = await api.client.replay_dead_letters(wanted)
@@ -104,7 +104,7 @@ async def replay(request: Request, who: Who, api: Server) -> Response:
 )
 async def purge(request: Request, who: Who, api: Server) -> Response:
     """Body ``{"keys": [...]}``: removed for good; an unknown key refuses them all."""
-    allow(who, "admin", "purge dead letters")
+    allow_store_wide(who, "admin", "purge dead letters")
     wanted = await _keys(request)
     try:
         count = await api.client.purge_dead_letters(wanted)
@@ -128,7 +128,7 @@ async def show(
     api: Server,
 ) -> Response:
     """The dead letter and what it carried (tasks or events, or its bytes as text)."""
-    allow(who, "admin", "see dead letters")
+    allow_store_wide(who, "admin", "see dead letters")
     found = await api.client.store.queues.dead_letter_of(key)
     if found is None:
         raise ProblemError("not-found", f"no dead letter with key {key[:80]!r}")

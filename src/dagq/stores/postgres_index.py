@@ -87,8 +87,7 @@ class PostgresIndex:
     async def changed(self, after: float, *, limit: int = 100) -> list[IndexRow]:
         check_page_size(limit)
         sql = (
-            "SELECT row FROM {s}.index_rows WHERE updated_at > %s "
-            "ORDER BY updated_at, id LIMIT %s"
+            "SELECT row FROM {s}.index_rows WHERE updated_at > %s ORDER BY updated_at, id LIMIT %s"
         )
         return [decode_row(bytes(data)) for (data,) in await self._db.rows(sql, (after, limit))]
 
