@@ -382,3 +382,23 @@ def test_follow_escapes_control_characters_and_joins_a_character_split_between_c
     assert "\x1b" not in text
     # On a terminal the closing line starts a line of its own.
     assert "café end\r\n[attempt 1 of 't' completed]" in on_terminal.stdout
+
+
+def test_logs_of_a_running_attempt_print_its_output_so_far(
+    cli: DagqCli, follow: Callable[..., Follower]
+) -> None:
+    go = cli.workdir / "go"
+    cli.start_coordinator()
+    cli.start_worker()
+    cmd = f"echo 'so far'; {wait_for_file(str(go))}; echo later"
+    cli.submit_here("busy", {"name": "busy", "tasks": [{"name": "t", "cmd": cmd}]})
+    follow("busy", "t").wait_for_line("so far")  # it has been sent live
+
+    try:
+        shown = cli.run("logs", "busy", "t")
+    finally:
+        go.touch()
+
+    assert shown.code == 0, shown.output
+    assert shown.stdout == "so far\n"
+    assert "attempt 1 is still running: its output so far" in shown.stderr

@@ -188,12 +188,23 @@ def run_logs(
     item: int = -1,
     undo: bool = False,
 ) -> int:
-    """``dagq logs``: the kept stdout/stderr of an attempt, and its whole error."""
-    text, error = with_client(
+    """``dagq logs``: the kept stdout/stderr of an attempt, and its whole error; of an
+    attempt still running, what it has written so far."""
+    text, error, running = with_client(
         store_url,
         lambda c: _logs_and_error(c, workflow_id, task, attempt=attempt, item=item, undo=undo),
     )
-    print(printable(text) if text else "(no output was captured for this attempt)")
+    if running:
+        print(
+            f"(attempt {running} is still running: its output so far; "
+            "--follow prints the rest as it comes)",
+            file=sys.stderr,
+        )
+    if running:
+        if text:
+            print(printable(text), end="" if text.endswith("\n") else "\n")
+    else:
+        print(printable(text) if text else "(no output was captured for this attempt)")
     if error:
         print(f"--- error ---\n{printable(error)}")
     return EXIT_OK
@@ -201,10 +212,26 @@ def run_logs(
 
 async def _logs_and_error(
     client: Client, workflow_id: str, task: str, *, attempt: int | None, item: int, undo: bool
-) -> tuple[str, str | None]:
-    """The log tail of an attempt and its whole error text (if it failed)."""
+) -> tuple[str, str | None, int]:
+    """The log tail of an attempt, its whole error text (if it failed), and the number
+    of the attempt if it is still running (its output so far is the text then)."""
+    from dagq.log_reading import read_log
+
     text = await client.logs(workflow_id, task, attempt=attempt, item=item, undo=undo)
-    return text, await client.error(workflow_id, task, attempt=attempt, item=item, undo=undo)
+    error = await client.error(workflow_id, task, attempt=attempt, item=item, undo=undo)
+    if text:
+        return text, error, 0
+    read, offset = bytearray(), 0
+    while True:  # what was sent live, a slice at a time
+        piece = await read_log(
+            client, workflow_id, task, attempt=attempt, offset=offset, item=item, undo=undo
+        )
+        read += piece.data
+        if not piece.data:
+            break
+        offset = piece.next_offset
+    running = piece.attempt if piece.ended is None and piece.attempt else 0
+    return read.decode("utf-8", "surrogateescape"), error, running
 
 
 def run_events(store_url: str, workflow_id: str, *, as_json: bool, task: str | None = None) -> int:
