@@ -31,6 +31,8 @@ from typing import Any
 import httpx
 
 CHROMIUM = "/usr/bin/chromium"
+#: What a browser in a sandboxed CI container needs (no user namespaces, no GPU, no
+#: network beyond 127.0.0.1); the console's tests launch it so too.
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import yaml
-from bench.console import layered_definition
+from bench.console import CHROMIUM_ARGS, layered_definition
 
 from tests.integration.cli_harness import DagqCli, wait_until
 from tests.integration.test_server_api import ApiServer
@@ -29,18 +29,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.timeout(120)
 
 CHROMIUM = Path(os.environ.get("DAGQ_CHROMIUM", "/usr/bin/chromium"))
-#: What a browser in a sandboxed CI container needs (no user namespaces, no GPU, no
-#: network beyond 127.0.0.1).
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 #: How long ``dagq server`` may take to answer once started.
 START_S = 60
 #: How long a condition in the page may take to hold (a run's task on a loaded machine).

@@ -7,6 +7,7 @@ letter may carry any tenant's tasks, and replaying or purging one acts on the st
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import msgspec
@@ -85,13 +86,7 @@ async def replay(request: Request, who: Who, api: Server) -> Response:
     """Body ``{"keys": [...]}``: each goes back to its queue (after a fix), then is
     removed; an unknown key refuses them all (404)."""
     allow_store_wide(who, "admin", "replay dead letters")
-    wanted = await _keys(request)
-    try:
-        count = await api.client.replay_dead_letters(wanted)
-    except UsageError as exc:  # an unknown key
-        raise ProblemError("not-found", str(exc)) from None
-    log.info("%s replayed %d dead letter(s): %s", actor(who), count, ", ".join(wanted))
-    return answer(Count(count=count))
+    return await _act(request, who, api.client.replay_dead_letters, "replayed")
 
 
 @router.post(
@@ -105,13 +100,7 @@ async def replay(request: Request, who: Who, api: Server) -> Response:
 async def purge(request: Request, who: Who, api: Server) -> Response:
     """Body ``{"keys": [...]}``: removed for good; an unknown key refuses them all."""
     allow_store_wide(who, "admin", "purge dead letters")
-    wanted = await _keys(request)
-    try:
-        count = await api.client.purge_dead_letters(wanted)
-    except UsageError as exc:  # an unknown key
-        raise ProblemError("not-found", str(exc)) from None
-    log.info("%s purged %d dead letter(s): %s", actor(who), count, ", ".join(wanted))
-    return answer(Count(count=count))
+    return await _act(request, who, api.client.purge_dead_letters, "purged")
 
 
 @router.get(
@@ -135,6 +124,19 @@ async def show(
     return answer(
         DeadLetterShown(dead_letter=dead_letters.describe(found), body=dead_letters.body_of(found))
     )
+
+
+async def _act(
+    request: Request, who: Caller, act: Callable[[list[str]], Awaitable[int]], done: str
+) -> Response:
+    """Replay or purge the dead letters the body names; an unknown key refuses them all."""
+    wanted = await _keys(request)
+    try:
+        count = await act(wanted)
+    except UsageError as exc:  # an unknown key
+        raise ProblemError("not-found", str(exc)) from None
+    log.info("%s %s %d dead letter(s): %s", actor(who), done, count, ", ".join(wanted))
+    return answer(Count(count=count))
 
 
 async def _keys(request: Request) -> list[str]:
