@@ -1,10 +1,15 @@
 """``python -m bench``: run the workloads, print one JSON line per run and a summary.
 
-    python -m bench                          # W1-W4, size 'small', in-process, 3 runs each
-    python -m bench --sizes small,full --modes inproc,multiproc
+    python -m bench                          # W1-W4, size 'small', every mode, 3 runs each
+    python -m bench --peers dbos             # and the same workloads on DBOS, side by side
+    python -m bench --sizes small,full --modes client,multiproc
     python -m bench --sizes tiny --runs 1    # what CI runs: proves the suite works
 
-Each run is a fresh process (``bench.run_one``); the summary shows medians.
+Modes: run (``dagq run FILE`` as typed, default options), client (the public Client
+with a coordinator and worker in-process), multiproc (``dagq coordinator`` and two
+``dagq worker`` processes: the cluster), inproc (internal calls: the fast path, not a
+user's). Each run is a fresh process (``bench.run_one``); the summary shows medians,
+and each run's final value is checked.
 """
 
 from __future__ import annotations
@@ -21,7 +26,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench import peers
 from bench.workloads import SIZES
+
+#: How each mode is labelled in the table.
+LABELS = {"run": "dagq run", "client": "Client", "multiproc": "cluster", "inproc": "internal"}
+#: Why a workload is not measured in a mode.
+NOT_MEASURED = {
+    ("W4", "run"): "dagq run runs one workflow; 200 at once is a cluster's (or a Client's) shape",
+}
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,6 +86,9 @@ def median_of(results: list[dict[str, Any]]) -> dict[str, Any]:
         "loop_lag_max_ms",
         "loop_lag_p99_ms",
         "cpu_s",
+        "startup_s",
+        "run_s",
+        "waited_s",
     ):
         values = [r[key] for r in results if key in r]
         if values:
@@ -90,7 +106,16 @@ def main() -> None:
     parser.add_argument(
         "--sizes", default="small", help="tiny, small, full, huge (comma-separated)"
     )
-    parser.add_argument("--modes", default="inproc", help="inproc, multiproc (comma-separated)")
+    parser.add_argument(
+        "--modes",
+        default="run,client,multiproc,inproc",
+        help="run, client, multiproc, inproc (comma-separated)",
+    )
+    parser.add_argument(
+        "--peers",
+        default="",
+        help="dbos: the same workloads on DBOS (SQLite), in a virtual environment of its own",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument(
@@ -109,7 +134,7 @@ def main() -> None:
         help="off, on, or off,on (each run with traces and metrics off / on; needs dagq[otel])",
     )
     args = parser.parse_args()
-    summaries = []
+    summaries: list[dict[str, Any]] = []
     cluster = None
     if "postgres" in args.stores.split(",") and not os.environ.get("DAGQ_BENCH_POSTGRES"):
         from tests.postgres import start
@@ -121,7 +146,21 @@ def main() -> None:
     finally:
         if cluster is not None:
             cluster.stop()
-    _table(summaries, args.runs)
+    notes = []
+    for peer in filter(None, args.peers.split(",")):
+        found, note = peers.measure(
+            peer,
+            workloads=args.workloads.split(","),
+            sizes=args.sizes.split(","),
+            runs=args.runs,
+            workers=args.workers,
+            summarise=median_of,
+        )
+        summaries += found
+        if note:
+            notes.append(note)
+            print(note, flush=True)
+    _table(summaries, args.runs, notes)
 
 
 def _all(args: argparse.Namespace, summaries: list[Any]) -> None:
@@ -131,6 +170,10 @@ def _all(args: argparse.Namespace, summaries: list[Any]) -> None:
                 raise SystemExit(f"unknown size {size!r} for {workload}: {sorted(SIZES[workload])}")
             for store in args.stores.split(","):
                 for mode in args.modes.split(","):
+                    if (workload, mode) in NOT_MEASURED:
+                        why = NOT_MEASURED[workload, mode]
+                        print(f"{workload} {LABELS[mode]}: not measured ({why})", flush=True)
+                        continue
                     for telemetry in args.telemetry.split(","):
                         summaries.append(
                             _runs(workload, size, mode, store, args, telemetry=telemetry)
@@ -156,56 +199,90 @@ def _runs(
             raise SystemExit(
                 f"{workload} {size} {mode} {store} did not complete: {result['status']}"
             )
+        if not result.get("result_ok"):
+            raise SystemExit(
+                f"{workload} {size} {mode} {store}: the final output is "
+                f"{result.get('result')!r}, not {result.get('expected')!r}"
+            )
         results.append(result)
     return median_of(results)
 
 
-def _table(summaries: list[dict[str, Any]], runs: int) -> None:
-    table = Table(title=f"dagq benchmark (median of {runs})", title_justify="left")
-    for column in (
+def _table(summaries: list[dict[str, Any]], runs: int, notes: list[str]) -> None:
+    columns = (
         "workload",
         "size",
         "store",
         "mode",
         "telemetry",
+        "slots",
         "tasks",
+        "start-up s",
         "wall s",
         "tasks/s",
+        "vs peer",
         "step p50/p95 ms",
+        "result",
         "peak RSS MB*",
         "state KB",
         "ops/task",
         "tx/task",
         "lag max/p99 ms",
-    ):
-        table.add_column(column, justify="right" if column not in ("workload", "mode") else "left")
-    for s in summaries:
-        step = f"{s['step_p50_ms']:.2f}/{s['step_p95_ms']:.2f}" if "step_p50_ms" in s else "-"
-        lag = (
-            f"{s['loop_lag_max_ms']:.1f}/{s['loop_lag_p99_ms']:.1f}"
-            if "loop_lag_max_ms" in s
-            else "-"
-        )
-        rss = "/".join(f"{v:.0f}" for v in s["peak_rss_mb"].values())
-        table.add_row(
-            s["workload"],
-            s["size"],
-            s.get("store", "sqlite"),
-            s["mode"],
-            "on" if s.get("telemetry") else "off",
-            f"{s['tasks']:,}",
-            f"{s['wall_s']:.3f}",
-            f"{s['tasks_per_s']:,.0f}",
-            step,
-            rss,
-            f"{s['state_bytes'] / 1024:.1f}",
-            str(s.get("ops_per_task", "-")),
-            str(s.get("transactions_per_task", "-")),
-            lag,
-        )
-    console = Console(width=max(Console().width, 130))
+    )
+    rows = [_row(s, summaries) for s in summaries]
+    # A column no run has a figure for (telemetry all off, no peer, ...) is left out.
+    shown = [i for i in range(len(columns)) if any(row[i] not in ("-", "off") for row in rows)]
+    table = Table(title=f"dagq benchmark (median of {runs})", title_justify="left")
+    for i in shown:
+        table.add_column(columns[i], justify="left" if i in (0, 3) else "right")
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
+    console = Console(width=max(Console().width, 200))
     console.print(table)
-    console.print("* in-process: the one process; multi-process: coordinator/worker-1/worker-2")
+    console.print(
+        "wall: from the first submit to the last run's end (dagq run: from launch to exit,"
+        " start-up included; its tasks/s counts from the first task started)"
+    )
+    console.print("vs peer: tasks/s against the peer's on the same workload, same run")
+    console.print(
+        "* client, internal: the one process; dagq run: its largest process;"
+        " cluster: coordinator/worker-1/worker-2"
+    )
+    for note in notes:
+        console.print(note)
+
+
+def _row(s: dict[str, Any], summaries: list[dict[str, Any]]) -> tuple[str, ...]:
+    peer_rate = {
+        (p["workload"], p["size"]): p["tasks_per_s"] for p in summaries if p["mode"] == "peer"
+    }
+    step = f"{s['step_p50_ms']:.2f}/{s['step_p95_ms']:.2f}" if "step_p50_ms" in s else "-"
+    lag = (
+        f"{s['loop_lag_max_ms']:.1f}/{s['loop_lag_p99_ms']:.1f}" if "loop_lag_max_ms" in s else "-"
+    )
+    rss = "/".join(f"{v:.0f}" for v in s.get("peak_rss_mb", {}).values()) or "-"
+    versus = peer_rate.get((s["workload"], s["size"]))
+    peer = s["mode"] == "peer"
+    return (
+        s["workload"],
+        s["size"],
+        s.get("store", "sqlite"),
+        f"{s['peer']} {s.get('version', '')} (peer)" if peer else LABELS[s["mode"]],
+        "on" if s.get("telemetry") else "off",
+        str(s.get("slots", "-")),
+        f"{s['tasks']:,}",
+        f"{s['startup_s']:.2f}" if "startup_s" in s else "-",
+        f"{s['wall_s']:.3f}",
+        f"{s['tasks_per_s']:,.0f}",
+        f"{s['tasks_per_s'] / versus:.2f}x" if versus and not peer else "-",
+        step,
+        "ok" if s.get("result_ok") else "WRONG",
+        rss,
+        f"{s['state_bytes'] / 1024:.1f}" if "state_bytes" in s else "-",
+        str(s.get("ops_per_task", "-")),
+        str(s.get("transactions_per_task", "-")),
+        lag,
+    )
 
 
 if __name__ == "__main__":

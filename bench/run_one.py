@@ -26,22 +26,30 @@ from pathlib import Path
 from typing import Any
 
 from bench.loop_lag import LoopLag
+from bench.paths import check_outputs, client_inproc, dagq_run, settle
 from bench.stalls import StallWatch
-from bench.workloads import SIZES
+from bench.workloads import SIZES, final
 from dagq import keys, observability
+from dagq.client import Client
 from dagq.coordinator import Coordinator
 from dagq.definition import WorkflowDef
 from dagq.local import LOCAL_COORDINATOR
 from dagq.persistence import read_state
 from dagq.plan import Plan
+from dagq.registry import live_workers
 from dagq.state import WORKFLOW_TERMINAL, RunState
 from dagq.stores import open_store
 from dagq.stores.base import Store
 from dagq.stores.counting import counted
 from dagq.submission import submit
+from dagq.views import PlanCache
 from dagq.worker import Worker, WorkerOptions
 
 ROOT = Path(__file__).resolve().parent.parent
+#: run: ``dagq run FILE`` as typed; client: the public Client with a coordinator and a
+#: worker in this process; multiproc: ``dagq coordinator`` and ``dagq worker`` processes
+#: (the cluster), submitted to through the Client; inproc: internal calls (the fast path).
+MODES = ["run", "client", "multiproc", "inproc"]
 
 
 async def _submit_all(store: Store, definition: WorkflowDef, count: int) -> list[tuple[str, Plan]]:
@@ -62,10 +70,18 @@ async def _final_states(store: Store, runs: list[tuple[str, Plan]]) -> list[RunS
 
 
 async def inproc(
-    definition: WorkflowDef, count: int, workers: int, url: str, stalls_ms: float = 0.0
+    definition: WorkflowDef,
+    count: int,
+    workers: int,
+    url: str,
+    stalls_ms: float = 0.0,
+    *,
+    check: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Coordinator and workers in this process, as ``dagq run`` does (``stalls_ms``:
-    print what the loop did during each lag longer than that, :mod:`bench.stalls`)."""
+    """Coordinator and workers in this process through internal calls — the fast path
+    ("internal" in the table), not one a user takes (``stalls_ms``: print what the loop
+    did during each lag longer than that, :mod:`bench.stalls`; ``check``: the task whose
+    output must be this value in every workflow)."""
     store, counts = counted(observability.instrument(open_store(url)))
     coordinator = Coordinator(store, LOCAL_COORDINATOR)
     worker = Worker(
@@ -109,9 +125,10 @@ async def inproc(
     await asyncio.gather(*running, return_exceptions=True)
     states = await _final_states(store, runs)
     size = len((await store.documents.get(keys.state(runs[0][0]))).data)  # type: ignore[union-attr]
+    checked = await check_outputs(store, [w for w, _ in runs], *check) if check else {}
     await store.close()
     rss = {"process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    result = _result(states, wall, size, rss, ops=ops, transactions=transactions)
+    result = _result(states, wall, size, rss, ops=ops, transactions=transactions) | checked
     # The loop that runs the coordinator and the workers: how long it went without yielding.
     # CPU time of this process (coordinator, worker, exporter threads) over the run:
     # steadier than wall time on a shared machine.
@@ -121,8 +138,11 @@ async def inproc(
     return result
 
 
-async def multiproc(definition: WorkflowDef, count: int, workers: int, url: str) -> dict[str, Any]:
-    """``dagq coordinator`` and two ``dagq worker`` processes; this process submits and waits."""
+async def multiproc(
+    definition: WorkflowDef, count: int, workers: int, url: str, *, workload: str, size: str
+) -> dict[str, Any]:
+    """``dagq coordinator`` and two ``dagq worker`` processes; this process submits and
+    waits through the public ``Client``, then checks the final value (:func:`settle`)."""
     dagq = str(Path(sys.executable).with_name("dagq"))
     env = {**os.environ, "DAGQ_STORE": url}
     per_worker = max(1, workers // 2)
@@ -136,25 +156,48 @@ async def multiproc(definition: WorkflowDef, count: int, workers: int, url: str)
         for name, cmd in commands.items()
     }
     store = open_store(url)
+    client = Client(store, plans=PlanCache())
     try:
-        started = time.perf_counter()
-        runs = await _submit_all(store, definition, count)
-        pending = {wid for wid, _ in runs}
-        while pending:
-            await asyncio.sleep(0.005)
-            rows = [await store.index.get(w) for w in pending]
-            pending = {r.id for r in rows if r is None or r.status not in WORKFLOW_TERMINAL}
-        wall = time.perf_counter() - started
+        launched = time.time()
+        await _cluster_ready(store, workers=len(processes) - 1, processes=processes)
+        started = time.time()
+        ids = [(await client.submit(definition, workflow_id=f"bench-{i}")).id for i in range(count)]
+        for workflow_id in ids:
+            await client.wait(workflow_id, timeout_s=1800)
+        waited = time.time()
         rss = {name: _peak_rss_mb(p.pid) for name, p in processes.items()}
-        states = await _final_states(store, runs)
-        size = len((await store.documents.get(keys.state(runs[0][0]))).data)  # type: ignore[union-attr]
+        result = await settle(store, ids, workload, size, started=started)
+        size_bytes = len((await store.documents.get(keys.state(ids[0]))).data)  # type: ignore[union-attr]
     finally:
         for p in processes.values():
             p.terminate()
         for p in processes.values():
             p.wait(timeout=60)
         await store.close()
-    return _result(states, wall, size, rss)
+    result["waited_s"] = round(waited - started, 4)
+    result["startup_s"] = round(started - launched, 4)
+    result["state_bytes"] = size_bytes
+    result["peak_rss_mb"] = {k: round(v, 1) for k, v in rss.items()}
+    result["slots"] = per_worker * 2
+    return result
+
+
+async def _cluster_ready(
+    store: Store, *, workers: int, processes: dict[str, subprocess.Popen[bytes]]
+) -> None:
+    """Wait until the coordinator holds its lease and every worker has registered: a
+    cluster runs for long, so its start-up is reported apart (``startup_s``)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for name, process in processes.items():
+            if process.poll() is not None:
+                raise SystemExit(f"{name} exited with code {process.returncode} at start")
+        lease = await store.leases.get(keys.COORDINATOR_LEASE)
+        live = await live_workers(store.documents, now=time.time())
+        if lease is not None and len(live) >= workers:
+            return
+        await asyncio.sleep(0.02)
+    raise SystemExit("the coordinator and workers did not start within 120 s")
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -254,7 +297,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("workload", choices=sorted(SIZES))
     parser.add_argument("size")
-    parser.add_argument("mode", choices=["inproc", "multiproc"])
+    parser.add_argument("mode", choices=MODES)
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--store", choices=["sqlite", "azure", "postgres"], default="sqlite")
     parser.add_argument(
@@ -278,31 +321,27 @@ def main() -> None:
     build, count = SIZES[args.workload][args.size]
     definition = build()
     sink = _telemetry() if args.telemetry else None
+    where = {"workload": args.workload, "size": args.size}
     if args.mode == "inproc":
-        body: Any = functools.partial(inproc, stalls_ms=args.stalls)
+        check = final(args.workload, args.size)
+        body: Any = functools.partial(inproc, stalls_ms=args.stalls, check=check)
+    elif args.mode == "client":
+        body = lambda _d, _c, workers, url: client_inproc(  # noqa: E731
+            args.workload, args.size, workers, url
+        )
     else:
-        body = multiproc
-    with tempfile.TemporaryDirectory(prefix="dagq-bench-") as tmp:
-        if args.store == "azure":
-            from tests.azurite import start
-
-            emulator = start()
-            try:
-                url = f"azure://devstoreaccount1/b{secrets.token_hex(6)}"
-                result = asyncio.run(body(definition, count, args.workers, url))
-            finally:
-                emulator.stop()
-        elif args.store == "postgres":
-            with postgres_server() as server, held_transaction(server, args.hold_transaction):
-                url = f"{server}?schema=b{secrets.token_hex(6)}"
-                result = asyncio.run(body(definition, count, args.workers, url))
-        else:
-            url = f"sqlite:///{Path(tmp) / 'bench.db'}"
-            result = asyncio.run(body(definition, count, args.workers, url))
+        body = functools.partial(multiproc, **where)
+    if args.mode == "run":
+        if args.store != "sqlite":
+            raise SystemExit("error: mode 'run' runs dagq run with its default store (sqlite)")
+        result = dagq_run(args.workload, args.size)
+    else:
+        result = _with_store(args, body, definition, count)
     if sink is not None:
         observability.stop()  # what is still buffered goes out (not timed)
         sink.kill()
         sink.wait()
+    result.setdefault("slots", args.workers)
     chain = args.workload == "W2"
     if not chain:
         result.pop("step_p50_ms", None)
@@ -320,6 +359,28 @@ def main() -> None:
             }
         )
     )
+
+
+def _with_store(args: argparse.Namespace, body: Any, definition: WorkflowDef, count: int) -> Any:
+    """``body`` run on a fresh store of the kind asked for; its result."""
+    with tempfile.TemporaryDirectory(prefix="dagq-bench-") as tmp:
+        if args.store == "azure":
+            from tests.azurite import start
+
+            emulator = start()
+            try:
+                url = f"azure://devstoreaccount1/b{secrets.token_hex(6)}"
+                result = asyncio.run(body(definition, count, args.workers, url))
+            finally:
+                emulator.stop()
+        elif args.store == "postgres":
+            with postgres_server() as server, held_transaction(server, args.hold_transaction):
+                url = f"{server}?schema=b{secrets.token_hex(6)}"
+                result = asyncio.run(body(definition, count, args.workers, url))
+        else:
+            url = f"sqlite:///{Path(tmp) / 'bench.db'}"
+            result = asyncio.run(body(definition, count, args.workers, url))
+    return result
 
 
 if __name__ == "__main__":

@@ -1,76 +1,124 @@
-"""The workloads W1-W4, as definitions built in Python."""
+"""The workloads W1-W4, as definitions built in Python, with the value each must end with.
+
+Every task consumes its parents' outputs (``bench/tasks.py``): W1 ``mid = root + 1``,
+``join = sum(mids)``; W2 each step the previous + 1; W3 each task the sum of its 100
+parents; W4 five steps of + 1. :func:`final` says which task's output proves the data
+flowed, and what it must be.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from dagq.definition import WorkflowDef
 from dagq.loading import load_data
 
-NOOP = "bench.tasks:noop"
+TASKS = "bench.tasks"
+
+
+def fan_out_data(n: int, module: str = TASKS) -> dict[str, Any]:
+    """W1: 1 root -> n parallel ``root + 1`` -> 1 join (their sum)."""
+    tasks: list[dict[str, Any]] = [{"name": "root", "call": f"{module}:one"}]
+    tasks += [
+        {"name": f"t{i}", "call": f"{module}:add_one", "depends_on": ["root"]} for i in range(n)
+    ]
+    tasks.append(
+        {"name": "join", "call": f"{module}:total", "depends_on": [f"t{i}" for i in range(n)]}
+    )
+    return {"name": f"w1-fan-out-{n}", "tasks": tasks}
+
+
+def chain_data(n: int, module: str = TASKS, name: str = "w2-chain") -> dict[str, Any]:
+    """W2 (and W4's unit): n tasks in strict sequence, each the previous output + 1."""
+    tasks: list[dict[str, Any]] = [{"name": "s0", "call": f"{module}:one"}]
+    tasks += [
+        {"name": f"s{i}", "call": f"{module}:add_one", "depends_on": [f"s{i - 1}"]}
+        for i in range(1, n)
+    ]
+    return {"name": f"{name}-{n}", "tasks": tasks}
+
+
+def layered_data(layers: int, width: int, module: str = TASKS) -> dict[str, Any]:
+    """W3: layers x width tasks, each the sum of every task of the layer above."""
+    tasks: list[dict[str, Any]] = []
+    for layer in range(layers):
+        above = [f"l{layer - 1}-{j}" for j in range(width)] if layer else []
+        call = f"{module}:total" if layer else f"{module}:one"
+        tasks += [
+            {"name": f"l{layer}-{j}", "call": call, **({"depends_on": above} if above else {})}
+            for j in range(width)
+        ]
+    return {"name": f"w3-layered-{layers}x{width}", "tasks": tasks}
 
 
 def fan_out(n: int) -> WorkflowDef:
-    """W1: 1 root -> n parallel tasks -> 1 join."""
-    tasks = [{"name": "root", "call": NOOP}]
-    tasks += [{"name": f"t{i}", "call": NOOP, "depends_on": ["root"]} for i in range(n)]
-    tasks.append({"name": "join", "call": NOOP, "depends_on": [f"t{i}" for i in range(n)]})
-    return load_data({"name": f"w1-fan-out-{n}", "tasks": tasks}, source="W1")
+    """W1 as a definition."""
+    return load_data(fan_out_data(n), source="W1")
 
 
 def chain(n: int) -> WorkflowDef:
-    """W2: n tasks in strict sequence, each consuming the previous output."""
-    tasks = [{"name": "s0", "call": "bench.tasks:step"}]
-    tasks += [
-        {"name": f"s{i}", "call": "bench.tasks:step", "depends_on": [f"s{i - 1}"]}
-        for i in range(1, n)
-    ]
-    return load_data({"name": f"w2-chain-{n}", "tasks": tasks}, source="W2")
+    """W2 as a definition."""
+    return load_data(chain_data(n), source="W2")
 
 
 def layered(layers: int, width: int) -> WorkflowDef:
-    """W3: layers x width tasks, each depending on every task of the layer above."""
-    tasks = []
-    for layer in range(layers):
-        above = [f"l{layer - 1}-{j}" for j in range(width)] if layer else []
-        tasks += [
-            {"name": f"l{layer}-{j}", "call": NOOP, **({"depends_on": above} if above else {})}
-            for j in range(width)
-        ]
-    return load_data({"name": f"w3-layered-{layers}x{width}", "tasks": tasks}, source="W3")
+    """W3 as a definition."""
+    return load_data(layered_data(layers, width), source="W3")
 
 
 def short_chain(n: int = 5) -> WorkflowDef:
     """W4 unit: a chain of 5 tasks (W4 submits many of these at once)."""
-    tasks = [{"name": "c0", "call": NOOP}]
-    tasks += [{"name": f"c{i}", "call": NOOP, "depends_on": [f"c{i - 1}"]} for i in range(1, n)]
-    return load_data({"name": "w4-chain-5", "tasks": tasks}, source="W4")
+    return load_data(chain_data(n, name="w4-chain"), source="W4")
+
+
+#: name -> size label -> the workload's shape: (W1: n; W2: n; W3: layers, width; W4: n)
+#: and the number of workflows submitted at once.
+SHAPES: dict[str, dict[str, tuple[tuple[int, ...], int]]] = {
+    "W1": {
+        "tiny": ((50,), 1),
+        "small": ((1_000,), 1),
+        "full": ((10_000,), 1),
+        "huge": ((100_000,), 1),
+    },
+    "W2": {"tiny": ((20,), 1), "small": ((200,), 1), "full": ((200,), 1), "huge": ((200,), 1)},
+    "W3": {
+        "tiny": ((3, 10), 1),
+        "small": ((10, 100), 1),
+        "full": ((10, 100), 1),
+        "huge": ((10, 100), 1),
+    },
+    "W4": {"tiny": ((5,), 10), "small": ((5,), 200), "full": ((5,), 200), "huge": ((5,), 200)},
+}
+
+
+def data(workload: str, size: str, module: str = TASKS) -> dict[str, Any]:
+    """The definition of one workflow of ``workload``, as a file would hold it."""
+    shape, _ = SHAPES[workload][size]
+    if workload == "W1":
+        return fan_out_data(shape[0], module)
+    if workload == "W3":
+        return layered_data(shape[0], shape[1], module)
+    return chain_data(shape[0], module, name="w2-chain" if workload == "W2" else "w4-chain")
+
+
+def final(workload: str, size: str) -> tuple[str, int]:
+    """The task whose output proves the data flowed, and the value it must have."""
+    shape, _ = SHAPES[workload][size]
+    if workload == "W1":
+        return "join", 2 * shape[0]  # n mids of root (1) + 1
+    if workload == "W3":
+        layers, width = shape
+        return f"l{layers - 1}-0", width ** (layers - 1)
+    return f"s{shape[0] - 1}", shape[0]  # W2, W4: 1, then + 1 per step
+
+
+def _builder(workload: str, size: str) -> Callable[[], WorkflowDef]:
+    return lambda: load_data(data(workload, size), source=workload)
 
 
 #: name -> (size label -> (definition builder, number of workflows))
 SIZES: dict[str, dict[str, tuple[Callable[[], WorkflowDef], int]]] = {
-    "W1": {
-        "tiny": (lambda: fan_out(50), 1),
-        "small": (lambda: fan_out(1_000), 1),
-        "full": (lambda: fan_out(10_000), 1),
-        "huge": (lambda: fan_out(100_000), 1),
-    },
-    "W2": {
-        "tiny": (lambda: chain(20), 1),
-        "small": (lambda: chain(200), 1),
-        "full": (lambda: chain(200), 1),
-        "huge": (lambda: chain(200), 1),
-    },
-    "W3": {
-        "tiny": (lambda: layered(3, 10), 1),
-        "small": (lambda: layered(10, 100), 1),
-        "full": (lambda: layered(10, 100), 1),
-        "huge": (lambda: layered(10, 100), 1),
-    },
-    "W4": {
-        "tiny": (short_chain, 10),
-        "small": (short_chain, 200),
-        "full": (short_chain, 200),
-        "huge": (short_chain, 200),
-    },
+    workload: {size: (_builder(workload, size), count) for size, (_, count) in sizes.items()}
+    for workload, sizes in SHAPES.items()
 }
