@@ -134,6 +134,11 @@ def main() -> None:
         help="off, on, or off,on (each run with traces and metrics off / on; needs dagq[otel])",
     )
     args = parser.parse_args()
+    for peer in filter(None, args.peers.split(",")):
+        if peer not in peers.REQUIREMENTS:
+            parser.error(
+                f"unknown peer {peer!r} in --peers (known: {', '.join(peers.REQUIREMENTS)})"
+            )
     summaries: list[dict[str, Any]] = []
     cluster = None
     if "postgres" in args.stores.split(",") and not os.environ.get("DAGQ_BENCH_POSTGRES"):
@@ -249,7 +254,7 @@ def _table(summaries: list[dict[str, Any]], runs: int, notes: list[str]) -> None
         " cluster: coordinator/worker-1/worker-2"
     )
     for note in notes:
-        console.print(note)
+        print(note)
 
 
 def _row(s: dict[str, Any], summaries: list[dict[str, Any]]) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from tests.postgres import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
+TINY = ("--sizes", "tiny", "--runs", "1")
 
 
 def _bench(*args: str, timeout: float) -> tuple[str, list[dict[str, Any]]]:
@@ -30,22 +32,106 @@ def _bench(*args: str, timeout: float) -> tuple[str, list[dict[str, Any]]]:
     return done.stdout, lines
 
 
-@pytest.mark.timeout(180)
-def test_benchmark_suite_runs_every_workload_in_both_modes() -> None:
-    stdout, lines = _bench("--modes", "inproc,multiproc", timeout=170)
-    assert {(r["workload"], r["mode"]) for r in lines} == {
-        (w, m) for w in ("W1", "W2", "W3", "W4") for m in ("inproc", "multiproc")
+@pytest.mark.timeout(300)
+def test_benchmark_suite_runs_every_workload_in_every_mode_and_checks_the_data_flowed() -> None:
+    stdout, lines = _bench(timeout=290)  # the default modes: run, client, multiproc, inproc
+    measured = {(r["workload"], r["mode"]) for r in lines}
+    assert measured == {
+        (w, m)
+        for w in ("W1", "W2", "W3", "W4")
+        for m in ("run", "client", "multiproc", "inproc")
+        if (w, m) != ("W4", "run")
     }
+    assert "W4 dagq run: not measured" in stdout
     assert all(r["status"] == ["completed"] and r["tasks_per_s"] > 0 for r in lines)
-    chain = next(r for r in lines if r["workload"] == "W2" and r["mode"] == "inproc")
-    assert chain["step_p95_ms"] >= chain["step_p50_ms"] > 0
+    # Every task consumed its parents' outputs: the final values prove it, in every mode.
+    expected = {"W1": 2 * 50, "W2": 20, "W3": 10**2, "W4": 5}
+    for r in lines:
+        assert (r["result"], r["expected"], r["result_ok"]) == (
+            expected[r["workload"]],
+            expected[r["workload"]],
+            True,
+        ), r
+    for r in (r for r in lines if r["mode"] == "run"):  # dagq run FILE, as a user types it
+        assert r["exit_code"] == 0 and r["slots"] == 4  # its default options
+        assert 0 < r["startup_s"] < r["wall_s"] and r["run_s"] > 0
+    for r in (r for r in lines if r["mode"] == "multiproc"):
+        assert r["startup_s"] > 0 and set(r["peak_rss_mb"]) == {
+            "coordinator",
+            "worker-1",
+            "worker-2",
+        }
+    chains = [r for r in lines if r["workload"] == "W2"]
+    assert all(r["step_p95_ms"] >= r["step_p50_ms"] > 0 for r in chains)
     assert all("ops_per_task" in r for r in lines if r["mode"] == "inproc")
     assert "dagq benchmark" in stdout
+    for label in ("dagq run", "Client", "cluster", "internal"):
+        assert f" {label} " in stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_run_whose_data_did_not_flow_fails_the_suite(tmp_path: Path) -> None:
+    """The check can fail: with tasks that ignore their inputs, the final value is wrong
+    and the suite says so (exit != 0), naming the value it got and the one it expected."""
+    bench = tmp_path / "bench"
+    shutil.copytree(ROOT / "bench", bench, ignore=shutil.ignore_patterns("__pycache__"))
+    tasks = bench / "tasks.py"
+    tasks.write_text(tasks.read_text().replace("return sum(inputs.values()) + 1", "return 1"))
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", *TINY, "--workloads", "W2", "--modes", "client"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert done.returncode != 0
+    assert "W2 tiny client sqlite: the final output is 1, not 20" in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_an_unavailable_peer_is_one_line_and_the_dagq_rows_still_come(tmp_path: Path) -> None:
+    """A peer that cannot be installed (here: a venv directory that cannot be made) is
+    said in one line; the suite still measures dagq and exits 0."""
+    peer = ("--peers", "dbos")
+    (tmp_path / "peers").write_text("a file where the peers' directory should be")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", *TINY, *("--workloads", "W2", "--modes", "inproc"), *peer],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+        env={**os.environ, "DAGQ_BENCH_PEERS": str(tmp_path / "peers")},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # Said as it happens, and again under the table.
+    [note] = {x.strip() for x in done.stdout.splitlines() if x.startswith("peer dbos:")}
+    assert "not measured" in note and "venv" in note
+    [run] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert (run["workload"], run["mode"], run["result_ok"]) == ("W2", "inproc", True)
+
+
+@pytest.mark.timeout(60)
+def test_an_unknown_peer_is_refused() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--sizes", "tiny", "--peers", "celery"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "error: unknown peer 'celery' in --peers (known: dbos)" in done.stderr
 
 
 @pytest.mark.timeout(180)
 def test_benchmark_azure_mode_counts_storage_transactions(azurite: object) -> None:
-    stdout, lines = _bench("--workloads", "W1", "--stores", "azure", timeout=170)
+    stdout, lines = _bench(
+        "--workloads", "W1", "--stores", "azure", "--modes", "inproc", timeout=170
+    )
     [run] = lines
     assert (run["store"], run["status"], run["tasks"]) == ("azure", ["completed"], 52)
     assert 0 < run["transactions_per_task"] < 5
@@ -86,7 +172,9 @@ def test_the_server_benchmark_runs() -> None:
 
 @pytest.mark.timeout(180)
 def test_benchmark_runs_with_telemetry_off_and_on() -> None:
-    _, lines = _bench("--workloads", "W1,W2", "--telemetry", "off,on", timeout=170)
+    _, lines = _bench(
+        "--workloads", "W1,W2", "--telemetry", "off,on", "--modes", "inproc", timeout=170
+    )
     assert {(r["workload"], r["telemetry"]) for r in lines} == {
         (w, t) for w in ("W1", "W2") for t in (False, True)
     }
