@@ -199,3 +199,29 @@ def test_benchmark_postgres_mode_runs_with_a_transaction_held_open(
     [run] = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert (run["store"], run["status"]) == ("postgres+held-xact", ["completed"])
     assert run["step_p95_ms"] >= run["step_p50_ms"] > 0
+
+
+def _peer_installed() -> bool:
+    base = Path(os.environ.get("DAGQ_BENCH_PEERS") or Path.home() / ".cache" / "dagq-bench")
+    return any((base / "dbos-venv" / "lib").glob("python*/site-packages/dbos/__init__.py"))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(
+    not _peer_installed(), reason="DBOS's venv is not made (python -m bench --peers dbos makes it)"
+)
+def test_the_dbos_peer_runs_the_same_workloads_side_by_side() -> None:
+    """Not on CI (installing DBOS from PyPI takes a minute and needs the network): where
+    `python -m bench --peers dbos` has made its venv, the peer's rows come with the same
+    final values, and dagq's rows a ratio to them."""
+    stdout, lines = _bench(
+        "--workloads", "W2,W4", "--modes", "client", "--peers", "dbos", timeout=170
+    )
+    peer = {r["workload"]: r for r in lines if r["mode"] == "peer"}
+    assert set(peer) == {"W2", "W4"}
+    assert [(peer[w]["result"], peer[w]["result_ok"]) for w in ("W2", "W4")] == [
+        (20, True),
+        (5, True),
+    ]
+    assert peer["W4"]["tasks"] == 50 and peer["W2"]["version"].startswith("3.")
+    assert "(peer)" in stdout and "vs peer" in stdout
