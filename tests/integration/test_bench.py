@@ -42,7 +42,7 @@ def test_benchmark_suite_runs_every_workload_in_every_mode_and_checks_the_data_f
         for m in ("run", "client", "multiproc", "inproc")
         if (w, m) != ("W4", "run")
     }
-    assert "W4 dagq run: not measured" in stdout
+    assert "W4 dagq run sqlite: not measured" in stdout
     assert all(r["status"] == ["completed"] and r["tasks_per_s"] > 0 for r in lines)
     # Every task consumed its parents' outputs: the final values prove it, in every mode.
     expected = {"W1": 2 * 50, "W2": 20, "W3": 10**2, "W4": 5}
