@@ -295,9 +295,7 @@ class Worker:
         while not stop.is_set():
             self._start_backlog()
             wanted = self._wanted()
-            if wanted <= 0 or self._reporting() >= _REPORTING_PER_SLOT * (
-                self.options.concurrency
-            ):
+            if wanted <= 0 or self._reporting() >= _REPORTING_PER_SLOT * (self.options.concurrency):
                 self._slot_freed.clear()
                 await _first(self._slot_freed.wait(), stop.wait())
                 continue
@@ -327,7 +325,7 @@ class Worker:
                 self._slot_freed.clear()
                 if self._busy < self.options.concurrency:
                     continue  # a slot came free meanwhile
-            waits = [self.store.queues.wait(q, poll) for q in self.options.queues]
+            waits: list[Any] = [self.store.queues.wait(q, poll) for q in self.options.queues]
             if self._backlog:
                 waits.append(self._slot_freed.wait())
             await _first(*waits, stop.wait())
@@ -358,8 +356,8 @@ class Worker:
     def _turn(self, seconds: float) -> None:
         """A slot's turn took ``seconds``: update the estimate prefetching goes by."""
         previous = self._turn_s
-        self._turn_s = seconds if previous is None else previous + _TURN_WEIGHT * (
-            seconds - previous
+        self._turn_s = (
+            seconds if previous is None else previous + _TURN_WEIGHT * (seconds - previous)
         )
 
     async def _take(self, queue: str, n: int) -> int:
