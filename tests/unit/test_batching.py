@@ -167,8 +167,8 @@ async def test_a_worker_with_one_slot_takes_quick_tasks_ahead() -> None:
     ran = await serve(store, options, 60)
     assert ran == Counter(range(60))  # each once
     assert counting.receives[0] == 1  # nothing is known of its tasks yet: one at a time
-    assert max(counting.receives) > 8  # then quick ones many to a receive
-    assert len([n for n in counting.receives if n]) < 20
+    assert max(counting.receives) >= 4  # then quick ones several to a receive
+    assert len([n for n in counting.receives if n]) < 40
 
 
 async def test_slow_tasks_stay_on_the_queue_for_other_workers() -> None:
