@@ -82,6 +82,11 @@ class CoordinatorOptions:
     """How the coordinator paces itself. Defaults suit a production store."""
 
     batch_size: int = 512
+    #: How long a step may wait for more completions before it commits, while the
+    #: workflows its events concern have other tasks in flight and completions come
+    #: more than one at a time (a lone completion, as in a chain, never waits): one
+    #: commit then carries many (docs/architecture.md, "Batching"). 0: never wait.
+    linger_s: float = 0.005
     event_visibility_s: float = 15.0
     lease_ttl_s: float = 30.0
     sweep_interval_s: float = 1.0
@@ -170,6 +175,8 @@ class Coordinator:
         self._poll_delay = _FIRST_POLL_S
         self.telemetry = RunTelemetry(store.url)
         self._last_ids: Iterable[str] = ()
+        #: Events the previous step handled (more than one: completions come in company).
+        self._last_events = 0
 
     # --- running --------------------------------------------------------------------
 
@@ -263,32 +270,83 @@ class Coordinator:
         if not messages:
             return 0
         started = self.clock()
+        received = await self._decode_all(messages)
+        received = await self._linger(received)
         try:
-            return await self._handle(messages)
+            return await self._handle(received)
         finally:
-            self.telemetry.batch(len(messages), list(self._last_ids), started, self.clock())
+            self.telemetry.batch(len(received), list(self._last_ids), started, self.clock())
 
-    async def _handle(self, messages: list[Message]) -> int:
-        grouped: dict[str, list[Event]] = defaultdict(list)
-        touched: list[tuple[Message, set[str]]] = []
+    async def _decode_all(self, messages: list[Message]) -> list[tuple[Message, list[Event]]]:
+        """The events of each message (an unreadable one is dead-lettered and left out)."""
+        decoded = []
         for message in messages:
             events = await self._decode(message)
-            if events is None:
-                continue
+            if events is not None:
+                decoded.append((message, events))
+        return decoded
+
+    async def _linger(
+        self, received: list[tuple[Message, list[Event]]]
+    ) -> list[tuple[Message, list[Event]]]:
+        """Wait up to ``linger_s`` for more completions while more are due (see
+        :meth:`_expecting`), so that one commit carries them all."""
+        linger = self.options.linger_s
+        if linger <= 0:
+            return received
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + linger
+        while len(received) < self.options.batch_size and self._expecting(received):
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            await self.store.queues.wait(keys.COMPLETIONS_QUEUE, left)
+            more = await self.store.queues.receive(
+                keys.COMPLETIONS_QUEUE,
+                max_messages=self.options.batch_size - len(received),
+                visibility_timeout_s=self.options.event_visibility_s,
+            )
+            received += await self._decode_all(more)
+        return received
+
+    def _expecting(self, received: list[tuple[Message, list[Event]]]) -> bool:
+        """Are more completions due soon for the workflows these events concern? Only
+        if completions come in company (this batch or the last had more than one
+        event: a chain's lone completion never waits) and one of those workflows has
+        tasks in flight beyond the ones finishing here."""
+        events = sum(len(e) for _, e in received)
+        if events < 2 and self._last_events < 2:
+            return False
+        finishing: dict[str, int] = defaultdict(int)
+        for _, batch in received:
+            for event in batch:
+                if isinstance(event, TaskFinished):
+                    finishing[event.workflow_id] += 1
+        for workflow_id, n in finishing.items():
+            entry = self._cache.peek(workflow_id)
+            if entry is not None and entry.state.in_flight > n:
+                return True
+        return False
+
+    async def _handle(self, received: list[tuple[Message, list[Event]]]) -> int:
+        grouped: dict[str, list[Event]] = defaultdict(list)
+        touched: list[tuple[Message, set[str]]] = []
+        for message, events in received:
             for event in events:
                 grouped[event.workflow_id].append(event)
             touched.append((message, {e.workflow_id for e in events}))
         self._last_ids = grouped.keys()
-        self.stats.events += sum(len(v) for v in grouped.values())
+        self._last_events = sum(len(v) for v in grouped.values())
+        self.stats.events += self._last_events
         if await self._advance_together(grouped, [m.receipt for m, _ in touched]):
-            return len(messages)
+            return len(received)
         # One write for the whole batch failed (a lost race, an outage): go one by one.
         outcome = await self._advance_all(grouped)
         done = [m.receipt for m, ids in touched if all(outcome[i] for i in ids)]
         if done:
             self.lease.check()
             await self.store.queues.delete(keys.COMPLETIONS_QUEUE, done)
-        return len(messages)
+        return len(received)
 
     async def _advance_together(self, grouped: dict[str, list[Event]], receipts: list[str]) -> bool:
         """Apply a batch's events to every workflow, then commit all writes and acks at once.

@@ -47,10 +47,9 @@ def heavy(plan: Plan, state: RunState) -> bool:
     if size > LARGE_TASKS:
         return True
     return any(
-        task.foreach is not None
-        and task.index not in state.groups
-        and state.task_status[task.index] in (TaskStatus.PENDING, TaskStatus.READY)
-        for task in plan.tasks
+        index not in state.groups
+        and state.task_status[index] in (TaskStatus.PENDING, TaskStatus.READY)
+        for index in plan.foreach
     )
 
 

@@ -105,6 +105,8 @@ class Plan:
     jobq: bool = False
     #: Why that rule set applies, for ``validate``, ``graph`` and ``explain``.
     semantics: str = ""
+    #: The indices of the foreach tasks (a step asks of them often: never scan them all).
+    foreach: tuple[int, ...] = ()
 
 
 def resolve_params(definition: WorkflowDef, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -189,6 +191,7 @@ def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:
         queues=frozenset(t.queue for t in tasks),
         jobq=rules.jobq,
         semantics=rules.describe(),
+        foreach=tuple(t.index for t in tasks if t.foreach is not None),
     )
 
 

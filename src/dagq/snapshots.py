@@ -218,9 +218,10 @@ def _unindex(data: bytes) -> list[int]:
 
 
 def encode_header(head: Header) -> bytes:
-    """Bytes of a header (compressed when it carries the task columns)."""
-    data = _encoder.encode(head)
-    return b"z" + _compress(data) if head.inline is not None else b"r" + data
+    """Bytes of a header. Never compressed as a whole: task columns inline are
+    compressed already, and compressing them again (every flush of a small workflow)
+    cost as much as encoding them. Headers written compressed (``z``) still read."""
+    return b"r" + _encoder.encode(head)
 
 
 def decode_header(data: bytes) -> Header:

@@ -70,6 +70,11 @@ _FIRST_BACKOFF_S = 0.2
 _MAX_BACKOFF_S = 10.0
 #: Tasks whose reports are on their way, per slot, before the worker takes no more.
 _REPORTING_PER_SLOT = 4
+#: Without ``backlog``: the most tasks a worker takes ahead of its free slots (however
+#: quick its tasks are), if it has fewer slots than this.
+PREFETCH_MOST = 32
+#: How much a new task time counts in the running estimate of a slot's turn.
+_TURN_WEIGHT = 0.2
 #: A background task (heartbeats, the outbox) failing this many times in a row stops
 #: the worker: it is broken, and tasks held without heartbeats would run twice.
 MAX_BACKGROUND_FAILURES = 4
@@ -93,9 +98,15 @@ class WorkerOptions:
     shutdown_grace_s: float = 30.0
     cancel_check_s: float = 1.0
     batch_size: int = 32
-    #: Tasks of a bundle a worker may keep beyond its free slots, to start as slots
-    #: free up (None: as many as ``concurrency``), and how long they may wait for a
-    #: slot before they go back to the queue for other workers.
+    #: Tasks a worker may keep beyond its free slots, to start as slots free up, and
+    #: how long they may wait for a slot before they go back to the queue for other
+    #: workers. It takes tasks ahead (prefetch) only as many as its slots are likely
+    #: to start within half that wait, judged from its recent tasks' times (none
+    #: while it knows none, or after a backlog had to go back), so quick tasks do
+    #: not wait for a receive each and long ones stay on the queue for other workers;
+    #: the rest of a bundle is kept up to this many too. None: up to
+    #: ``max(concurrency, PREFETCH_MOST)`` ahead, and a bundle's rest up to
+    #: ``concurrency`` (docs/architecture.md, "Batching").
     backlog: int | None = None
     backlog_wait_s: float = 1.0
     #: How long a completion may wait for others to share its message (None: 20 ms on
@@ -138,6 +149,8 @@ class _Running:
     #: When it was kept (a backlog task waits for a slot), and whether it holds one.
     kept_at: float = 0.0
     busy: bool = False
+    #: When it took its slot (monotonic clock).
+    turn_started: float = 0.0
     #: Its outcome has been handed to the outbox.
     reported: bool = False
     #: It is inside the task itself (only then may a stop cancel it).
@@ -189,6 +202,9 @@ class Worker:
         #: Tasks per received message lately (bundles make it more than one): a receive
         #: asks for as many messages as are likely to fill the free slots.
         self._per_message = float(self._bundle_size)
+        #: How long a slot's turn takes lately (a task, start to slot freed), or None
+        #: while none has run: what prefetching is judged by.
+        self._turn_s: float | None = None
         #: Held while backlog tasks go back to the queue, so shutdown never sees a task
         #: that is neither in the backlog nor back on the queue.
         self._backlog_lock = asyncio.Lock()
@@ -278,22 +294,18 @@ class Worker:
         poll = _FIRST_POLL_S
         while not stop.is_set():
             self._start_backlog()
-            free = self.options.concurrency - self._busy
-            if (
-                free <= 0
-                or self._backlog
-                or self._reporting() >= _REPORTING_PER_SLOT * (self.options.concurrency)
-            ):
+            wanted = self._wanted()
+            if wanted <= 0 or self._reporting() >= _REPORTING_PER_SLOT * (self.options.concurrency):
                 self._slot_freed.clear()
                 await _first(self._slot_freed.wait(), stop.wait())
                 continue
             got = asked = 0
             for offset in range(len(self.options.queues)):
                 queue = self.options.queues[(queue_index + offset) % len(self.options.queues)]
-                want = min(free - got, self.options.batch_size)
+                want = min(wanted - got, self.options.batch_size)
                 asked += want
                 got += await self._take(queue, want)
-                if got >= free:
+                if got >= wanted:
                     break
             queue_index += 1
             if got or self._running:
@@ -307,14 +319,50 @@ class Worker:
                 log.info("idle for %.0fs, stopping", idle)
                 return
             # The queues ran dry with slots free: only a send brings more (a finished
-            # task does not). Across processes ``wait`` is a sleep: poll soon after
-            # work, then back off.
-            waits = [self.store.queues.wait(q, poll) for q in self.options.queues]
+            # task does not, unless tasks taken ahead wait for its slot). Across
+            # processes ``wait`` is a sleep: poll soon after work, then back off.
+            if self._backlog:
+                self._slot_freed.clear()
+                if self._busy < self.options.concurrency:
+                    continue  # a slot came free meanwhile
+            waits: list[Any] = [self.store.queues.wait(q, poll) for q in self.options.queues]
+            if self._backlog:
+                waits.append(self._slot_freed.wait())
             await _first(*waits, stop.wait())
             poll = min(poll * 2, self.options.poll_interval_s)
 
+    def _wanted(self) -> int:
+        """How many tasks to receive now: one per free slot, plus as many ahead as
+        :meth:`_prefetch` says (refilled once half of them have started)."""
+        free = self.options.concurrency - self._busy
+        ahead = self._prefetch()
+        if free <= 0 and len(self._backlog) > ahead // 2:
+            return 0
+        return max(0, free) + max(0, ahead - len(self._backlog))
+
+    def _prefetch(self) -> int:
+        """How many tasks to keep ahead of the free slots: as many as the slots start
+        within half the backlog wait, at the pace of recent tasks (none while no task
+        has run, or once a backlog had to go back)."""
+        if self._turn_s is None:
+            return 0
+        limit = self.options.backlog
+        if limit is None:
+            limit = max(self.options.concurrency, PREFETCH_MOST)
+        horizon = self.options.backlog_wait_s / 2
+        pace = self.options.concurrency / max(self._turn_s, 1e-4)  # tasks started a second
+        return max(0, min(limit, int(horizon * pace)))
+
+    def _turn(self, seconds: float) -> None:
+        """A slot's turn took ``seconds``: update the estimate prefetching goes by."""
+        previous = self._turn_s
+        self._turn_s = (
+            seconds if previous is None else previous + _TURN_WEIGHT * (seconds - previous)
+        )
+
     async def _take(self, queue: str, n: int) -> int:
-        """Start up to ``n`` tasks from ``queue``; how many were started."""
+        """Take up to ``n`` tasks from ``queue``, starting those free slots can run and
+        keeping the rest for later (:meth:`_hold`); how many were taken."""
         if n <= 0:
             return 0
         try:
@@ -332,7 +380,7 @@ class Worker:
         if self._backoff != _FIRST_BACKOFF_S:
             log.info("receiving from %r works again", queue)
             self._backoff = _FIRST_BACKOFF_S
-        started = seen = 0
+        taken = seen = 0
         for message in messages:
             try:
                 tasks = decode_tasks(message.body)
@@ -345,16 +393,16 @@ class Worker:
                 continue
             seen += len(tasks)
             try:
-                started += await self._hold(message, tasks, n - started)
+                taken += await self._hold(message, tasks)
             except DagqError as exc:  # the message comes back after its visibility timeout
                 log.warning("bundle %s could not be taken apart: %s", message.id, exc)
         if messages:
             self._per_message = max(1.0, (self._per_message + seen / len(messages)) / 2)
-        return started
+        return taken
 
-    async def _hold(self, message: Message, tasks: list[TaskMessage], room: int) -> int:
-        """Start the tasks of one message that fit ``room``, keep a backlog, give the
-        rest back; how many were started."""
+    async def _hold(self, message: Message, tasks: list[TaskMessage]) -> int:
+        """Start the tasks of one message that free slots can run, keep a backlog, give
+        the rest back; how many were started or kept."""
         if len(tasks) > 1 and message.dequeue_count > 1:
             await split(self.store, message, tasks)
             return 0
@@ -366,8 +414,8 @@ class Worker:
                     self.store, message.queue, foreign, self._bundle_size, delay_s=FOREIGN_DELAY_S
                 )
                 tasks = [t for t in tasks if t.workflow_id in served]
-        room = max(room, 0)
-        spare = max(0, self._backlog_limit - len(self._backlog))
+        room = max(self.options.concurrency - self._busy, 0)
+        spare = max(0, max(self._backlog_limit, self._prefetch()) - len(self._backlog))
         kept, rest = tasks[: room + spare], tasks[room + spare :]
         if rest:
             await give_back(self.store, message.queue, rest, self._bundle_size)
@@ -384,10 +432,11 @@ class Worker:
                 self._start(running)
             else:
                 self._backlog.append(running)
-        return min(room, len(kept))
+        return len(kept)
 
     def _start(self, running: _Running) -> None:
         running.busy = True
+        running.turn_started = time.monotonic()
         self._busy += 1
         running.job = asyncio.create_task(self._handle(running), name=f"dagq-task-{running.key}")
 
@@ -405,6 +454,7 @@ class Worker:
             running.busy = False
             self._busy -= 1
             self._slot_freed.set()
+            self._turn(time.monotonic() - running.turn_started)
 
     def _reporting(self) -> int:
         return len(self._running) - self._busy - len(self._backlog)
@@ -442,6 +492,10 @@ class Worker:
             done = held.given_back(len(group))
             if done is not None:
                 self._outbox.acknowledge(done)
+        # Tasks waited for a slot longer than they should: take none ahead until the
+        # tasks that run say they are quick again.
+        slowest = self.options.backlog_wait_s * self.options.concurrency
+        self._turn_s = max(self._turn_s or 0.0, slowest)
 
     @property
     def _bundle_size(self) -> int:
