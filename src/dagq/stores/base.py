@@ -189,7 +189,8 @@ class Queues(Protocol):
         """Return when a message may have arrived in ``queue``, or after ``timeout_s``.
 
         In one process this wakes as soon as ``send`` is called; across processes it
-        is a plain sleep, so callers poll with it.
+        wakes where the backend can tell (sqlite: a datagram from the sender's process;
+        postgres: NOTIFY) and is otherwise a plain sleep, so callers poll with it.
         """
         ...
 
