@@ -52,7 +52,7 @@ from dagq.runners.child import describe
 from dagq.runners.pool import TaskPool
 from dagq.runners.python import add_import_paths, run_python
 from dagq.runners.shell import run_shell
-from dagq.stores.base import Message, Store
+from dagq.stores.base import Message, Store, wakes_across_processes
 from dagq.supervision import Supervisor
 
 log = logging.getLogger("dagq.worker")
@@ -65,6 +65,10 @@ _DOCUMENTS_KEPT = 16
 #: The name prefix of the threads that run synchronous Python tasks (isolation "thread").
 TASK_THREAD_PREFIX = "dagq-task"
 _FIRST_POLL_S = 0.005
+#: The first poll where a send in another process wakes the wait too
+#: (:func:`~dagq.stores.base.wakes_across_processes`): the poll is only a fallback
+#: there, and one every few milliseconds only competes with the sends it waits for.
+_WOKEN_FIRST_POLL_S = 0.05
 #: Waits after a failed receive: doubling from the first, up to the last.
 _FIRST_BACKOFF_S = 0.2
 _MAX_BACKOFF_S = 10.0
@@ -275,7 +279,7 @@ class Worker:
     async def _serve(self, stop: asyncio.Event) -> None:
         idle_since = self.clock()
         queue_index = 0
-        poll = _FIRST_POLL_S
+        poll = self._first_poll()
         while not stop.is_set():
             self._start_backlog()
             free = self.options.concurrency - self._busy
@@ -299,7 +303,7 @@ class Worker:
             if got or self._running:
                 idle_since = self.clock()
             if got:
-                poll = _FIRST_POLL_S
+                poll = self._first_poll()
                 if got >= asked:  # there may be more; otherwise wait (no send is missed)
                     continue
             idle = self.options.idle_timeout_s
@@ -307,11 +311,15 @@ class Worker:
                 log.info("idle for %.0fs, stopping", idle)
                 return
             # The queues ran dry with slots free: only a send brings more (a finished
-            # task does not). Across processes ``wait`` is a sleep: poll soon after
+            # task does not). Where a send elsewhere does not wake it: poll soon after
             # work, then back off.
             waits = [self.store.queues.wait(q, poll) for q in self.options.queues]
             await _first(*waits, stop.wait())
             poll = min(poll * 2, self.options.poll_interval_s)
+
+    def _first_poll(self) -> float:
+        woken = wakes_across_processes(self.store.queues)
+        return min(_WOKEN_FIRST_POLL_S if woken else _FIRST_POLL_S, self.options.poll_interval_s)
 
     async def _take(self, queue: str, n: int) -> int:
         """Start up to ``n`` tasks from ``queue``; how many were started."""

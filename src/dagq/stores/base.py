@@ -195,6 +195,14 @@ class Queues(Protocol):
         ...
 
 
+def wakes_across_processes(queues: Queues) -> bool:
+    """Whether a send from another process wakes ``queues.wait`` in this one (a
+    backend's optional ``wakes``; False where it has none). Where it does, a waiter
+    needs its poll only for what no send announces (a delayed message coming due), so
+    it may poll rarely even right after work."""
+    return bool(getattr(queues, "wakes", False))
+
+
 # --- index ------------------------------------------------------------------
 
 

@@ -556,6 +556,12 @@ class SqliteQueues:
         self._seen: dict[str, int] = {}
         self._max_deliveries = max_deliveries
 
+    @property
+    def wakes(self) -> bool:
+        """A send from another process on this file wakes ``wait`` (until the wake-up
+        channel turned out to be unavailable here)."""
+        return self._channel.available
+
     async def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
         check_outgoing(queue, messages)
         rows = _message_rows(SendOp(queue, messages), self._db.clock())

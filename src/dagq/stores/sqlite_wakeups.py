@@ -69,6 +69,11 @@ class WakeChannel:
         self.rung = 0
         self.removed = 0
 
+    @property
+    def available(self) -> bool:
+        """False once listening failed here (waits are plain sleeps then)."""
+        return not self._failed
+
     # --- receiving ----------------------------------------------------------------
 
     def listen(self, queue: str) -> bool:
