@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import dagq.stores.sqlite
-from dagq.stores.base import OutgoingMessage
+from dagq.stores.base import OutgoingMessage, wakes_across_processes
 from dagq.stores.sqlite import open_sqlite_store
 from dagq.stores.sqlite_wakeups import wake_dir
 
@@ -91,6 +91,7 @@ async def test_a_send_in_another_process_wakes_a_waiter_long_before_its_poll(
     store = open_sqlite_store(db)
     try:
         await store.queues.wait(QUEUE, 0.001)  # listening from here on
+        assert wakes_across_processes(store.queues)  # so workers poll only as a fallback
         with peer("send", db) as sender:
             for _ in range(3):  # each wait is woken, not only the first
                 assert (
@@ -123,6 +124,7 @@ async def test_without_the_channel_polling_still_delivers(tmp_path: Path) -> Non
                 if not got:
                     await store.queues.wait(QUEUE, 0.05)  # a poll: a plain sleep here
             assert delivered == [b"x"]
+            assert not wakes_across_processes(store.queues)  # so workers poll soon
             # Nothing rings: a wait lasts its whole timeout, even with a send meanwhile.
             waiter = asyncio.create_task(store.queues.wait(QUEUE, 1.0))
             started = time.monotonic()
