@@ -124,13 +124,13 @@ async def test_without_the_channel_polling_still_delivers(tmp_path: Path) -> Non
                 if not got:
                     await store.queues.wait(QUEUE, 0.05)  # a poll: a plain sleep here
             assert delivered == [b"x"]
-            assert not wakes_across_processes(store.queues)  # so workers poll soon
             # Nothing rings: a wait lasts its whole timeout, even with a send meanwhile.
             waiter = asyncio.create_task(store.queues.wait(QUEUE, 1.0))
             started = time.monotonic()
             await asyncio.to_thread(send_one, sender)
             await waiter
             assert time.monotonic() - started >= 0.9
+            assert not wakes_across_processes(store.queues)  # so workers poll soon
             got = await store.queues.receive(QUEUE, max_messages=10, visibility_timeout_s=30)
             assert [m.body for m in got] == [b"x"]
     finally:
