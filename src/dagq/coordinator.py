@@ -62,7 +62,15 @@ from dagq.state import (
     TaskStatus,
     dispatch_key,
 )
-from dagq.stores.base import Batch, IndexRow, Message, OutgoingMessage, PutOp, Store
+from dagq.stores.base import (
+    Batch,
+    IndexRow,
+    Message,
+    OutgoingMessage,
+    PutOp,
+    Store,
+    wakes_across_processes,
+)
 from dagq.submission import decode_submitted
 from dagq.supervision import BackgroundFailed, Supervisor
 
@@ -72,6 +80,9 @@ log = logging.getLogger("dagq.coordinator")
 
 _CAS_ATTEMPTS = 8
 _FIRST_POLL_S = 0.005
+#: The first poll where a send in another process wakes the wait too (the poll is
+#: only a fallback then; see the worker's).
+_WOKEN_FIRST_POLL_S = 0.05
 #: Waits after a store error: doubling from the first, up to the last, reset on success.
 _FIRST_BACKOFF_S = 0.5
 _MAX_BACKOFF_S = 10.0
@@ -91,7 +102,8 @@ class CoordinatorOptions:
     lease_ttl_s: float = 30.0
     sweep_interval_s: float = 1.0
     #: Longest sleep between polls of the completion queue when idle (the first are
-    #: shorter, doubling from a few milliseconds); in one process a send wakes it at once.
+    #: shorter, doubling from a few milliseconds, or from 50 ms where a send in another
+    #: process wakes the wait too); in one process a send wakes it at once.
     poll_interval_s: float = 0.5
     rescan_interval_s: float = 30.0
     repair_grace_s: float = 5.0
@@ -172,7 +184,7 @@ class Coordinator:
         #: timeout: no repair before they are back (they may say a task already ran).
         self._repairs_from = self.clock() + self.options.event_visibility_s + 1.0
         self._next_rescan = 0.0
-        self._poll_delay = _FIRST_POLL_S
+        self._poll_delay = self._first_poll()
         self.telemetry = RunTelemetry(store.url)
         self._last_ids: Iterable[str] = ()
         #: Events the previous step handled (more than one: completions come in company).
@@ -205,18 +217,22 @@ class Coordinator:
                 if self.clock() >= self._next_sweep:
                     await self._guarded(self.sweep)
                 if handled >= self.options.batch_size:
-                    self._poll_delay = _FIRST_POLL_S
+                    self._poll_delay = self._first_poll()
                     continue  # a full batch: there may be more waiting
                 # The wait returns at once if an event arrived since the receive.
                 await self._idle(stop)
                 if handled:
-                    self._poll_delay = _FIRST_POLL_S
+                    self._poll_delay = self._first_poll()
                 else:
                     self._poll_delay = min(self._poll_delay * 2, self.options.poll_interval_s)
         finally:
             self.offload.close()
             await supervisor.close()
             await self.lease.release()
+
+    def _first_poll(self) -> float:
+        woken = wakes_across_processes(self.store.queues)
+        return min(_WOKEN_FIRST_POLL_S if woken else _FIRST_POLL_S, self.options.poll_interval_s)
 
     async def _guarded(self, work: Callable[[], Awaitable[int]]) -> int:
         """Run one unit of work; a store outage (or a surprise outside any one

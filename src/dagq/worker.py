@@ -52,7 +52,7 @@ from dagq.runners.child import describe
 from dagq.runners.pool import TaskPool
 from dagq.runners.python import add_import_paths, run_python
 from dagq.runners.shell import run_shell
-from dagq.stores.base import Message, Store
+from dagq.stores.base import Message, Store, wakes_across_processes
 from dagq.supervision import Supervisor
 
 log = logging.getLogger("dagq.worker")
@@ -65,6 +65,10 @@ _DOCUMENTS_KEPT = 16
 #: The name prefix of the threads that run synchronous Python tasks (isolation "thread").
 TASK_THREAD_PREFIX = "dagq-task"
 _FIRST_POLL_S = 0.005
+#: The first poll where a send in another process wakes the wait too
+#: (:func:`~dagq.stores.base.wakes_across_processes`): the poll is only a fallback
+#: there, and one every few milliseconds only competes with the sends it waits for.
+_WOKEN_FIRST_POLL_S = 0.05
 #: Waits after a failed receive: doubling from the first, up to the last.
 _FIRST_BACKOFF_S = 0.2
 _MAX_BACKOFF_S = 10.0
@@ -291,7 +295,7 @@ class Worker:
     async def _serve(self, stop: asyncio.Event) -> None:
         idle_since = self.clock()
         queue_index = 0
-        poll = _FIRST_POLL_S
+        poll = self._first_poll()
         while not stop.is_set():
             self._start_backlog()
             wanted = self._wanted()
@@ -311,7 +315,7 @@ class Worker:
             if got or self._running:
                 idle_since = self.clock()
             if got:
-                poll = _FIRST_POLL_S
+                poll = self._first_poll()
                 if got >= asked:  # there may be more; otherwise wait (no send is missed)
                     continue
             idle = self.options.idle_timeout_s
@@ -319,8 +323,8 @@ class Worker:
                 log.info("idle for %.0fs, stopping", idle)
                 return
             # The queues ran dry with slots free: only a send brings more (a finished
-            # task does not, unless tasks taken ahead wait for its slot). Across
-            # processes ``wait`` is a sleep: poll soon after work, then back off.
+            # task does not, unless tasks taken ahead wait for its slot). Where a send
+            # elsewhere does not wake it: poll soon after work, then back off.
             if self._backlog:
                 self._slot_freed.clear()
                 if self._busy < self.options.concurrency:
@@ -359,6 +363,10 @@ class Worker:
         self._turn_s = (
             seconds if previous is None else previous + _TURN_WEIGHT * (seconds - previous)
         )
+
+    def _first_poll(self) -> float:
+        woken = wakes_across_processes(self.store.queues)
+        return min(_WOKEN_FIRST_POLL_S if woken else _FIRST_POLL_S, self.options.poll_interval_s)
 
     async def _take(self, queue: str, n: int) -> int:
         """Take up to ``n`` tasks from ``queue``, starting those free slots can run and

@@ -4,12 +4,14 @@ schema versions, URLs, and wake-ups that cross processes (LISTEN/NOTIFY)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -176,5 +178,38 @@ async def test_a_batch_with_a_failed_condition_writes_nothing(postgres_cluster: 
             await batch.commit()
         assert await store.documents.get("fresh") is None
         assert (await store.queues.depth("q")).visible == 0
+    finally:
+        await store.close()
+
+
+async def test_a_batch_commits_in_one_round_trip(postgres_cluster: Cluster, tmp_path: Path) -> None:
+    store = open_store(postgres_url(postgres_cluster))
+    await store.documents.put("a", b"1")  # opened and migrated
+    db = store.committer._db  # type: ignore[union-attr]
+    pooled = db.connection
+    trace = tmp_path / "libpq.trace"
+
+    @contextlib.asynccontextmanager
+    async def traced() -> AsyncIterator[Any]:  # the protocol messages the batch sends
+        async with pooled() as conn:
+            with trace.open("w") as out:
+                conn.pgconn.trace(out.fileno())
+                try:
+                    yield conn
+                finally:
+                    conn.pgconn.untrace()
+
+    db.connection = traced
+    try:
+        batch = store.batch()
+        batch.put("a", b"2")
+        batch.send("q", [OutgoingMessage(b"x")])
+        await batch.commit()
+    finally:
+        db.connection = pooled
+    try:
+        answers = [line for line in trace.read_text().splitlines() if "\tReadyForQuery" in line]
+        assert len(answers) == 1  # one Sync, one answer: a single round trip
+        assert (await store.documents.get("a")).data == b"2"  # type: ignore[union-attr]
     finally:
         await store.close()

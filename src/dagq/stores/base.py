@@ -189,9 +189,18 @@ class Queues(Protocol):
         """Return when a message may have arrived in ``queue``, or after ``timeout_s``.
 
         In one process this wakes as soon as ``send`` is called; across processes it
-        is a plain sleep, so callers poll with it.
+        wakes where the backend can tell (sqlite: a datagram from the sender's process;
+        postgres: NOTIFY) and is otherwise a plain sleep, so callers poll with it.
         """
         ...
+
+
+def wakes_across_processes(queues: Queues) -> bool:
+    """Whether a send from another process wakes ``queues.wait`` in this one (a
+    backend's optional ``wakes``; False where it has none). Where it does, a waiter
+    needs its poll only for what no send announces (a delayed message coming due), so
+    it may poll rarely even right after work."""
+    return bool(getattr(queues, "wakes", False))
 
 
 # --- index ------------------------------------------------------------------

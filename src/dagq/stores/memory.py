@@ -109,6 +109,8 @@ class MemoryQueues:
 
     deduplicates = True
     bundle_size = 1
+    #: One process only: every send wakes its waiters.
+    wakes = True
 
     def __init__(self, clock: Clock, max_deliveries: int) -> None:
         self._clock = clock

@@ -97,15 +97,16 @@ class _Committer:
         failures: dict[str, DagqError] = {}
         acks: list[tuple[AckOp, Cursor]] = []
         async with self._db.connection() as conn:
-            # Pipelined, in one round trip: BEGIN, every statement, COMMIT. A guarded
-            # statement whose condition is false raises, which aborts the transaction:
-            # nothing of the batch is written.
+            # Pipelined, in one round trip: BEGIN, every statement, COMMIT, and the one
+            # Sync that leaving the block sends (an explicit ``sync()`` before it would
+            # cost a second round trip: the block syncs again). A guarded statement
+            # whose condition is false raises, which aborts the transaction: nothing of
+            # the batch is written.
             try:
-                async with conn.pipeline() as pipeline:
+                async with conn.pipeline():
                     await conn.execute("BEGIN")
                     await self._send_all(conn, ops, etags, failures, acks)
                     await conn.execute("COMMIT")
-                    await pipeline.sync()
             except psycopg.Error as exc:
                 if conn.info.transaction_status != TransactionStatus.IDLE:
                     await conn.execute("ROLLBACK")

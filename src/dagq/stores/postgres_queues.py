@@ -132,6 +132,12 @@ class PostgresQueues:
         # the partial index of messages delivered before (dequeue_count > 0).
         self._receive = _RECEIVE.replace("{most}", str(int(max_deliveries)))
 
+    @property
+    def wakes(self) -> bool:
+        """A send from another process wakes ``wait`` (unless the start-up check found
+        that notifications do not arrive here)."""
+        return self._listener.working
+
     async def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
         check_outgoing(queue, messages)
         if not messages:

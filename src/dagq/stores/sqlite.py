@@ -71,6 +71,7 @@ from dagq.stores.common import (
     too_many_deliveries,
 )
 from dagq.stores.sqlite_schema import SCHEMA
+from dagq.stores.sqlite_wakeups import WakeChannel
 from dagq.stores.transfer import PendingMessage
 
 _T = TypeVar("_T")
@@ -119,14 +120,16 @@ def open_sqlite_store(
     db = _Database(file, clock)
     with _WAKEUPS_LOCK:
         wakeups = _WAKEUPS.setdefault(file.resolve(), Wakeups())
+    # Other processes on this file are woken through sockets beside it.
+    channel = WakeChannel(file.resolve(), wakeups)
     return Store(
         url=f"sqlite:///{file}",
         documents=SqliteDocuments(db),
-        queues=SqliteQueues(db, wakeups, max_deliveries),
+        queues=SqliteQueues(db, wakeups, channel, max_deliveries),
         index=SqliteIndex(db),
         leases=SqliteLeases(db),
-        closers=[db.close],
-        committer=_Committer(db, wakeups),
+        closers=[channel.close, db.close],
+        committer=_Committer(db, wakeups, channel),
     )
 
 
@@ -488,12 +491,14 @@ def _apply(c: sqlite3.Connection, op: BatchOp, now: float, etags: list[str]) -> 
 class _Committer:
     """Commits a whole batch in one ``BEGIN IMMEDIATE`` transaction: all or nothing."""
 
-    def __init__(self, db: _Database, wakeups: Wakeups) -> None:
+    def __init__(self, db: _Database, wakeups: Wakeups, channel: WakeChannel) -> None:
         self._db = db
         self._wakeups = wakeups
+        self._channel = channel
 
     async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
         now = self._db.clock()
+        queues = {op.queue for op in ops if isinstance(op, SendOp)}
 
         def work(c: sqlite3.Connection) -> list[str]:
             check_batch(ops)  # here: a fan-out's batch carries 100,000 messages
@@ -501,10 +506,12 @@ class _Committer:
             with _immediate(c):
                 for op in ops:
                     _apply(c, op, now, etags)
+            if queues:  # committed: ring other processes from here, not after the hop back
+                self._channel.ring(queues)
             return etags
 
         etags = await self._db.write(work)
-        for queue in {op.queue for op in ops if isinstance(op, SendOp)}:
+        for queue in queues:
             self._wakeups.notify(queue)
         return etags
 
@@ -540,11 +547,20 @@ class SqliteQueues:
     deduplicates = True
     bundle_size = 1
 
-    def __init__(self, db: _Database, wakeups: Wakeups, max_deliveries: int) -> None:
+    def __init__(
+        self, db: _Database, wakeups: Wakeups, channel: WakeChannel, max_deliveries: int
+    ) -> None:
         self._db = db
         self._wakeups = wakeups
+        self._channel = channel
         self._seen: dict[str, int] = {}
         self._max_deliveries = max_deliveries
+
+    @property
+    def wakes(self) -> bool:
+        """A send from another process on this file wakes ``wait`` (until the wake-up
+        channel turned out to be unavailable here)."""
+        return self._channel.available
 
     async def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
         check_outgoing(queue, messages)
@@ -553,6 +569,8 @@ class SqliteQueues:
         def work(c: sqlite3.Connection) -> None:
             with _immediate(c):
                 c.executemany(_INSERT_MESSAGE, rows)
+            if rows:
+                self._channel.ring({queue})
 
         await self._db.write(work)
         if rows:
@@ -677,6 +695,9 @@ class SqliteQueues:
         return QueueDepth(visible, total - visible, age)
 
     async def wait(self, queue: str, timeout_s: float) -> None:
+        # A send from another process rings this process's socket for the queue: from
+        # the first wait on, so one made before that is found by the next poll.
+        self._channel.listen(queue)
         await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
 
     async def pending(self, *, after: int, limit: int) -> list[tuple[int, PendingMessage]]:

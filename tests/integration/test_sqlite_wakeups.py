@@ -1,0 +1,179 @@
+"""Wake-ups between real processes sharing one sqlite file (``dagq.stores.sqlite_wakeups``).
+
+The peer is this file run as a script: it opens the store, does what it is told
+(listen on a queue, or send to it when a line arrives on stdin) and says ``ready``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagq.stores.sqlite
+from dagq.stores.base import OutgoingMessage, wakes_across_processes
+from dagq.stores.sqlite import open_sqlite_store
+from dagq.stores.sqlite_wakeups import wake_dir
+
+SRC = Path(dagq.stores.sqlite.__file__).resolve().parents[2]
+QUEUE = "jobs"
+#: The waits below would last this long without a wake-up: far beyond any test's patience.
+LONG_POLL_S = 60.0
+
+
+# --- the peer (run in a child process) ------------------------------------------------
+
+
+async def _peer(mode: str, db: str) -> None:
+    store = open_sqlite_store(db)
+    try:
+        if mode == "listen":  # wait on the queue for ever (until killed)
+            await store.queues.wait(QUEUE, 0.001)
+            print("ready", flush=True)
+            while True:
+                await store.queues.wait(QUEUE, LONG_POLL_S)
+        else:  # send one message per line read
+            await store.queues.depth(QUEUE)  # opened: the sends below are quick
+            print("ready", flush=True)
+            loop = asyncio.get_running_loop()
+            while await loop.run_in_executor(None, sys.stdin.readline):
+                await store.queues.send(QUEUE, [OutgoingMessage(b"x")])
+                print("sent", flush=True)
+    finally:
+        await store.close()
+
+
+# --- the tests ------------------------------------------------------------------------
+
+
+@contextmanager
+def peer(mode: str, db: Path) -> Iterator[subprocess.Popen[str]]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    process = subprocess.Popen(
+        [sys.executable, __file__, mode, str(db)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().strip()
+        assert line == "ready", process.communicate(timeout=10)[1]
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=10)
+
+
+def send_one(sender: subprocess.Popen[str]) -> None:
+    assert sender.stdin is not None and sender.stdout is not None
+    sender.stdin.write("send\n")
+    sender.stdin.flush()
+    assert sender.stdout.readline().strip() == "sent"
+
+
+async def test_a_send_in_another_process_wakes_a_waiter_long_before_its_poll(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "store.db"
+    store = open_sqlite_store(db)
+    try:
+        await store.queues.wait(QUEUE, 0.001)  # listening from here on
+        assert wakes_across_processes(store.queues)  # so workers poll only as a fallback
+        with peer("send", db) as sender:
+            for _ in range(3):  # each wait is woken, not only the first
+                assert (
+                    await store.queues.receive(QUEUE, max_messages=10, visibility_timeout_s=30)
+                    == []
+                )
+                waiter = asyncio.create_task(store.queues.wait(QUEUE, LONG_POLL_S))
+                started = time.monotonic()
+                await asyncio.to_thread(send_one, sender)
+                await asyncio.wait_for(waiter, 10)
+                assert time.monotonic() - started < 5  # a wake-up, not the 60 s poll
+                got = await store.queues.receive(QUEUE, max_messages=10, visibility_timeout_s=30)
+                assert [m.body for m in got] == [b"x"]
+    finally:
+        await store.close()
+
+
+async def test_without_the_channel_polling_still_delivers(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    wake_dir(db).write_text("not a folder")  # the sockets' folder cannot be made
+    store = open_sqlite_store(db)
+    try:
+        with peer("send", db) as sender:
+            await asyncio.to_thread(send_one, sender)  # before anyone listens
+            delivered: list[bytes] = []
+            deadline = time.monotonic() + 10
+            while not delivered and time.monotonic() < deadline:
+                got = await store.queues.receive(QUEUE, max_messages=10, visibility_timeout_s=30)
+                delivered += [m.body for m in got]
+                if not got:
+                    await store.queues.wait(QUEUE, 0.05)  # a poll: a plain sleep here
+            assert delivered == [b"x"]
+            # Nothing rings: a wait lasts its whole timeout, even with a send meanwhile.
+            waiter = asyncio.create_task(store.queues.wait(QUEUE, 1.0))
+            started = time.monotonic()
+            await asyncio.to_thread(send_one, sender)
+            await waiter
+            assert time.monotonic() - started >= 0.9
+            assert not wakes_across_processes(store.queues)  # so workers poll soon
+            got = await store.queues.receive(QUEUE, max_messages=10, visibility_timeout_s=30)
+            assert [m.body for m in got] == [b"x"]
+    finally:
+        await store.close()
+    assert wake_dir(db).is_file()
+
+
+async def test_a_dead_listener_does_not_break_the_sender_and_its_socket_goes(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "store.db"
+    store = open_sqlite_store(db)
+    try:
+        await store.queues.wait(QUEUE, 0.001)  # a live listener: this test
+        with peer("listen", db) as dead:
+            sockets = {p.name for p in wake_dir(db).glob("*/*")}
+            assert any(name.startswith(f"{dead.pid}-") for name in sockets)
+            dead.send_signal(signal.SIGKILL)
+            dead.wait(timeout=10)
+        left = [p for p in wake_dir(db).glob("*/*") if p.name.startswith(f"{dead.pid}-")]
+        assert len(left) == 1  # killed: nobody removed it
+
+        with peer("send", db) as sender:
+            waiter = asyncio.create_task(store.queues.wait(QUEUE, LONG_POLL_S))
+            await asyncio.to_thread(send_one, sender)
+            await asyncio.wait_for(waiter, 10)  # the live listener was still rung
+            await asyncio.to_thread(send_one, sender)  # and the sender goes on
+        assert not left[0].exists()  # the sender removed the dead one's socket
+        got = await store.queues.receive(QUEUE, max_messages=10, visibility_timeout_s=30)
+        assert [m.body for m in got] == [b"x", b"x"]
+    finally:
+        await store.close()
+
+
+async def test_a_closed_store_leaves_no_socket_behind(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    store = open_sqlite_store(db)
+    await store.queues.wait(QUEUE, 0.001)
+    mine = [p for p in wake_dir(db).glob("*/*") if p.name.startswith(f"{os.getpid()}-")]
+    assert len(mine) == 1
+    await store.close()
+    assert not mine[0].exists()
+
+
+if __name__ == "__main__":
+    asyncio.run(_peer(sys.argv[1], sys.argv[2]))
