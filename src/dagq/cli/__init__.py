@@ -194,8 +194,8 @@ def validate(*, file: Path) -> None:
     A valid file also gets the rule set it runs with (ai4s-jobq's or dagq's, and why)
     and a warning for each thing it says that has no effect (exit 0 all the same).
     """
-    from dagq.cli.run import load_definition
-    from dagq.cli.tables import printable
+    from dagq.cli.definitions import load_definition
+    from dagq.cli.printable import printable
     from dagq.definition import rule_set
     from dagq.errors import DagqError
     from dagq.params import describe_params

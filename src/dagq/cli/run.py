@@ -15,11 +15,11 @@ from rich.markup import escape
 
 from dagq import observability
 from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from dagq.cli.definitions import load_definition
 from dagq.cli.display import LiveProgress, print_summary
 from dagq.cli.tables import out_console, printable
 from dagq.definition import WorkflowDef
 from dagq.errors import DagqError
-from dagq.loading import load_file
 from dagq.local import INTERRUPTED, LocalRunner, Start
 from dagq.plan import parse_param
 from dagq.runners.python import add_import_paths, check_processor
@@ -31,15 +31,6 @@ from dagq.views import load_view
 
 #: The exit code of a run stopped by SIGTERM (the shell convention, 128 + 15).
 EXIT_TERMINATED = 128 + signal.SIGTERM
-
-
-def load_definition(file: Path) -> WorkflowDef:
-    """A definition from YAML/JSON, or from a Python file that builds one."""
-    if file.suffix == ".py":
-        from dagq.builder import load_python_file
-
-        return load_python_file(file)
-    return load_file(file)
 
 
 def run_command(
