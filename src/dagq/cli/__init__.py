@@ -138,7 +138,12 @@ def main(ctx: click.Context) -> None:
     help="Name the run; the same id again resumes it or reports its result.",
 )
 @store_option
-@click.option("--quiet", is_flag=True, help="No live progress; only the summary.")
+@click.option(
+    "--quiet",
+    is_flag=True,
+    help="No live progress and no task table: the result in one line (a failure names "
+    "its failed tasks on a second).",
+)
 @click.option(
     "--processor",
     default=None,
@@ -604,7 +609,7 @@ def cancel(*, workflow_id: str, store_url: str) -> None:
     type=click.Path(file_okay=False, exists=True),
     help="With --run: a directory to import Python tasks from (repeatable).",
 )
-@click.option("--quiet", is_flag=True, help="With --run: no live progress; only the summary.")
+@click.option("--quiet", is_flag=True, help="With --run: no live progress; the result in one line.")
 @store_option
 def retry(
     *,

@@ -17,7 +17,8 @@ from dagq import observability
 from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from dagq.cli.definitions import load_definition
 from dagq.cli.display import LiveProgress, print_summary
-from dagq.cli.tables import out_console, printable
+from dagq.cli.result_line import result_lines
+from dagq.cli.tables import out_console, plain_out, printable
 from dagq.definition import WorkflowDef
 from dagq.errors import DagqError
 from dagq.local import INTERRUPTED, LocalRunner, Start
@@ -143,17 +144,20 @@ async def _run(
             start = await runner.start_retry(
                 definition, params=overrides, workflow_id=workflow_id, tasks=retry_tasks
             )
-            console.print(f"retrying workflow {start.workflow_id} here")
+            if not quiet:
+                console.print(f"retrying workflow {start.workflow_id} here")
         else:
             start = await runner.start(definition, params=overrides, workflow_id=workflow_id)
-            _announce(console, start)
+            if not quiet:
+                _announce(console, start)
         wid = start.workflow_id
         resume = f"dagq run {shlex.quote(source)} --id {wid}"
         if start.quarantined is not None:
             return _quarantined(console, wid, start.quarantined)
         if start.finished is not None:
-            return await _summarize(console, store, wid, None)
-        await _note_others(console, store, wid)
+            return await _summarize(console, store, wid, None, quiet=quiet)
+        if not quiet:
+            await _note_others(console, store, wid)
         started = time.monotonic()
         interrupts = _Interrupts(store, wid, console, runner, resume)
         interrupts.install()
@@ -171,7 +175,7 @@ async def _run(
             return _quarantined(console, wid, runner.quarantine_reason or "?")
         if interrupts.count:
             console.print(f"[yellow]cancelled by Ctrl-C; resume it with: {escape(resume)}[/]")
-        code = await _summarize(console, store, wid, time.monotonic() - started)
+        code = await _summarize(console, store, wid, time.monotonic() - started, quiet=quiet)
         if interrupts.terminated and status not in WORKFLOW_TERMINAL:
             console.print(
                 f"[yellow]stopped by SIGTERM; workflow {wid} is unfinished, resume it with: "
@@ -225,10 +229,14 @@ async def _note_others(console: Console, store: Store, workflow_id: str) -> None
 
 
 async def _summarize(
-    console: Console, store: Store, workflow_id: str, elapsed: float | None
+    console: Console, store: Store, workflow_id: str, elapsed: float | None, *, quiet: bool
 ) -> int:
+    """The task table and the verdict; with ``quiet``, the result in a line (or two)."""
     view = await load_view(store, workflow_id)
-    print_summary(console, view, elapsed_s=elapsed)
+    if quiet:
+        plain_out(console, *result_lines(view, elapsed))
+    else:
+        print_summary(console, view, elapsed_s=elapsed)
     return EXIT_OK if view.status == "completed" else EXIT_FAILED
 
 
