@@ -92,3 +92,13 @@ def test_status_of_a_sqlite_run_loads_no_extra(cli: DagqCli) -> None:
     assert "dagq.stores.sqlite" in modules
     assert loaded(modules, *EXTRAS, "dagq.coordinator", "dagq.worker") == []
     assert "importlib.metadata" not in modules
+
+
+def test_list_reads_the_index_without_plans_views_or_the_client(cli: DagqCli) -> None:
+    assert cli.run("run", "small.yaml", "--id", "s", "--quiet").code == 0
+
+    modules = imported(cli, "list")
+
+    assert "dagq.listing" in modules
+    heavy = ("dagq.client", "dagq.views", "dagq.plan", "dagq.coordinator", "dagq.worker")
+    assert loaded(modules, *heavy, *EXTRAS) == []

@@ -261,9 +261,16 @@ def yes_option(function: F) -> F:
 
 
 def _exit(run: Callable[[], int]) -> NoReturn:
-    from dagq.cli.inspect import guarded
+    """Run a command's body and exit with its code; a dagq error is one line, exit 2
+    (never a traceback)."""
+    from dagq.errors import DagqError
 
-    sys.exit(guarded(run))
+    try:
+        code = run()
+    except DagqError as exc:
+        click.echo(f"error: {exc}", err=True)
+        code = EXIT_USAGE
+    sys.exit(code)
 
 
 # --- long-running processes --------------------------------------------------------------
@@ -741,7 +748,7 @@ def list_(
     as_json: bool,
 ) -> None:
     """Workflows, newest first."""
-    from dagq.cli.inspect import run_list
+    from dagq.cli.workflow_list import run_list
 
     limit = recent if recent is not None else limit
     _exit(

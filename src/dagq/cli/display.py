@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -18,9 +18,12 @@ from rich.text import Text
 
 from dagq.cli.result_line import duration
 from dagq.cli.tables import Listing, printable
-from dagq.plan import Plan
-from dagq.state import TERMINAL, RunState, TaskStatus
-from dagq.views import RunView
+from dagq.state import TERMINAL, TaskStatus
+
+if TYPE_CHECKING:  # not imported to run: `dagq list` needs no plans nor views
+    from dagq.plan import Plan
+    from dagq.state import RunState
+    from dagq.views import RunView
 
 __all__ = ["duration"]  # re-exported: the commands took it from here
 

@@ -7,8 +7,12 @@ shows what broke without the task table: ``dagq tasks ID --state failed`` has th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dagq.cli.printable import printable
-from dagq.views import RunView
+
+if TYPE_CHECKING:
+    from dagq.views import RunView
 
 #: Failed tasks named on the second line; the rest are counted.
 NAMED_FAILURES = 10

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from datetime import UTC, datetime
+from typing import Any, TypeAlias
 
+import msgspec
 from rich.cells import cell_len
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -24,7 +26,23 @@ from rich.text import Text
 
 from dagq.cli.printable import printable, printable_bytes, printable_json
 
-__all__ = ["printable", "printable_bytes", "printable_json"]  # re-exported: older imports
+#: Also the names of dagq.cli.printable, re-exported: the commands took them from here.
+__all__ = ["print_json", "printable", "printable_bytes", "printable_json", "when"]
+
+
+def print_json(value: Any) -> None:
+    """Stable JSON on stdout, one document."""
+    print(msgspec.json.encode(value).decode())
+
+
+def when(timestamp: float | None) -> str:
+    """A local wall-clock time (just the time of day if today), or '-'."""
+    if timestamp is None:
+        return "-"
+    moment = datetime.fromtimestamp(timestamp, UTC).astimezone()
+    if moment.date() == datetime.now(UTC).astimezone().date():
+        return moment.strftime("%H:%M:%S.%f")[:-3]
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def out_console() -> Console:
