@@ -100,5 +100,5 @@ def test_list_reads_the_index_without_plans_views_or_the_client(cli: DagqCli) ->
     modules = imported(cli, "list")
 
     assert "dagq.listing" in modules
-    heavy = ("dagq.client", "dagq.views", "dagq.plan", "dagq.coordinator", "dagq.worker")
+    heavy = ("dagq.client", "dagq.views", "dagq.plan", "dagq.expression", "dagq.coordinator")
     assert loaded(modules, *heavy, *EXTRAS) == []
