@@ -23,6 +23,13 @@ from dagq.dead_letters import DeadLetterInfo
 from dagq.definition import WorkflowDef
 from dagq.errors import DamagedData, TaskNotFound, UsageError, WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
+from dagq.listing import (
+    WORKFLOW_STATUSES,
+    WorkflowSummary,
+    check_status,
+    list_workflows,
+    row_summary,
+)
 from dagq.loading import load_file
 from dagq.messages import decode_tasks
 from dagq.payloads import decode_json, echo
@@ -41,7 +48,7 @@ from dagq.state import (
     TaskStatus,
 )
 from dagq.stores import open_store
-from dagq.stores.base import IndexRow, Store
+from dagq.stores.base import Store
 from dagq.submission import (
     Submitted,
     local_actor,
@@ -56,8 +63,10 @@ from dagq.views import LayerSummary, PlanCache, layer_summary, load_run
 if TYPE_CHECKING:
     from dagq.explanation import Explanation
 
+#: Names that moved to dagq.listing, still taken from here.
+__all__ = ["WORKFLOW_STATUSES", "WorkflowSummary", "row_summary"]
+
 T = TypeVar("T")
-WORKFLOW_STATUSES = WORKFLOW_ACTIVE | WORKFLOW_TERMINAL | {QUARANTINED}
 #: How many workflows ``find_tasks`` looks through when no ids are given: the unfinished
 #: ones first, then the finished ones, newest first.
 SCAN_WORKFLOWS = 1000
@@ -110,22 +119,6 @@ class WorkflowStatus(msgspec.Struct, frozen=True, kw_only=True):
         """Did the coordinator set the run aside (see ``error`` for why)? It waits for
         a person: ``dagq quarantine release`` once the cause is fixed."""
         return self.status == QUARANTINED
-
-
-class WorkflowSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """One row of a listing (from the index)."""
-
-    id: str
-    name: str
-    status: str
-    total: int
-    counts: dict[str, int]
-    created_at: float
-    updated_at: float
-    tenant: str
-    error: str | None
-    #: The run's labels (``key: value``), given when it was submitted.
-    labels: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class WorkflowTask(TaskInfo, frozen=True, kw_only=True):
@@ -340,24 +333,9 @@ class Client:
         limit: int = 100,
     ) -> list[WorkflowSummary]:
         """Runs newest first, filtered by status, name and tenant."""
-        if status is not None and status not in WORKFLOW_STATUSES:
-            known = ", ".join(sorted(WORKFLOW_STATUSES))
-            raise UsageError(f"unknown workflow status {status!r} (known: {known})")
-        rows: list[WorkflowSummary] = []
-        cursor: str | None = None
-        while len(rows) < limit:
-            page = await self.store.index.query(
-                status=[status] if status else None,
-                name=name,
-                tenant=tenant,
-                limit=min(limit - len(rows), 500),
-                cursor=cursor,
-            )
-            rows += [row_summary(row) for row in page.rows]
-            cursor = page.cursor
-            if cursor is None:
-                break
-        return rows
+        return await list_workflows(
+            self.store, status=status, name=name, tenant=tenant, limit=limit
+        )
 
     async def list_page(
         self,
@@ -370,9 +348,7 @@ class Client:
     ) -> tuple[builtins.list[WorkflowSummary], str | None]:
         """One page of runs, newest first, and the cursor of the next page (None: the
         last); ``cursor`` is one a previous page returned."""
-        if status is not None and status not in WORKFLOW_STATUSES:
-            known = ", ".join(sorted(WORKFLOW_STATUSES))
-            raise UsageError(f"unknown workflow status {status!r} (known: {known})")
+        check_status(status)
         page = await self.store.index.query(
             status=[status] if status else None,
             name=name,
@@ -969,19 +945,3 @@ def _task_index(plan: Plan, workflow_id: str, task: str) -> int:
     if index is None:
         raise TaskNotFound(f"workflow {workflow_id} has no task named '{echo(task)}'")
     return index
-
-
-def row_summary(row: IndexRow) -> WorkflowSummary:
-    """A listing row from an index row."""
-    return WorkflowSummary(
-        id=row.id,
-        name=row.name,
-        status=row.status,
-        total=int(row.data.get("total", 0)),
-        counts=dict(row.data.get("counts", {})),
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        tenant=row.tenant,
-        error=row.data.get("error"),
-        labels=dict(row.data.get("labels") or {}),
-    )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from dagq.validation import check_workflow_id
+from dagq.errors import ValidationError
+from dagq.payloads import NAME_ECHO_CHARS, echo
 
 #: The coordinator's inbox: task events from workers and commands from clients.
 COMPLETIONS_QUEUE = "_completions"
@@ -176,3 +177,23 @@ TOKENS_PREFIX = "access/tokens/"
 def token(token_id: str) -> str:
     """The record of one access token (its hash, never the secret)."""
     return f"{TOKENS_PREFIX}{token_id}"
+
+
+def check_workflow_id(workflow_id: str) -> str:
+    """Refuse ids that could escape storage paths or confuse listings.
+
+    Here, not in :mod:`dagq.validation`: every store makes keys, and validation imports
+    the expression language, which ``dagq list`` and ``dagq status`` do not need."""
+    if not isinstance(workflow_id, str) or not WORKFLOW_ID_PATTERN.match(workflow_id):
+        raise ValidationError(
+            f"workflow id {_quoted(workflow_id)} is not valid: use 1-128 letters, digits, "
+            "'-', '_' or '.', starting with a letter or digit"
+        )
+    return workflow_id
+
+
+def _quoted(value: object) -> str:
+    return repr(echo(value)) if isinstance(value, str) else repr(value)[:NAME_ECHO_CHARS]
+
+
+WORKFLOW_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")

@@ -12,10 +12,9 @@ from collections import deque
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
-from dagq.plan import Plan
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # not imported to run: `dagq list` reads states' names, not plans
     from dagq.group import Group
+    from dagq.plan import Plan
 
 UNSET = -1.0
 

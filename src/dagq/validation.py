@@ -17,8 +17,12 @@ from dagq import expression
 from dagq.definition import TaskDef, WorkflowDef, rule_set
 from dagq.errors import PayloadTooLarge, ValidationError
 from dagq.expression.values import kind_of
+from dagq.keys import WORKFLOW_ID_PATTERN, check_workflow_id
 from dagq.params import param_specs
-from dagq.payloads import MAX_PARAMS_BYTES, NAME_ECHO_CHARS, check_depth, echo, encode_json
+from dagq.payloads import MAX_PARAMS_BYTES, check_depth, echo, encode_json
+
+#: Workflow ids are checked where storage keys are made (dagq.keys), still taken from here.
+__all__ = ["WORKFLOW_ID_PATTERN", "check_workflow_id"]
 
 #: A task name: as free as ai4s-jobq's (spaces, '/', punctuation, any letters), but
 #: starting with a letter, digit or '_', not ending in a space, and without '#', '[' or
@@ -407,20 +411,3 @@ def _check_acyclic(definition: WorkflowDef) -> None:
     cycle = [*path[position[node] :], node]
     cycle.reverse()
     raise ValidationError(f"dependency cycle: {' -> '.join(cycle)}")
-
-
-def check_workflow_id(workflow_id: str) -> str:
-    """Refuse ids that could escape storage paths or confuse listings."""
-    if not isinstance(workflow_id, str) or not WORKFLOW_ID_PATTERN.match(workflow_id):
-        raise ValidationError(
-            f"workflow id {_quoted(workflow_id)} is not valid: use 1-128 letters, digits, "
-            "'-', '_' or '.', starting with a letter or digit"
-        )
-    return workflow_id
-
-
-def _quoted(value: object) -> str:
-    return repr(echo(value)) if isinstance(value, str) else repr(value)[:NAME_ECHO_CHARS]
-
-
-WORKFLOW_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import itertools
 import logging
 import math
@@ -54,6 +53,7 @@ from dagq.runners.python import add_import_paths, run_python
 from dagq.runners.shell import run_shell
 from dagq.stores.base import Message, Store, wakes_across_processes
 from dagq.supervision import Supervisor
+from dagq.version import VERSION
 
 log = logging.getLogger("dagq.worker")
 
@@ -237,7 +237,7 @@ class Worker:
             running=len(running),
             attempts=[_attempt_id(r.task) for r in running[: registry.ATTEMPTS_LISTED]],
             completed=self.completed,
-            version=_VERSION,
+            version=VERSION,  # not importlib.metadata's: a tenth of `dagq run`'s start-up
             started_at=self._started_at,
             last_seen=self.clock(),
             heartbeat_s=self.options.heartbeat_s,
@@ -1053,16 +1053,6 @@ def _attempt_id(task: TaskMessage) -> str:
     """An attempt as a worker's record names it: its message id."""
     name = keys.attempt_name(task.name, item=task.item_index, undo=task.undo)
     return keys.message_id(task.workflow_id, name, task.attempt)
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("dagq")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-_VERSION = _version()
 
 
 def _remember(cache: dict[str, _V], key: str, value: _V) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def test_retry_run_drives_the_retried_run_here_to_its_end(cli: DagqCli, asked_fi
     if asked_first:  # a plain retry left its request waiting for a coordinator
         assert cli.run("retry", "f").code == 0
 
-    result = cli.run("retry", "f", "--run", "--quiet")
+    result = cli.run("retry", "f", "--run")
 
     assert result.code == 0, result.output
     assert "retrying workflow f here" in result.stdout
@@ -56,10 +57,19 @@ def test_retry_run_drives_the_retried_run_here_to_its_end(cli: DagqCli, asked_fi
 
 
 def test_retry_run_of_a_run_that_failed_again_exits_1(cli: DagqCli) -> None:
-    result = cli.run("retry", "f", "--run", "--quiet")
+    result = cli.run("retry", "f", "--run")
 
     assert result.code == 1, result.output
     assert "workflow failed" in result.verdict()
+
+
+def test_retry_run_quiet_prints_only_the_result_and_the_failed_task(cli: DagqCli) -> None:
+    result = cli.run("retry", "f", "--run", "--quiet")
+
+    assert result.code == 1, result.output
+    first, failed = result.stdout.splitlines()
+    assert re.fullmatch(r"failed: f \(3 tasks in \S+\): task 'upload' failed: exit code 1", first)
+    assert failed == "failed tasks: upload (errors: dagq tasks f --state failed)"
 
 
 def test_retry_run_with_nothing_to_retry_is_one_clear_line(cli: DagqCli) -> None:
@@ -74,7 +84,7 @@ def test_retry_run_with_nothing_to_retry_is_one_clear_line(cli: DagqCli) -> None
 def test_retry_run_piped_never_wraps_a_line(cli: DagqCli) -> None:
     del cli.env["COLUMNS"]  # as in a plain shell: rich would assume 80 columns
 
-    result = cli.run("retry", "f", "--run", "--quiet")
+    result = cli.run("retry", "f", "--run")
 
     [verdict] = [line for line in result.stdout.splitlines() if "workflow failed" in line]
     assert len(verdict) > 80

@@ -138,7 +138,12 @@ def main(ctx: click.Context) -> None:
     help="Name the run; the same id again resumes it or reports its result.",
 )
 @store_option
-@click.option("--quiet", is_flag=True, help="No live progress; only the summary.")
+@click.option(
+    "--quiet",
+    is_flag=True,
+    help="No live progress and no task table: the result in one line (a failure names "
+    "its failed tasks on a second).",
+)
 @click.option(
     "--processor",
     default=None,
@@ -194,8 +199,8 @@ def validate(*, file: Path) -> None:
     A valid file also gets the rule set it runs with (ai4s-jobq's or dagq's, and why)
     and a warning for each thing it says that has no effect (exit 0 all the same).
     """
-    from dagq.cli.run import load_definition
-    from dagq.cli.tables import printable
+    from dagq.cli.definitions import load_definition
+    from dagq.cli.printable import printable
     from dagq.definition import rule_set
     from dagq.errors import DagqError
     from dagq.params import describe_params
@@ -256,9 +261,16 @@ def yes_option(function: F) -> F:
 
 
 def _exit(run: Callable[[], int]) -> NoReturn:
-    from dagq.cli.inspect import guarded
+    """Run a command's body and exit with its code; a dagq error is one line, exit 2
+    (never a traceback)."""
+    from dagq.errors import DagqError
 
-    sys.exit(guarded(run))
+    try:
+        code = run()
+    except DagqError as exc:
+        click.echo(f"error: {exc}", err=True)
+        code = EXIT_USAGE
+    sys.exit(code)
 
 
 # --- long-running processes --------------------------------------------------------------
@@ -604,7 +616,7 @@ def cancel(*, workflow_id: str, store_url: str) -> None:
     type=click.Path(file_okay=False, exists=True),
     help="With --run: a directory to import Python tasks from (repeatable).",
 )
-@click.option("--quiet", is_flag=True, help="With --run: no live progress; only the summary.")
+@click.option("--quiet", is_flag=True, help="With --run: no live progress; the result in one line.")
 @store_option
 def retry(
     *,
@@ -736,7 +748,7 @@ def list_(
     as_json: bool,
 ) -> None:
     """Workflows, newest first."""
-    from dagq.cli.inspect import run_list
+    from dagq.cli.workflow_list import run_list
 
     limit = recent if recent is not None else limit
     _exit(

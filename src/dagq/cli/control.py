@@ -10,9 +10,9 @@ from pathlib import Path
 import msgspec
 
 from dagq import graph
+from dagq.cli.definitions import load_definition
 from dagq.cli.display import task_state
 from dagq.cli.inspect import EXIT_OK, EXIT_USAGE, console, print_json, with_client
-from dagq.cli.run import load_definition
 from dagq.client import Client
 from dagq.definition import WorkflowDef, rule_set
 from dagq.errors import DagqError, PayloadTooLarge, UsageError

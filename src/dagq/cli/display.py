@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -16,10 +16,16 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from dagq.cli.result_line import duration
 from dagq.cli.tables import Listing, printable
-from dagq.plan import Plan
-from dagq.state import TERMINAL, RunState, TaskStatus
-from dagq.views import RunView
+from dagq.state import TERMINAL, TaskStatus
+
+if TYPE_CHECKING:  # not imported to run: `dagq list` needs no plans nor views
+    from dagq.plan import Plan
+    from dagq.state import RunState
+    from dagq.views import RunView
+
+__all__ = ["duration"]  # re-exported: the commands took it from here
 
 STYLES = {
     "pending": "dim",
@@ -47,18 +53,6 @@ COMPENSATION_STATES = {
 ORDER = [s.label for s in TaskStatus]
 MAX_ROWS = 40
 PLAIN_INTERVAL_S = 5.0
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f}ms"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def task_state(status: str, compensation: str | None) -> str:

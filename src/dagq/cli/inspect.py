@@ -12,17 +12,17 @@ import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 from rich.console import Console
-from rich.text import Text
 
-from dagq.cli.display import STYLES, duration, error_cell, state_text
-from dagq.cli.tables import Listing, out_console, printable, printable_json
+from dagq.cli.display import duration, error_cell, state_text
+from dagq.cli.tables import Listing, out_console, print_json, printable, printable_json, when
 from dagq.client import Client, TaskInfo, WorkflowTask
-from dagq.errors import DagqError
+
+#: Names that moved to dagq.cli.tables, still taken from here.
+__all__ = ["print_json", "when"]
 
 T = TypeVar("T")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -45,51 +45,7 @@ def with_client(
     return asyncio.run(main())
 
 
-def print_json(value: Any) -> None:
-    """Stable JSON on stdout, one document."""
-    print(msgspec.json.encode(value).decode())
-
-
-def when(timestamp: float | None) -> str:
-    """A local wall-clock time (just the time of day if today), or '-'."""
-    if timestamp is None:
-        return "-"
-    moment = datetime.fromtimestamp(timestamp, UTC).astimezone()
-    if moment.date() == datetime.now(UTC).astimezone().date():
-        return moment.strftime("%H:%M:%S.%f")[:-3]
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
-
-
 # --- list, tasks, output, logs, events -------------------------------------------------
-
-
-def run_list(
-    store_url: str, *, status: str | None, name: str | None, limit: int, as_json: bool
-) -> int:
-    """``dagq list``: runs, newest first."""
-    rows = with_client(store_url, lambda c: c.list(status=status, name=name, limit=limit))
-    if as_json:
-        print_json(rows)
-        return EXIT_OK
-    if not rows:
-        console().print("no workflows")
-        return EXIT_OK
-    table = Listing(["id", "name", "status", "progress", "created", "error"])
-    for row in rows:
-        done = sum(n for s, n in row.counts.items() if s not in ("pending", "ready", "running"))
-        style = STYLES.get(row.status, "")
-        if row.status in ("compensation_failed", "quarantined"):
-            style = "bold white on red"
-        table.add_row(
-            row.id,
-            row.name,
-            Text(row.status, style=style),
-            f"{done}/{row.total}",
-            when(row.created_at),
-            _cut(row.error, 200),
-        )
-    table.print(console())
-    return EXIT_OK
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,15 +214,6 @@ def run_events(store_url: str, workflow_id: str, *, as_json: bool, task: str | N
         table.add_row(when(e.at), e.kind, e.task or "", str(e.attempt or ""), _cut(e.detail), by)
     table.print(console())
     return EXIT_OK
-
-
-def guarded(run: Callable[[], int]) -> int:
-    """Turn dagq errors into one line and exit code 2 (never a traceback)."""
-    try:
-        return run()
-    except DagqError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
 
 
 def _cut(text: str | None, limit: int = 200) -> str:

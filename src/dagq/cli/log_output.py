@@ -14,8 +14,6 @@ from typing import Any, Literal, TypeVar
 
 import click
 
-from dagq.observability import context
-
 LEVELS = ("debug", "info", "warning", "error")
 LogFormat = Literal["text", "json"]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,6 +29,9 @@ class JsonFormatter(logging.Formatter):
     is one."""
 
     def format(self, record: logging.LogRecord) -> str:
+        # Imported here: the observability package is not for every command to load.
+        from dagq.observability import context
+
         entry: dict[str, Any] = {
             "time": round(record.created, 6),
             "level": record.levelname.lower(),

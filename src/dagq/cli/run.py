@@ -15,11 +15,12 @@ from rich.markup import escape
 
 from dagq import observability
 from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from dagq.cli.definitions import load_definition
 from dagq.cli.display import LiveProgress, print_summary
-from dagq.cli.tables import out_console, printable
+from dagq.cli.result_line import result_lines
+from dagq.cli.tables import out_console, plain_out, printable
 from dagq.definition import WorkflowDef
 from dagq.errors import DagqError
-from dagq.loading import load_file
 from dagq.local import INTERRUPTED, LocalRunner, Start
 from dagq.plan import parse_param
 from dagq.runners.python import add_import_paths, check_processor
@@ -31,15 +32,6 @@ from dagq.views import load_view
 
 #: The exit code of a run stopped by SIGTERM (the shell convention, 128 + 15).
 EXIT_TERMINATED = 128 + signal.SIGTERM
-
-
-def load_definition(file: Path) -> WorkflowDef:
-    """A definition from YAML/JSON, or from a Python file that builds one."""
-    if file.suffix == ".py":
-        from dagq.builder import load_python_file
-
-        return load_python_file(file)
-    return load_file(file)
 
 
 def run_command(
@@ -152,17 +144,20 @@ async def _run(
             start = await runner.start_retry(
                 definition, params=overrides, workflow_id=workflow_id, tasks=retry_tasks
             )
-            console.print(f"retrying workflow {start.workflow_id} here")
+            if not quiet:
+                console.print(f"retrying workflow {start.workflow_id} here")
         else:
             start = await runner.start(definition, params=overrides, workflow_id=workflow_id)
-            _announce(console, start)
+            if not quiet:
+                _announce(console, start)
         wid = start.workflow_id
         resume = f"dagq run {shlex.quote(source)} --id {wid}"
         if start.quarantined is not None:
             return _quarantined(console, wid, start.quarantined)
         if start.finished is not None:
-            return await _summarize(console, store, wid, None)
-        await _note_others(console, store, wid)
+            return await _summarize(console, store, wid, None, quiet=quiet)
+        if not quiet:
+            await _note_others(console, store, wid)
         started = time.monotonic()
         interrupts = _Interrupts(store, wid, console, runner, resume)
         interrupts.install()
@@ -180,7 +175,7 @@ async def _run(
             return _quarantined(console, wid, runner.quarantine_reason or "?")
         if interrupts.count:
             console.print(f"[yellow]cancelled by Ctrl-C; resume it with: {escape(resume)}[/]")
-        code = await _summarize(console, store, wid, time.monotonic() - started)
+        code = await _summarize(console, store, wid, time.monotonic() - started, quiet=quiet)
         if interrupts.terminated and status not in WORKFLOW_TERMINAL:
             console.print(
                 f"[yellow]stopped by SIGTERM; workflow {wid} is unfinished, resume it with: "
@@ -234,10 +229,14 @@ async def _note_others(console: Console, store: Store, workflow_id: str) -> None
 
 
 async def _summarize(
-    console: Console, store: Store, workflow_id: str, elapsed: float | None
+    console: Console, store: Store, workflow_id: str, elapsed: float | None, *, quiet: bool
 ) -> int:
+    """The task table and the verdict; with ``quiet``, the result in a line (or two)."""
     view = await load_view(store, workflow_id)
-    print_summary(console, view, elapsed_s=elapsed)
+    if quiet:
+        plain_out(console, *result_lines(view, elapsed))
+    else:
+        print_summary(console, view, elapsed_s=elapsed)
     return EXIT_OK if view.status == "completed" else EXIT_FAILED
 
 

@@ -1,0 +1,104 @@
+"""What the commands people type most import: only what they use.
+
+Start-up time lives in ``bench/`` (timing tests are not allowed here); these tests pin
+its cause instead. ``python -X importtime -m dagq ...`` runs the command as typed and
+names, on stderr, every module it imports: ``dagq validate`` must not load the runtime
+or rich, and a SQLite run must load none of the optional extras (Azure, PostgreSQL,
+the server, OpenTelemetry) nor importlib.metadata.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cli_harness import DagqCli, dagq_command
+
+pytestmark = pytest.mark.timeout(90)
+
+#: The optional extras' packages: never for a SQLite store.
+EXTRAS = ("azure", "aiohttp", "psycopg", "psycopg_pool", "fastapi", "uvicorn", "starlette")
+EXTRAS += ("sse_starlette", "opentelemetry", "prometheus_client")
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[DagqCli]:
+    with DagqCli(tmp_path) as cli:
+        cli.workflow(
+            "small.yaml",
+            {
+                "name": "small",
+                "tasks": [
+                    {"name": "a", "cmd": "true"},
+                    {"name": "b", "depends_on": ["a"], "cmd": "true"},
+                    {"name": "c", "depends_on": ["b"], "cmd": "true"},
+                ],
+            },
+        )
+        yield cli
+
+
+def imported(cli: DagqCli, *args: str) -> set[str]:
+    """The modules ``dagq ARGS`` imports, as ``-X importtime`` names them."""
+    words = cli.command(*args)[len(dagq_command()) :]
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "dagq", *words],
+        cwd=cli.workdir,
+        env=cli.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {
+        line.rpartition("|")[2].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+
+
+def loaded(modules: set[str], *packages: str) -> list[str]:
+    """Those of ``modules`` that are ``packages`` or inside them."""
+    return sorted(m for m in modules if m.partition(".")[0] in packages or m in packages)
+
+
+def test_validate_loads_neither_the_runtime_nor_rich(cli: DagqCli) -> None:
+    modules = imported(cli, "validate", "small.yaml")
+
+    assert "dagq.loading" in modules  # what validate is about: the measure is working
+    assert loaded(modules, "rich", "asyncio", "sqlite3", *EXTRAS) == []
+    runtime = ("dagq.coordinator", "dagq.worker", "dagq.local", "dagq.cli.run", "dagq.stores")
+    assert loaded(modules, *runtime) == []
+
+
+def test_a_sqlite_run_loads_no_extra_nor_importlib_metadata(cli: DagqCli) -> None:
+    modules = imported(cli, "run", "small.yaml", "--id", "s", "--quiet")
+
+    assert "dagq.stores.sqlite" in modules
+    assert loaded(modules, *EXTRAS) == []
+    assert "importlib.metadata" not in modules
+
+
+def test_status_of_a_sqlite_run_loads_no_extra(cli: DagqCli) -> None:
+    assert cli.run("run", "small.yaml", "--id", "s", "--quiet").code == 0
+
+    modules = imported(cli, "status", "s")
+
+    assert "dagq.stores.sqlite" in modules
+    assert loaded(modules, *EXTRAS, "dagq.coordinator", "dagq.worker") == []
+    assert "importlib.metadata" not in modules
+
+
+def test_list_reads_the_index_without_plans_views_or_the_client(cli: DagqCli) -> None:
+    assert cli.run("run", "small.yaml", "--id", "s", "--quiet").code == 0
+
+    modules = imported(cli, "list")
+
+    assert "dagq.listing" in modules
+    heavy = ("dagq.client", "dagq.views", "dagq.plan", "dagq.expression", "dagq.coordinator")
+    assert loaded(modules, *heavy, *EXTRAS) == []
