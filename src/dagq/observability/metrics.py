@@ -13,6 +13,7 @@ a store): never a workflow id. Histograms carry the run's trace id as an exempla
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -71,20 +72,29 @@ class Metrics:
     def task_finished(self, queue: str, ok: bool, duration_s: float, workflow_id: str) -> None:
         """An attempt ended on this worker."""
         exemplar = _exemplar(workflow_id)
-        self.tasks_finished.labels(queue, "ok" if ok else "failed").inc(1, exemplar=exemplar)
-        self.task_duration.labels(queue).observe(max(duration_s, 0.0), exemplar=exemplar)
+        status = "ok" if ok else "failed"
+        _child(self.tasks_finished, queue, status).inc(1, exemplar=exemplar)
+        _child(self.task_duration, queue).observe(max(duration_s, 0.0), exemplar=exemplar)
 
     def waited(self, queue: str, seconds: float, workflow_id: str) -> None:
         """A task message was received ``seconds`` after it was due."""
-        self.queue_wait.labels(queue).observe(max(seconds, 0.0), exemplar=_exemplar(workflow_id))
+        _child(self.queue_wait, queue).observe(max(seconds, 0.0), exemplar=_exemplar(workflow_id))
 
     def workflow_finished(self, status: str, workflow_id: str) -> None:
         """A workflow reached a final status."""
-        self.workflows_finished.labels(status).inc(1, exemplar=_exemplar(workflow_id))
+        _child(self.workflows_finished, status).inc(1, exemplar=_exemplar(workflow_id))
 
 
+@functools.lru_cache(maxsize=1024)
+def _child(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, made once: a per-attempt hook then costs a lookup."""
+    return metric.labels(*labels)
+
+
+@functools.lru_cache(maxsize=4096)
 def _exemplar(workflow_id: str) -> dict[str, str]:
-    return {"trace_id": f"{ids.trace_id(workflow_id):032x}"}
+    # Shared by the observations of a run: prometheus-client only reads it.
+    return {"trace_id": ids.trace_hex(workflow_id)}
 
 
 class _Slot:
@@ -139,6 +149,7 @@ def create() -> Metrics:
 def disable() -> None:
     """Switch metrics off in this process (tests)."""
     _slot.metrics = None
+    _child.cache_clear()
 
 
 def serve(port: int) -> Metrics:
