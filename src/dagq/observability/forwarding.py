@@ -9,7 +9,7 @@ exports them with the standard BatchSpanProcessor and OTLP exporter, configured 
 same environment. The event loop pays a tuple and an append per span; a thread of this
 process pickles batches into the helper's stdin.
 
-The helper starts with the first span (a process that makes none starts none), exports
+The helper is started when tracing is turned on (:meth:`Forwarder.start`), exports
 what it has and exits when its stdin closes: :meth:`Forwarder.close`, or this process
 ending however it ends.
 """
@@ -63,6 +63,7 @@ class Forwarder:
         self._helper: subprocess.Popen[bytes] | None = None
         self._acks = -1
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
 
     def emit(
         self,
@@ -90,7 +91,7 @@ class Forwarder:
             (name, trace, span_id, parent, kind, attributes, links, start_ns, end_ns, error)
         )
         if self._thread is None:
-            self._start()
+            self.start()
         elif len(pending) == self.batch_size:
             self._wake.set()
 
@@ -109,7 +110,7 @@ class Forwarder:
 
     def close(self) -> None:
         """Send what is pending, and wait for the helper to export it and exit."""
-        if self._closing:
+        if self._closing or os.getpid() != self._pid:  # a fork's copy owns nothing
             return
         self._closing = True
         self._wake.set()
@@ -133,7 +134,11 @@ class Forwarder:
         os.close(self._acks)
         self._acks = -1
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the helper (at once; else with the first span): its start-up (it
+        imports the SDK and the exporter) then overlaps this process's own."""
+        if self._thread is not None or self._closing:
+            return
         acks, acks_out = os.pipe()
         try:
             self._helper = subprocess.Popen(
@@ -157,7 +162,7 @@ class Forwarder:
             return
         finally:
             os.close(acks_out)
-        self._acks = acks
+        self._acks, self._pid = acks, os.getpid()
         self._thread = threading.Thread(target=self._run, name="dagq-span-forwarder", daemon=True)
         self._thread.start()
         atexit.register(self.close)
@@ -179,6 +184,8 @@ class Forwarder:
     def _write(self, message: tuple[object, ...]) -> bool:
         helper = self._helper
         if helper is None or helper.stdin is None or helper.stdin.closed:
+            return False
+        if os.getpid() != self._pid:  # a forked copy: the pipe is its parent's
             return False
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         try:

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -81,37 +82,84 @@ def wanted(environ: Mapping[str, str] | None = None) -> bool:
     )
 
 
-def configure(service: str) -> bool:
+def configure(service: str, *, forward: bool = False) -> bool:
     """Turn tracing on if the environment asks for it (see the module's docstring);
     whether it is on. ``service`` is the default ``service.name`` (``OTEL_SERVICE_NAME``
-    wins)."""
+    wins). With ``forward`` (a process making spans by the thousand: a coordinator, a
+    worker), dagq's own spans are exported by a helper process, started now
+    (:mod:`dagq.observability.forwarding`), and this process exports only the spans of
+    user code, importing the exporter when the first one starts."""
     if _on.tracer is not None:
         return True
     if not wanted():
         return False
     try:
-        provider = exporting_provider(service)
+        provider = exporting_provider(service, lazily=forward)
     except ImportError:
         log.warning("OTEL_* asks for traces but dagq[otel] is not installed: tracing is off")
         return False
-    from dagq.observability.forwarding import Forwarder
+    install(provider)
+    if forward:
+        from dagq.observability.forwarding import Forwarder
 
-    install(provider)  # for the spans of user code in this process
-    _on.forwarder = _on.finished = Forwarder(service, Sampling(provider.sampler).keep)
+        forwarder = Forwarder(service, Sampling(provider.sampler).keep)
+        forwarder.start()
+        _on.forwarder = _on.finished = forwarder
     return True
 
 
-def exporting_provider(service: str, max_queue_size: int | None = None) -> TracerProvider:
-    """A provider exporting by the ``OTEL_*`` environment through a BatchSpanProcessor;
-    ``service``: the default ``service.name`` (``OTEL_SERVICE_NAME`` wins)."""
+def exporting_provider(
+    service: str, max_queue_size: int | None = None, *, lazily: bool = False
+) -> TracerProvider:
+    """A provider exporting by the ``OTEL_*`` environment through a BatchSpanProcessor
+    (made with the first span if ``lazily``); ``service``: the default ``service.name``
+    (``OTEL_SERVICE_NAME`` wins)."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service}
     provider = TracerProvider(resource=Resource.create(attributes))
-    provider.add_span_processor(BatchSpanProcessor(_exporter(), max_queue_size=max_queue_size))
+    if lazily:
+        provider.add_span_processor(_on_first_span())
+    else:
+        provider.add_span_processor(BatchSpanProcessor(_exporter(), max_queue_size=max_queue_size))
     return provider
+
+
+def _on_first_span() -> Any:
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    class OnFirstSpan(SpanProcessor):
+        """A BatchSpanProcessor made (and the exporter imported) when the first span
+        starts: in a process whose own spans a helper exports, only user code's come
+        here, and most processes make none."""
+
+        def __init__(self) -> None:
+            self.made: BatchSpanProcessor | None = None
+            self.lock = threading.Lock()
+
+        def batch(self) -> BatchSpanProcessor:
+            with self.lock:
+                if self.made is None:
+                    self.made = BatchSpanProcessor(_exporter())
+                return self.made
+
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            self.batch().on_start(span, parent_context=parent_context)
+
+        def on_end(self, span: Any) -> None:
+            self.batch().on_end(span)
+
+        def shutdown(self) -> None:
+            if self.made is not None:
+                self.made.shutdown()  # type: ignore[no-untyped-call]
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return self.made is None or self.made.force_flush(timeout_millis)
+
+    return OnFirstSpan()
 
 
 def _exporter() -> Any:
