@@ -52,7 +52,12 @@ def new_span_id() -> int:
 
 def traceparent(trace: int, span: int) -> str:
     """The W3C ``traceparent`` header value naming a sampled span."""
-    return f"00-{trace:032x}-{span:016x}-{_FLAGS_SAMPLED}"
+    return f"{_trace_part(trace)}{span:016x}-{_FLAGS_SAMPLED}"
+
+
+@functools.lru_cache(maxsize=4096)  # one per run, for each of its attempts
+def _trace_part(trace: int) -> str:
+    return f"00-{trace:032x}-"
 
 
 def parse_traceparent(text: str) -> tuple[int, int] | None:
