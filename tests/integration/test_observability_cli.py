@@ -101,3 +101,49 @@ def test_the_server_traces_a_submit_and_serves_its_metrics(tmp_path: Path) -> No
     assert submit.attributes["dagq.workflow.name"] == "served"
     assert "dagq_event_loop_lag_seconds" in metrics
     assert "dagq_tasks_finished" in metrics  # the family (its samples end in _total)
+
+
+def test_the_server_logs_json_lines_and_samples_its_event_loop_lag(tmp_path: Path) -> None:
+    port, metrics_port = _free_port(), _free_port()
+    with DagqCli(tmp_path) as cli:
+        cli.env["DAGQ_METRICS_INTERVAL_S"] = "0.2"
+        server = cli.start(
+            "server",
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+            "--log-format",
+            "json",
+        )
+
+        def lag() -> float | None:
+            try:
+                metrics = scrape(metrics_port)
+            except OSError:
+                assert server.process.poll() is None, server.stderr()
+                return None
+            (sample,) = metrics["dagq_event_loop_lag_seconds"]
+            return sample.value if sample.value > 0 else None  # 0 until first sampled
+
+        loop_lag = wait_until(lag, timeout_s=30, what="the server's loop lag to be sampled")
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/workflows?id=logged-1",
+            data=b"name: logged\ntasks:\n  - name: a\n    cmd: 'true'\n",
+            headers={"Content-Type": "application/yaml"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 202
+        finished = server.stop(timeout_s=30)
+    assert finished.code == 0, finished.output
+    assert loop_lag is not None and 0 < loop_lag < 5
+    lines = [json.loads(line) for line in finished.stderr.splitlines() if line.strip()]
+    assert lines, "the server logged nothing"
+    for line in lines:
+        assert {"time", "level", "logger", "message"} <= line.keys(), line
+    assert any(line["message"].startswith("dagq server: no token required") for line in lines)
+    (access,) = [line for line in lines if line["logger"] == "uvicorn.access"]
+    assert access["method"] == "POST" and access["status"] == 202
+    assert access["path"] == "/v1/workflows?id=logged-1"
+    assert any("Uvicorn running on" in line["message"] for line in lines)

@@ -480,15 +480,34 @@ def worker(
     help="Serve Prometheus metrics on this port at /metrics (127.0.0.1, or "
     "DAGQ_METRICS_ADDR); needs dagq[otel]. Traces: the OTEL_* variables (README).",
 )
-def server(*, host: str, port: int, auth: bool, store_url: str, metrics_port: int | None) -> None:
+@log_options("info")
+def server(
+    *,
+    host: str,
+    port: int,
+    auth: bool,
+    store_url: str,
+    metrics_port: int | None,
+    log_level: str,
+    log_format: LogFormat,
+) -> None:
     """Serve the HTTP job API (/v1; OpenAPI at /docs) until SIGTERM; needs dagq[server]."""
     from dagq import observability
     from dagq.server.runner import run_server
 
+    configure_logging(log_level, log_format)
+
     def body() -> int:
         observability.start("server", metrics_port)
         try:
-            return run_server(store_url, host=host, port=port, auth=auth)
+            return run_server(
+                store_url,
+                host=host,
+                port=port,
+                auth=auth,
+                log_level=log_level,
+                log_format=log_format,
+            )
         finally:
             observability.stop()
 

@@ -1,7 +1,8 @@
 """Where the long-running commands log: stderr, as text lines or one JSON object a line.
 
 ``--log-level`` (or ``DAGQ_LOG_LEVEL``) and ``--log-format text|json`` (or
-``DAGQ_LOG_FORMAT``) of ``dagq coordinator``, ``dagq worker`` and ``dagq run``.
+``DAGQ_LOG_FORMAT``) of ``dagq coordinator``, ``dagq worker``, ``dagq server`` and
+``dagq run``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record: ``time`` (Unix seconds), ``level``, ``logger``,
     ``message``; ``workflow_id``, ``trace_id`` and, where they apply, ``task``,
     ``attempt`` and ``span_id`` when the record concerns a workflow
-    (:mod:`dagq.observability.context`); and ``exception`` (the traceback) when there
-    is one."""
+    (:mod:`dagq.observability.context`); ``client``, ``method``, ``path`` and
+    ``status`` for a request ``dagq server`` answered; and ``exception`` (the traceback)
+    when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
         # Imported here: the observability package is not for every command to load.
@@ -38,6 +40,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if record.name == "uvicorn.access" and isinstance(record.args, tuple):
+            entry.update(_request_fields(record.args))  # dagq server: one request
         concern = context.current.get()
         if concern is not None:  # the workflow, task, attempt, trace and span it is about
             entry.update(concern.fields())
@@ -46,6 +50,14 @@ class JsonFormatter(logging.Formatter):
         elif record.exc_text:
             entry["exception"] = record.exc_text
         return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def _request_fields(args: tuple[Any, ...]) -> dict[str, Any]:
+    """The fields of uvicorn's access record: client, method, path, HTTP status."""
+    if len(args) != 5:
+        return {}
+    client, method, path, _http_version, status = args
+    return {"client": client, "method": method, "path": path, "status": status}
 
 
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -24,12 +24,16 @@ if TYPE_CHECKING:  # the runtime imports these only when metrics are on
 
 __all__ = ["instrument", "start", "stop", "watching"]
 
+#: Roles that make a few spans (a submit's) and export them themselves; the others make
+#: three an attempt and hand them to a helper process (:mod:`.forwarding`).
+FEW_SPANS = ("client", "server")
+
 
 def start(role: str, metrics_port: int | None = None) -> Metrics | None:
     """Turn on what this process was asked for: traces (by the ``OTEL_*``
     environment) and metrics (by ``metrics_port``); the metrics, if on. UsageError
     when metrics are asked for without the ``otel`` extra, or the port is taken."""
-    tracing.configure(f"dagq-{role}")
+    tracing.configure(f"dagq-{role}", forward=role not in FEW_SPANS)
     if metrics_port is None:
         return None
     try:

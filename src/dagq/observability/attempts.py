@@ -42,18 +42,6 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
         return attempt
     trace = ids.trace_id(task.workflow_id)
     sent = ids.parse_traceparent(task.traceparent) if task.traceparent else None
-
-    def attributes(operation: str) -> dict[str, str | int | float | bool]:
-        return spans.attempt_attributes(
-            store_url=store_url,
-            operation=operation,
-            queue=queue,
-            workflow_id=task.workflow_id,
-            workflow_name=task.workflow_name,
-            task=name,
-            attempt=task.attempt,
-        )
-
     if sent is not None and task.due_at:
         tracing.emit(
             f"wait {queue}",
@@ -66,7 +54,15 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
     attempt.span_id = ids.new_span_id()
     attempt.traceparent = ids.traceparent(trace, attempt.span_id)
     attempt.started_at = now
-    attempt.attributes = attributes("process")
+    attempt.attributes = spans.attempt_attributes(
+        store_url=store_url,
+        operation="process",
+        queue=queue,
+        workflow_id=task.workflow_id,
+        workflow_name=task.workflow_name,
+        task=name,
+        attempt=task.attempt,
+    )
     attempt.links = () if sent is None else (sent,)
     return attempt
 

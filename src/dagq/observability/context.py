@@ -25,7 +25,7 @@ class Concern:
         """The fields a structured log line gets."""
         out: dict[str, str | int] = {
             "workflow_id": self.workflow_id,
-            "trace_id": f"{ids.trace_id(self.workflow_id):032x}",
+            "trace_id": ids.trace_hex(self.workflow_id),
         }
         if self.task:
             out["task"] = self.task

@@ -9,12 +9,14 @@ OpenTelemetry import here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 
 _FLAGS_SAMPLED = "01"
 
 
+@functools.lru_cache(maxsize=8192)  # a run's ids are asked for at every step of it
 def _digest(workflow_id: str, what: bytes, size: int) -> int:
     value = int.from_bytes(
         hashlib.blake2b(workflow_id.encode(), digest_size=size, person=what).digest(), "big"
@@ -25,6 +27,12 @@ def _digest(workflow_id: str, what: bytes, size: int) -> int:
 def trace_id(workflow_id: str) -> int:
     """The run's trace id: 16 bytes of a hash of the workflow id."""
     return _digest(workflow_id, b"dagq-trace", 16)
+
+
+@functools.lru_cache(maxsize=8192)
+def trace_hex(workflow_id: str) -> str:
+    """The run's trace id as 32 hex digits (log lines, exemplars)."""
+    return f"{trace_id(workflow_id):032x}"
 
 
 def submit_span_id(workflow_id: str) -> int:
@@ -44,7 +52,12 @@ def new_span_id() -> int:
 
 def traceparent(trace: int, span: int) -> str:
     """The W3C ``traceparent`` header value naming a sampled span."""
-    return f"00-{trace:032x}-{span:016x}-{_FLAGS_SAMPLED}"
+    return f"{_trace_part(trace)}{span:016x}-{_FLAGS_SAMPLED}"
+
+
+@functools.lru_cache(maxsize=4096)  # one per run, for each of its attempts
+def _trace_part(trace: int) -> str:
+    return f"00-{trace:032x}-"
 
 
 def parse_traceparent(text: str) -> tuple[int, int] | None:

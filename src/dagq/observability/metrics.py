@@ -13,8 +13,11 @@ a store): never a workflow id. Histograms carry the run's trace id as an exempla
 
 from __future__ import annotations
 
+import bisect
+import functools
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +32,9 @@ log = logging.getLogger("dagq.observability")
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 #: Buckets for coordinator batches: from half a millisecond to 10 s.
 BATCH_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+
+#: An exemplar at most this often per bucket of a series (see :func:`_exemplar`).
+EXEMPLAR_EVERY_S = 1.0
 
 #: Every metric dagq exports: name (as exposed) → help. The Grafana dashboard
 #: (docs/grafana/dagq.json) queries only these.
@@ -70,21 +76,47 @@ class Metrics:
 
     def task_finished(self, queue: str, ok: bool, duration_s: float, workflow_id: str) -> None:
         """An attempt ended on this worker."""
-        exemplar = _exemplar(workflow_id)
-        self.tasks_finished.labels(queue, "ok" if ok else "failed").inc(1, exemplar=exemplar)
-        self.task_duration.labels(queue).observe(max(duration_s, 0.0), exemplar=exemplar)
+        finished = _child(self.tasks_finished, queue, "ok" if ok else "failed")
+        finished.inc(1, exemplar=_exemplar(finished, 0, workflow_id))
+        _observe(_child(self.task_duration, queue), DURATION_BUCKETS, duration_s, workflow_id)
 
     def waited(self, queue: str, seconds: float, workflow_id: str) -> None:
         """A task message was received ``seconds`` after it was due."""
-        self.queue_wait.labels(queue).observe(max(seconds, 0.0), exemplar=_exemplar(workflow_id))
+        _observe(_child(self.queue_wait, queue), DURATION_BUCKETS, seconds, workflow_id)
 
     def workflow_finished(self, status: str, workflow_id: str) -> None:
         """A workflow reached a final status."""
-        self.workflows_finished.labels(status).inc(1, exemplar=_exemplar(workflow_id))
+        finished = _child(self.workflows_finished, status)
+        finished.inc(1, exemplar=_exemplar(finished, 0, workflow_id))
 
 
-def _exemplar(workflow_id: str) -> dict[str, str]:
-    return {"trace_id": f"{ids.trace_id(workflow_id):032x}"}
+@functools.lru_cache(maxsize=1024)
+def _child(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, made once: a per-attempt hook then costs a lookup."""
+    return metric.labels(*labels)
+
+
+def _observe(child: Any, buckets: tuple[float, ...], seconds: float, workflow_id: str) -> None:
+    seconds = max(seconds, 0.0)
+    exemplar = _exemplar(child, bisect.bisect_left(buckets, seconds), workflow_id)
+    child.observe(seconds, exemplar=exemplar)
+
+
+#: When each series' bucket last got an exemplar (``id`` of the series, bucket).
+_exemplified: dict[tuple[int, int], float] = {}
+
+
+def _exemplar(series: Any, bucket: int, workflow_id: str) -> dict[str, str] | None:
+    """The run's trace id as an exemplar, for at most one observation a second per
+    bucket of a series: Prometheus keeps only a bucket's latest one, and checking one
+    costs prometheus-client more than the observation (a bucket seldom hit, the slow
+    outlier one wants a trace of, always gets its own)."""
+    key = (id(series), bucket)
+    now = time.monotonic()
+    if now - _exemplified.get(key, -EXEMPLAR_EVERY_S) < EXEMPLAR_EVERY_S:
+        return None
+    _exemplified[key] = now
+    return {"trace_id": ids.trace_hex(workflow_id)}
 
 
 class _Slot:
@@ -139,6 +171,8 @@ def create() -> Metrics:
 def disable() -> None:
     """Switch metrics off in this process (tests)."""
     _slot.metrics = None
+    _child.cache_clear()
+    _exemplified.clear()
 
 
 def serve(port: int) -> Metrics:

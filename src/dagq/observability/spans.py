@@ -20,6 +20,7 @@ tracing is off.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 
 from dagq.observability import ids, tracing
@@ -50,6 +51,15 @@ def attempt_attributes(
     attempt: int,
 ) -> dict[str, str | int | float | bool]:
     """Attributes of an attempt's ``process`` span."""
+    common = _attempt_common(store_url, operation, queue, workflow_id, workflow_name)
+    return {**common, "dagq.task.name": task, "dagq.attempt": attempt}
+
+
+@functools.lru_cache(maxsize=1024)
+def _attempt_common(
+    store_url: str, operation: str, queue: str, workflow_id: str, workflow_name: str
+) -> dict[str, str | int | float | bool]:
+    # What the attempts of a run on a queue share, made once (copied, never changed).
     out = run_attributes(workflow_id, workflow_name)
     out.update(
         {
@@ -57,8 +67,6 @@ def attempt_attributes(
             "messaging.operation.type": operation,
             "messaging.destination.name": queue,
             "dagq.queue": queue,
-            "dagq.task.name": task,
-            "dagq.attempt": attempt,
         }
     )
     return out

@@ -13,7 +13,10 @@ dagq's spans are emitted once they have happened (:func:`emit`), with ids dagq c
 (:mod:`dagq.observability.ids`): the run's trace id comes from its workflow id, and a
 span's id may be fixed before it exists, so a message can name it (a send's) or a task
 can run inside it (a process span's). The parent is a span context built here from
-those ids, not one carried from process to process.
+those ids, not one carried from process to process. A process that turned tracing on
+by its environment hands them to a helper process that exports them
+(:mod:`dagq.observability.forwarding`); one given a provider (:func:`install`) hands
+them to that provider's processors.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,6 +41,11 @@ Kind = Literal["internal", "producer", "consumer", "client", "server"]
 Attributes = Mapping[str, str | int | float | bool]
 #: A span named by (trace id, span id).
 SpanRef = tuple[int, int]
+#: A finished span as dagq emits it: name, trace id, span id, parent span id, kind,
+#: attributes, links, start and end (ns since the epoch), error type.
+Record = tuple[
+    str, int, int, int | None, Kind, Attributes | None, Sequence[SpanRef], int, int, str | None
+]
 
 
 class _Installed:
@@ -44,8 +53,11 @@ class _Installed:
 
     tracer: Tracer | None = None
     provider: TracerProvider | None = None
-    #: What :func:`emit` needs to hand a finished span straight to the processors.
+    #: What :func:`emit` hands a finished span to: the provider's processors, or the
+    #: helper process that exports this process's spans.
     finished: Any = None
+    #: That helper (started with the first span), when this process has one.
+    forwarder: Any = None
 
 
 _on = _Installed()
@@ -70,26 +82,84 @@ def wanted(environ: Mapping[str, str] | None = None) -> bool:
     )
 
 
-def configure(service: str) -> bool:
+def configure(service: str, *, forward: bool = False) -> bool:
     """Turn tracing on if the environment asks for it (see the module's docstring);
     whether it is on. ``service`` is the default ``service.name`` (``OTEL_SERVICE_NAME``
-    wins)."""
+    wins). With ``forward`` (a process making spans by the thousand: a coordinator, a
+    worker), dagq's own spans are exported by a helper process, started now
+    (:mod:`dagq.observability.forwarding`), and this process exports only the spans of
+    user code, importing the exporter when the first one starts."""
     if _on.tracer is not None:
         return True
     if not wanted():
         return False
     try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        provider = exporting_provider(service, lazily=forward)
     except ImportError:
         log.warning("OTEL_* asks for traces but dagq[otel] is not installed: tracing is off")
         return False
+    install(provider)
+    if forward:
+        from dagq.observability.forwarding import Forwarder
+
+        forwarder = Forwarder(service, Sampling(provider.sampler).keep)
+        forwarder.start()
+        _on.forwarder = _on.finished = forwarder
+    return True
+
+
+def exporting_provider(
+    service: str, max_queue_size: int | None = None, *, lazily: bool = False
+) -> TracerProvider:
+    """A provider exporting by the ``OTEL_*`` environment through a BatchSpanProcessor
+    (made with the first span if ``lazily``); ``service``: the default ``service.name``
+    (``OTEL_SERVICE_NAME`` wins)."""
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service}
     provider = TracerProvider(resource=Resource.create(attributes))
-    provider.add_span_processor(BatchSpanProcessor(_exporter()))
-    install(provider)
-    return True
+    if lazily:
+        provider.add_span_processor(_on_first_span())
+    else:
+        provider.add_span_processor(BatchSpanProcessor(_exporter(), max_queue_size=max_queue_size))
+    return provider
+
+
+def _on_first_span() -> Any:
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    class OnFirstSpan(SpanProcessor):
+        """A BatchSpanProcessor made (and the exporter imported) when the first span
+        starts: in a process whose own spans a helper exports, only user code's come
+        here, and most processes make none."""
+
+        def __init__(self) -> None:
+            self.made: BatchSpanProcessor | None = None
+            self.lock = threading.Lock()
+
+        def batch(self) -> BatchSpanProcessor:
+            with self.lock:
+                if self.made is None:
+                    self.made = BatchSpanProcessor(_exporter())
+                return self.made
+
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            self.batch().on_start(span, parent_context=parent_context)
+
+        def on_end(self, span: Any) -> None:
+            self.batch().on_end(span)
+
+        def shutdown(self) -> None:
+            if self.made is not None:
+                self.made.shutdown()  # type: ignore[no-untyped-call]
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return self.made is None or self.made.force_flush(timeout_millis)
+
+    return OnFirstSpan()
 
 
 def _exporter() -> Any:
@@ -118,27 +188,38 @@ def install(provider: TracerProvider | None) -> None:
     the global one too when none is set, so user code in this process joins."""
     if provider is None:
         _on.tracer = _on.provider = _on.finished = None
+        _close_forwarder()
         return
     from opentelemetry import trace
 
+    _close_forwarder()
     _on.provider = provider
     _on.tracer = provider.get_tracer("dagq")
-    _on.finished = _Finished(provider)
+    _on.finished = Finished(provider)
     if type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider":
         trace.set_tracer_provider(provider)
 
 
 def flush(timeout_ms: int = 5000) -> None:
     """Export what is buffered (before a process ends, or a pool process replies)."""
+    if _on.forwarder is not None:
+        _on.forwarder.flush(timeout_ms / 1000)
     if _on.provider is not None:
         _on.provider.force_flush(timeout_ms)
 
 
 def shutdown() -> None:
     """Flush and stop exporting."""
+    _close_forwarder()
     if _on.provider is not None:
         _on.provider.shutdown()
     _on.tracer = _on.provider = _on.finished = None
+
+
+def _close_forwarder() -> None:
+    forwarder, _on.forwarder = _on.forwarder, None
+    if forwarder is not None:
+        forwarder.close()
 
 
 def _context(parent: SpanRef | None) -> Any:
@@ -194,12 +275,34 @@ def emit(
     )
 
 
-class _Finished:
+class Sampling:
+    """A sampler's decisions, asked once per trace: a run is kept or dropped whole, as
+    its trace id decides (``OTEL_TRACES_SAMPLER=traceidratio``)."""
+
+    def __init__(self, sampler: Any) -> None:
+        from opentelemetry.sdk.trace.sampling import Decision
+
+        self.sampler = sampler
+        self.sampled = Decision.RECORD_AND_SAMPLE
+        self.decisions: dict[int, bool] = {}
+
+    def keep(self, trace: int, name: str) -> bool:
+        """Is a span of ``trace`` recorded?"""
+        decision = self.decisions.get(trace)
+        if decision is None:
+            result = self.sampler.should_sample(None, trace, name)
+            decision = result.decision == self.sampled
+            if len(self.decisions) >= 4096:
+                self.decisions.clear()
+            self.decisions[trace] = decision
+        return decision
+
+
+class Finished:
     """Hands finished spans to a provider's processors."""
 
     def __init__(self, provider: TracerProvider) -> None:
         from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.sdk.trace.sampling import Decision
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -212,11 +315,8 @@ class _Finished:
         self.resource = provider.resource
         # The provider's own multi-processor: what its tracers end spans into.
         self.processor = provider._active_span_processor
-        # Its sampler (OTEL_TRACES_SAMPLER), asked once per trace: a run is kept or
-        # dropped whole, as its trace id decides (traceidratio).
-        self.sampler = provider.sampler
-        self.keep = Decision.RECORD_AND_SAMPLE
-        self.decisions: dict[int, bool] = {}
+        # Its sampler (OTEL_TRACES_SAMPLER), asked once per trace.
+        self.keep = Sampling(provider.sampler).keep
 
     def emit(
         self,
@@ -232,7 +332,7 @@ class _Finished:
         end_ns: int,
         error: str | None,
     ) -> None:
-        if not self._sampled(trace, name):
+        if not self.keep(trace, name):
             return
         context, flags = self.context, self.sampled
         if error is not None:
@@ -252,15 +352,21 @@ class _Finished:
         )
         self.processor.on_end(span)
 
-    def _sampled(self, trace: int, name: str) -> bool:
-        decision = self.decisions.get(trace)
-        if decision is None:
-            result = self.sampler.should_sample(None, trace, name)
-            decision = result.decision == self.keep
-            if len(self.decisions) >= 4096:
-                self.decisions.clear()
-            self.decisions[trace] = decision
-        return decision
+    def record(self, record: Record) -> None:
+        """Emit a span given as a :data:`Record` (from a forwarding process)."""
+        name, trace, span_id, parent, kind, attributes, links, start_ns, end_ns, error = record
+        self.emit(
+            name,
+            trace=trace,
+            span_id=span_id,
+            parent=parent,
+            kind=kind,
+            attributes=attributes,
+            links=links,
+            start_ns=start_ns,
+            end_ns=end_ns,
+            error=error,
+        )
 
 
 def joined(traceparent: str, service: str = "dagq-task") -> contextlib.AbstractContextManager[None]:

@@ -10,6 +10,7 @@ import msgspec
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from dagq import observability
 from dagq.client import Client
 from dagq.server import (
     actions,
@@ -41,7 +42,9 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.api = Api(settings=settings, client=client, keys=Keys(client.store))
         app.state.access = Access(client.store, required=settings.auth)
         try:
-            yield
+            # With --metrics-port: the sampled metrics, the event loop's lag among them.
+            async with observability.watching(client.store):
+                yield
         finally:
             await client.close()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import signal
 import sys
 from types import FrameType
@@ -20,6 +21,8 @@ from typing import Any
 
 from dagq.errors import UsageError
 from dagq.server import require_extra
+
+log = logging.getLogger("dagq.server")
 
 #: The longest a shutdown waits for open requests before closing them.
 GRACE_S = 30
@@ -45,8 +48,21 @@ def auth_required(host: str, *, auth: bool) -> bool:
     return auth or not is_loopback(host)
 
 
-def run_server(store_url: str, *, host: str, port: int, auth: bool = False) -> int:
-    """Serve the API until SIGTERM/SIGINT; returns the exit code."""
+def run_server(
+    store_url: str,
+    *,
+    host: str,
+    port: int,
+    auth: bool = False,
+    log_level: str = "info",
+    log_format: str = "text",
+) -> int:
+    """Serve the API until SIGTERM/SIGINT; returns the exit code.
+
+    With ``log_format`` ``json`` every line on stderr is a JSON object: uvicorn's
+    records (requests among them) go through the handler the command set up
+    (:mod:`dagq.cli.log_output`) instead of uvicorn's own, and so does the access line.
+    """
     require_extra()
     required = auth_required(host, auth=auth)
     tokens = asyncio.run(_check_store(store_url))
@@ -56,14 +72,20 @@ def run_server(store_url: str, *, host: str, port: int, auth: bool = False) -> i
     from dagq.server.app import create_app
     from dagq.server.context import Settings
 
-    print(_access_line(host, required=required, tokens=tokens), file=sys.stderr, flush=True)
+    access = _access_line(host, required=required, tokens=tokens)
+    if log_format == "json":
+        log.warning("%s", access)
+    else:
+        print(access, file=sys.stderr, flush=True)
     app = create_app(Settings(store_url=store_url, auth=required))
     config = uvicorn.Config(
         app,
         host=host.strip("[]"),
         port=port,
         timeout_graceful_shutdown=GRACE_S,
-        log_level="info",
+        log_level=log_level.lower(),
+        # json: no handlers of uvicorn's own; its records reach the root logger's
+        log_config=None if log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         server_header=False,
     )
     server = _server_class()(config)

@@ -1,0 +1,206 @@
+"""dagq's own spans, exported by a helper process (docs/architecture.md §7).
+
+Encoding a span for OTLP costs more than the work it describes (~100 µs a span in
+the standard exporter, three spans an attempt), and an exporter thread takes that time
+from the event loop: they share the interpreter lock. So a process that traces by its
+``OTEL_*`` environment hands its spans, as plain tuples (:data:`tracing.Record`), to a
+helper process (:mod:`dagq.observability.exporting`) that makes them SDK spans and
+exports them with the standard BatchSpanProcessor and OTLP exporter, configured by the
+same environment. The event loop pays a tuple and an append per span; a thread of this
+process pickles batches into the helper's stdin.
+
+The helper is started when tracing is turned on (:meth:`Forwarder.start`), exports
+what it has and exits when its stdin closes: :meth:`Forwarder.close`, or this process
+ending however it ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import logging
+import os
+import pickle
+import select
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import IO
+
+from dagq.observability.tracing import Attributes, Kind, Record, SpanRef
+
+log = logging.getLogger("dagq.observability")
+
+#: Spans waiting for the helper at most; more are dropped (and said so, once).
+MAX_PENDING = 16384
+#: How long :meth:`Forwarder.close` waits for the helper to export what it has.
+CLOSE_TIMEOUT_S = 30.0
+
+
+def _setting(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+class Forwarder:
+    """Hands this process's finished spans to its exporting helper process."""
+
+    def __init__(self, service: str, keep: Callable[[int, str], bool]) -> None:
+        self.service = service
+        self.keep = keep
+        # The batch processor's own settings, applied to the hop to the helper too.
+        self.batch_size = max(1, _setting("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
+        self.delay_s = min(_setting("OTEL_BSP_SCHEDULE_DELAY", 5000), 1000) / 1000
+        self.dropped = 0
+        self._pending: collections.deque[Record] = collections.deque()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # the pipe: one writer at a time
+        self._closing = False
+        self._helper: subprocess.Popen[bytes] | None = None
+        self._acks = -1
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def emit(
+        self,
+        name: str,
+        *,
+        trace: int,
+        span_id: int,
+        parent: int | None,
+        kind: Kind,
+        attributes: Attributes | None,
+        links: Sequence[SpanRef],
+        start_ns: int,
+        end_ns: int,
+        error: str | None,
+    ) -> None:
+        """Queue a finished span for the helper (the signature of
+        :meth:`tracing.Finished.emit`)."""
+        if self._closing or not self.keep(trace, name):
+            return
+        pending = self._pending
+        if len(pending) >= MAX_PENDING:
+            self._drop()
+            return
+        pending.append(
+            (name, trace, span_id, parent, kind, attributes, links, start_ns, end_ns, error)
+        )
+        if self._thread is None:
+            self.start()
+        elif len(pending) == self.batch_size:
+            self._wake.set()
+
+    def flush(self, timeout_s: float) -> None:
+        """Return once the helper has exported every span made so far (or after
+        ``timeout_s``)."""
+        if self._helper is None:
+            return
+        with self._lock:
+            self._send_pending()
+            if not self._write(("flush",)):
+                return
+            ready, _, _ = select.select([self._acks], [], [], timeout_s)
+            if ready:
+                os.read(self._acks, 1)
+
+    def close(self) -> None:
+        """Send what is pending, and wait for the helper to export it and exit."""
+        if self._closing or os.getpid() != self._pid:  # a fork's copy owns nothing
+            return
+        self._closing = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        helper = self._helper
+        if helper is None:
+            return
+        with self._lock:
+            self._send_pending()
+            stdin: IO[bytes] | None = helper.stdin
+            if stdin is not None:
+                with contextlib.suppress(OSError):
+                    stdin.close()
+        try:
+            helper.wait(CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("the span exporter did not finish in %.0f s: stopped", CLOSE_TIMEOUT_S)
+            helper.kill()
+            helper.wait()
+        os.close(self._acks)
+        self._acks = -1
+
+    def start(self) -> None:
+        """Start the helper (at once; else with the first span): its start-up (it
+        imports the SDK and the exporter) then overlaps this process's own."""
+        if self._thread is not None or self._closing:
+            return
+        acks, acks_out = os.pipe()
+        try:
+            self._helper = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dagq.observability.exporting",
+                    self.service,
+                    str(acks_out),
+                ],
+                stdin=subprocess.PIPE,
+                pass_fds=(acks_out,),
+                # Its own session: a Ctrl-C meant for this process does not cut it short
+                # (it exports what it has once this process is gone).
+                start_new_session=True,
+            )
+        except OSError as exc:
+            os.close(acks)
+            log.warning("cannot start the span exporter: %s; spans are dropped", exc)
+            self._closing = True  # emit stops trying
+            return
+        finally:
+            os.close(acks_out)
+        self._acks, self._pid = acks, os.getpid()
+        self._thread = threading.Thread(target=self._run, name="dagq-span-forwarder", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def _run(self) -> None:
+        while not self._closing:
+            self._wake.wait(self.delay_s)
+            self._wake.clear()
+            with self._lock:
+                self._send_pending()
+
+    def _send_pending(self) -> None:
+        pending = self._pending
+        while pending:
+            batch = [pending.popleft() for _ in range(min(len(pending), self.batch_size))]
+            if not self._write(("spans", batch)):
+                pending.clear()
+
+    def _write(self, message: tuple[object, ...]) -> bool:
+        helper = self._helper
+        if helper is None or helper.stdin is None or helper.stdin.closed:
+            return False
+        if os.getpid() != self._pid:  # a forked copy: the pipe is its parent's
+            return False
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            helper.stdin.write(len(data).to_bytes(4, "big") + data)
+            helper.stdin.flush()
+        except (OSError, ValueError) as exc:
+            log.warning("the span exporter is gone (%s): spans are dropped from now on", exc)
+            self._closing = True
+            return False
+        return True
+
+    def _drop(self) -> None:
+        if not self.dropped:
+            log.warning(
+                "spans are made faster than they are exported: dropping some (more than %d wait)",
+                MAX_PENDING,
+            )
+        self.dropped += 1
