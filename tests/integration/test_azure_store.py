@@ -350,6 +350,42 @@ async def test_a_stale_condition_stops_a_batch_before_its_documents(store: Store
     assert await store.documents.list("history/") == []
 
 
+async def test_a_condition_this_process_wrote_is_not_checked_again(store: Store) -> None:
+    etag = await store.documents.put("states/a", b"1")
+    assert store.transactions is not None
+    before = store.transactions.copy()
+    batch = store.batch()
+    batch.put("states/a", b"2", if_match=etag)
+    batch.put("history/b/1", b"h")
+    await batch.commit()
+    assert store.transactions - before == {"blob.put": 2}  # no HEAD
+
+
+async def test_a_condition_another_process_made_stale_still_fails_the_put(
+    store: Store,
+) -> None:
+    etag = await store.documents.put("states/a", b"1")
+    other = open_azure_store(azurite_url(), environ={})
+    try:
+        await other.documents.put("states/a", b"elsewhere")
+    finally:
+        await other.close()
+    batch = store.batch()
+    batch.put("states/a", b"2", if_match=etag)
+    batch.put("history/b/1", b"h")
+    with pytest.raises(ConflictError, match="states/a"):
+        await batch.commit()
+    assert (await store.documents.get("states/a")).data == b"elsewhere"  # type: ignore[union-attr]
+    before = store.transactions.copy() if store.transactions is not None else None
+    batch.put("states/a", b"3", if_match=etag)  # known stale now: checked, nothing written
+    batch.put("history/c/1", b"h")
+    with pytest.raises(ConflictError):
+        await batch.commit()
+    assert await store.documents.get("history/c/1") is None
+    assert before is not None and store.transactions is not None
+    assert (store.transactions - before)["blob.head"] == 1
+
+
 async def test_transactions_are_counted_by_kind(store: Store) -> None:
     counts = store.transactions
     assert counts is not None
