@@ -67,7 +67,7 @@ class AzureDocuments:
 
     async def get(self, key: str) -> Document | None:
         async def download(c: Clients) -> Document:
-            stream = await c.container.download_blob(DOCUMENTS + key)
+            stream = await self._service.blob_client(c, DOCUMENTS + key).download_blob()
             data = await stream.readall()
             return Document(data, str(stream.properties.etag))
 
@@ -85,7 +85,7 @@ class AzureDocuments:
         check_put(if_match, if_none_match)
 
         async def upload(c: Clients) -> str:
-            blob = c.container.get_blob_client(DOCUMENTS + key)
+            blob = self._service.blob_client(c, DOCUMENTS + key)
             if if_none_match:
                 result = await blob.upload_blob(bytes(data), overwrite=False)
             elif if_match is not None:
@@ -123,7 +123,7 @@ class AzureDocuments:
         """The current etag of a document, or None if there is none (one HEAD)."""
 
         async def head(c: Clients) -> str:
-            properties = await c.container.get_blob_client(DOCUMENTS + key).get_blob_properties()
+            properties = await self._service.blob_client(c, DOCUMENTS + key).get_blob_properties()
             return str(properties.etag)
 
         try:
@@ -136,7 +136,7 @@ class AzureDocuments:
 
     async def delete(self, key: str, *, if_match: str | None = None) -> bool:
         async def remove(c: Clients) -> None:
-            blob = c.container.get_blob_client(DOCUMENTS + key)
+            blob = self._service.blob_client(c, DOCUMENTS + key)
             if if_match is None:
                 await blob.delete_blob()
             else:
