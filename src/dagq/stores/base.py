@@ -361,8 +361,8 @@ class Batch:
     index rows), never starting a later phase after a failure and never writing, for a
     condition already stale when the commit starts, more than the calls made one by one
     would have (azure: as far as this process knows — a version another process
-    replaced since this one last saw it fails only at its own put). Either way a failed conditional put raises ConflictError from
-    :meth:`commit`.
+    replaced since this one last saw it fails only at its own put). Either way a failed
+    conditional put raises ConflictError from :meth:`commit`.
     """
 
     def __init__(self, store: Store) -> None:
