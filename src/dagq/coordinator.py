@@ -34,7 +34,7 @@ import msgspec
 from dagq import garbage, keys, machine, payloads, quarantine
 from dagq.cache import Entry, WorkflowCache
 from dagq.containment import Held, WorkflowFault, step
-from dagq.dispatching import Outgoing, bundle, task_message
+from dagq.dispatching import Outgoing, bundle, bundle_sends, task_message
 from dagq.errors import ConflictError, DagqError, DamagedData, LeaseLost, TransientError
 from dagq.history import encode_chunk
 from dagq.leasing import LeaseKeeper
@@ -274,6 +274,7 @@ class Coordinator:
         self.lease.check()
         if self.lease.lease is not None:
             batch.fence(self.lease.lease)
+        bundle_sends(batch.ops, self._bundle_size)  # many workflows' tasks: few messages
         return await batch.commit()
 
     async def step(self) -> int:
@@ -576,7 +577,7 @@ class Coordinator:
         for o in outgoing:
             by_queue[o.queue].append(o.message)
         for queue, messages in by_queue.items():
-            batch.send(queue, bundle(messages, self._bundle_size))
+            batch.send(queue, messages)  # bundled at the commit (bundle_sends)
         if fx.stop or fx.finished:
             batch.put(keys.control(workflow_id), control_document(st))
         elif starting:  # a purged namesake may have left its stop-everything marker

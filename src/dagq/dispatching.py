@@ -8,7 +8,9 @@ of itself, so no message ever exceeds the queue limit.
 
 Where every request is billed (Azure), task messages sent together to one queue go
 out as bundles: one queue message carrying several tasks (:func:`bundle`); a worker
-starts what it can and gives the rest back (see :mod:`dagq.worker`).
+starts what it can and gives the rest back (see :mod:`dagq.worker`). The coordinator
+bundles the sends of a whole batch (:func:`bundle_sends`), so many workflows that each
+dispatch one task share one queue message.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dagq.observability import ids
 from dagq.payloads import PREVIOUS_INLINE_BYTES, TASK_MESSAGE_INLINE_BYTES
 from dagq.plan import Plan, PlanTask
 from dagq.state import RunState, TaskStatus
-from dagq.stores.base import OutgoingMessage
+from dagq.stores.base import BatchOp, OutgoingMessage, SendOp
 
 #: A loop's previous output rides in the message up to this size, else as a document.
 PREVIOUS_INLINE_LIMIT = PREVIOUS_INLINE_BYTES
@@ -271,3 +273,29 @@ def bundle(messages: Sequence[OutgoingMessage], size: int) -> list[OutgoingMessa
         used += len(message.body)
     close()
     return out
+
+
+def bundle_sends(ops: list[BatchOp], size: int) -> None:
+    """Merge a batch's sends to each queue into one, packed into bundles (in place).
+
+    The merged send takes the place of the queue's last send, so in a batch committed
+    in order no task message goes out before the state that dispatched it. ``size``
+    1 changes nothing.
+    """
+    if size <= 1:
+        return
+    merged: dict[str, list[OutgoingMessage]] = {}
+    last: dict[str, int] = {}
+    for position, op in enumerate(ops):
+        if isinstance(op, SendOp):
+            merged.setdefault(op.queue, []).extend(op.messages)
+            last[op.queue] = position
+    if len(last) == sum(isinstance(op, SendOp) for op in ops):
+        return  # one send per queue: bundled already
+    kept: list[BatchOp] = []
+    for position, op in enumerate(ops):
+        if not isinstance(op, SendOp):
+            kept.append(op)
+        elif last[op.queue] == position:
+            kept.append(SendOp(op.queue, bundle(merged[op.queue], size)))
+    ops[:] = kept

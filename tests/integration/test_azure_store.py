@@ -11,9 +11,11 @@ import asyncio
 import os
 import random
 import re
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from dagq.errors import ConflictError, StoreUnavailable, ValidationError
@@ -350,6 +352,42 @@ async def test_a_stale_condition_stops_a_batch_before_its_documents(store: Store
     assert await store.documents.list("history/") == []
 
 
+async def test_a_condition_this_process_wrote_is_not_checked_again(store: Store) -> None:
+    etag = await store.documents.put("states/a", b"1")
+    assert store.transactions is not None
+    before = store.transactions.copy()
+    batch = store.batch()
+    batch.put("states/a", b"2", if_match=etag)
+    batch.put("history/b/1", b"h")
+    await batch.commit()
+    assert store.transactions - before == {"blob.put": 2}  # no HEAD
+
+
+async def test_a_condition_another_process_made_stale_still_fails_the_put(
+    store: Store,
+) -> None:
+    etag = await store.documents.put("states/a", b"1")
+    other = open_azure_store(store.url, environ={})
+    try:
+        await other.documents.put("states/a", b"elsewhere")
+    finally:
+        await other.close()
+    batch = store.batch()
+    batch.put("states/a", b"2", if_match=etag)
+    batch.put("history/b/1", b"h")
+    with pytest.raises(ConflictError, match="states/a"):
+        await batch.commit()
+    assert (await store.documents.get("states/a")).data == b"elsewhere"  # type: ignore[union-attr]
+    before = store.transactions.copy() if store.transactions is not None else None
+    batch.put("states/a", b"3", if_match=etag)  # known stale now: checked, nothing written
+    batch.put("history/c/1", b"h")
+    with pytest.raises(ConflictError):
+        await batch.commit()
+    assert await store.documents.get("history/c/1") is None
+    assert before is not None and store.transactions is not None
+    assert (store.transactions - before)["blob.head"] == 1
+
+
 async def test_transactions_are_counted_by_kind(store: Store) -> None:
     counts = store.transactions
     assert counts is not None
@@ -399,3 +437,30 @@ async def test_a_prefix_never_created_is_refused_when_only_looking(azurite: obje
             await store.documents.get("a")
     finally:
         await store.close()
+
+
+async def test_rows_that_stay_in_their_partition_go_in_one_transaction_per_partition(
+    store: Store,
+) -> None:
+    ids = [f"w{i}" for i in range(40)]
+    rows = [IndexRow(id=i, name="n", status="running", created_at=1.0, updated_at=1.0) for i in ids]
+    batch = store.batch()
+    for row in rows:
+        batch.upsert(row)
+    await batch.commit()  # new rows: each placed on its own
+    assert store.transactions is not None
+    before = store.transactions.copy()
+    later = [msgspec.structs.replace(r, updated_at=2.0, data={"n": 1}) for r in rows]
+    batch = store.batch()
+    for row in later:
+        batch.upsert(row)
+    await batch.commit()
+    per_shard = Counter(shard(i) for i in ids)
+    assert store.transactions - before == {  # a partition of one row: a plain upsert
+        "table.batch": sum(n > 1 for n in per_shard.values()),
+        "table.upsert": sum(n == 1 for n in per_shard.values()),
+    }
+    assert (await store.index.query(status=["running"], limit=100)).rows == sorted(
+        later, key=lambda r: r.id, reverse=True
+    )
+    assert await store.index.get("w7") == later[7]

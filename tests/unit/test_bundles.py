@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dagq import keys
-from dagq.dispatching import BUNDLE_BYTES, attempt_id, bundle
+from dagq.dispatching import BUNDLE_BYTES, attempt_id, bundle, bundle_sends
 from dagq.holding import split
 from dagq.local import LocalRunner
 from dagq.messages import (
@@ -29,7 +29,7 @@ from dagq.messages import (
     decode_tasks,
     encode_task,
 )
-from dagq.stores.base import OutgoingMessage, Store
+from dagq.stores.base import BatchOp, OutgoingMessage, PutOp, SendOp, Store
 from dagq.stores.memory import open_memory_store
 from dagq.views import load_view
 from dagq.worker import Worker, WorkerOptions
@@ -68,6 +68,26 @@ def test_a_delayed_message_keeps_its_delay_and_a_lone_one_stays_plain() -> None:
     assert [(m.id, m.delay_s) for m in out] == [("w/t1/1", 5), ("w/t0/1+1", 0.0)]
     assert bundle([message(task(0))], 8)[0].body == encode_task(task(0))
     assert len(bundle([message(task(i)) for i in range(5)], 1)) == 5
+
+
+def test_a_batch_of_many_workflows_sends_their_tasks_in_one_bundle_after_every_state() -> None:
+    ops: list[BatchOp] = []
+    for i in range(3):  # three workflows, each dispatching one task
+        ops += [PutOp(f"states/w{i}", b"s"), SendOp("default", [message(task(i))])]
+    ops.append(SendOp("gpu", [message(task(7))]))
+    bundle_sends(ops, 32)
+    assert [type(op).__name__ for op in ops] == ["PutOp"] * 3 + ["SendOp"] * 2
+    merged = {op.queue: op.messages for op in ops if isinstance(op, SendOp)}
+    assert unpacked(list(merged["default"])) == [0, 1, 2]
+    assert [m.id for m in merged["default"]] == ["w/t0/1+2"]
+    assert unpacked(list(merged["gpu"])) == [7]
+
+
+def test_a_store_that_does_not_bundle_keeps_a_batch_as_it_is() -> None:
+    ops: list[BatchOp] = [SendOp("default", [message(task(i))]) for i in range(3)]
+    before = list(ops)
+    bundle_sends(ops, 1)
+    assert ops == before
 
 
 @given(

@@ -16,6 +16,11 @@ listing reads them in order:
 * a **status entity** per status ever used (``statuses``), so a query without a
   status filter knows which partitions to read.
 
+Rows of one batch that stay where they are (a running workflow's counts) are written
+together: one entity group transaction per partition (up to 100 rows, one request
+each), so a coordinator batch touching many workflows pays per partition, not per
+row (:meth:`AzureIndex.upsert_many`).
+
 Row entities carry ``updated_at`` as a property, so ``changed`` (what changed since a
 moment, for the server's stream) is one filtered query over the row partitions.
 """
@@ -27,7 +32,7 @@ import hashlib
 import heapq
 import re
 import struct
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,6 +56,9 @@ _STATUSES = "statuses"
 _POINTER_ROW = "w"
 _CHUNK = 60_000  # bytes per binary property (Azure's limit is 64 KiB)
 _MAX_CHUNKS = 15
+#: An entity group transaction holds at most 100 entities and 4 MiB.
+_GROUP_ROWS = 100
+_GROUP_BYTES = 3 * 1024 * 1024
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+\Z")
 _Where = tuple[str, float]  # (status, created_at): where a row entity is
 
@@ -190,6 +198,28 @@ class AzureIndex:
             await self._remove(partition(where[0], shard(row.id)), row_key(where[1], row.id))
         self._where[row.id] = (row.status, row.created_at)
 
+    async def upsert_many(self, rows: Sequence[IndexRow]) -> None:
+        """Upsert rows of distinct workflows: those that stay in their partition in one
+        entity group transaction per partition (and per 100 rows); moves one by one."""
+        groups: dict[str, list[list[dict[str, Any]]]] = defaultdict(lambda: [[]])
+        sizes: dict[str, int] = defaultdict(int)
+        alone: list[IndexRow] = []
+        for row in rows:
+            if self._where.get(row.id) != (row.status, row.created_at):
+                alone.append(row)
+                continue
+            pk = partition(row.status, shard(row.id))
+            entity = {"PartitionKey": pk, "RowKey": row_key(row.created_at, row.id)}
+            entity.update(_row_properties(row))
+            size = sum(len(v) for v in entity.values() if isinstance(v, bytes | str)) + 512
+            if len(groups[pk][-1]) >= _GROUP_ROWS or sizes[pk] + size > _GROUP_BYTES:
+                groups[pk].append([])
+                sizes[pk] = 0
+            groups[pk][-1].append(entity)
+            sizes[pk] += size
+        writes = [self._put_group(group) for chunks in groups.values() for group in chunks]
+        await asyncio.gather(*writes, *(self.upsert(row) for row in alone))
+
     async def get(self, workflow_id: str) -> IndexRow | None:
         for _ in range(2):  # a move may happen between the two reads: look again
             pointer = await self._read(_pointer(workflow_id), _POINTER_ROW)
@@ -306,6 +336,18 @@ class AzureIndex:
             await c.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
 
         await self._service.call("table.upsert", upsert)
+
+    async def _put_group(self, entities: list[dict[str, Any]]) -> None:
+        if len(entities) == 1:
+            await self._put(entities[0])
+            return
+
+        async def submit(c: Clients) -> None:
+            await c.table.submit_transaction(
+                [("upsert", entity, {"mode": UpdateMode.REPLACE}) for entity in entities]
+            )
+
+        await self._service.call("table.batch", submit)
 
     async def _read(
         self, pk: str, rk: str, *, select: list[str] | None = None

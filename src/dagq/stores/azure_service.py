@@ -35,7 +35,7 @@ from azure.core.exceptions import (
 from azure.core.pipeline.transport import AioHttpTransport
 from azure.data.tables.aio import TableClient, TableServiceClient
 from azure.identity.aio import DefaultAzureCredential
-from azure.storage.blob.aio import BlobServiceClient, ContainerClient
+from azure.storage.blob.aio import BlobClient, BlobServiceClient, ContainerClient
 from azure.storage.queue.aio import QueueClient, QueueServiceClient
 
 from dagq.errors import StoreUnavailable
@@ -54,6 +54,8 @@ for _name, _level in (
 
 #: Requests in flight at once, per store (also the size of the connection pool).
 DEFAULT_CONCURRENCY = 64
+#: Blob clients kept for reuse (the state headers, history and inputs lately written).
+_BLOB_CLIENTS = 1024
 #: Retries inside the SDK, quick ones: dagq's own loops retry what still fails. (The
 #: storage SDKs' default waits 15 s and more between tries.)
 _RETRIES = 2
@@ -110,6 +112,7 @@ class AzureService:
         self._lock = asyncio.Lock()
         self._clients: Clients | None = None
         self._queue_clients: dict[str, QueueClient] = {}
+        self._blob_clients: dict[str, BlobClient] = {}
         self._closed = False
 
     @property
@@ -139,6 +142,17 @@ class AzureService:
                     raise
                 self._clients = built
         return self._clients
+
+    def blob_client(self, clients: Clients, name: str) -> BlobClient:
+        """The client of one blob of the container, kept for the blobs used lately
+        (building one costs a tenth of a request's CPU time)."""
+        client = self._blob_clients.pop(name, None)
+        if client is None:
+            client = clients.container.get_blob_client(name)
+        self._blob_clients[name] = client  # most recently used last
+        if len(self._blob_clients) > _BLOB_CLIENTS:
+            del self._blob_clients[next(iter(self._blob_clients))]
+        return client
 
     def queue_client(self, clients: Clients, name: str) -> QueueClient:
         """The client of one Azure queue (raw text messages; dagq encodes them)."""
@@ -204,6 +218,7 @@ class AzureService:
         self._closed = True
         clients, self._clients = self._clients, None
         queue_clients, self._queue_clients = list(self._queue_clients.values()), {}
+        self._blob_clients = {}  # they share the container's transport: nothing to close
         for client in queue_clients:
             await client.close()
         if clients is not None:

@@ -369,8 +369,9 @@ class Batch:
     plain document puts, then conditional puts, then sends, then deletes, acks and
     index rows), never starting a later phase after a failure and never writing, for a
     condition already stale when the commit starts, more than the calls made one by one
-    would have. Either way a failed conditional put raises ConflictError from
-    :meth:`commit`.
+    would have (azure: as far as this process knows — a version another process
+    replaced since this one last saw it fails only at its own put). Either way a failed
+    conditional put raises ConflictError from :meth:`commit`.
     """
 
     def __init__(self, store: Store) -> None:
