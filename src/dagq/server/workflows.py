@@ -346,7 +346,7 @@ async def stream_events(
     position = resources.parse_event_id(resume) if resume else None
     stopping = anyio.Event()
     found = history_events(
-        api.client, workflow_id, position, poll_s=api.settings.stream_poll_s, stopping=stopping
+        api.client, workflow_id, position, settings=api.settings, stopping=stopping
     )
     return EventSourceResponse(
         while_allowed(request, found),

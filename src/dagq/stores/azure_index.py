@@ -37,6 +37,7 @@ from azure.data.tables import UpdateMode
 from dagq.errors import ValidationError
 from dagq.stores.azure_service import AzureService, Clients
 from dagq.stores.base import IndexPage, IndexRow
+from dagq.stores.changes import INDEX_TOPIC, ChangeFeed
 from dagq.stores.common import (
     check_page_size,
     check_statuses,
@@ -161,12 +162,18 @@ async def _merge(readers: list[_ShardReader], count: int) -> list[IndexRow]:
 class AzureIndex:
     """Index rows in Table Storage, sharded by status for fast listing."""
 
-    def __init__(self, service: AzureService) -> None:
+    def __init__(self, service: AzureService, changes: ChangeFeed | None = None) -> None:
         self._service = service
         self._where: dict[str, _Where | None] = {}
         self._statuses: set[str] = set()
+        self._changes = changes
 
     async def upsert(self, row: IndexRow) -> None:
+        await self._upsert(row)
+        if self._changes is not None:  # this process's streams only: the feed polls
+            self._changes.notify([INDEX_TOPIC])
+
+    async def _upsert(self, row: IndexRow) -> None:
         where = self._where[row.id] if row.id in self._where else await self._locate(row.id)
         entity = {
             "PartitionKey": partition(row.status, shard(row.id)),

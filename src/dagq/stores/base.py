@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import msgspec
 
 from dagq.errors import LeaseLost
+from dagq.stores.changes import ChangeFeed, batch_topics
 
 #: Largest message body any backend accepts. Azure Queue Storage caps a message at
 #: 64 KiB *after* base64 encoding, so 48 KiB of raw bytes is the portable limit;
@@ -407,8 +408,14 @@ class Batch:
         if not ops:
             return []
         if self._store.committer is not None:
-            return await self._store.committer(ops)
-        return await commit_in_order(self._store, ops)
+            etags = await self._store.committer(ops)
+        else:
+            etags = await commit_in_order(self._store, ops)
+        written = [op.key for op in ops if isinstance(op, PutOp | DeleteOp)]
+        upserts = sum(isinstance(op, UpsertOp) for op in ops)
+        if written or upserts:
+            self._store.changes.notify(batch_topics(written, upserts))
+        return etags
 
 
 async def commit_in_order(store: Store, ops: Sequence[BatchOp]) -> list[str]:
@@ -453,6 +460,8 @@ class Store:
     #: Storage transactions made so far, by kind (``blob.put``, ``queue.receive``, ...),
     #: for backends billed per transaction; None where nothing is counted.
     transactions: Counter[str] | None = None
+    #: Wakes readers waiting for a part of the store to change (server streams).
+    changes: ChangeFeed = field(default_factory=ChangeFeed)
 
     def batch(self) -> Batch:
         """A new, empty batch of writes for this store."""

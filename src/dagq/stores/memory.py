@@ -25,6 +25,7 @@ from dagq.stores.base import (
     QueueDepth,
     Store,
 )
+from dagq.stores.changes import INDEX_TOPIC, ChangeFeed
 from dagq.stores.common import (
     Wakeups,
     check_limit,
@@ -235,11 +236,14 @@ def _received(queue: str, queued: _Queued) -> Message:
 class MemoryIndex:
     """Index rows in a dict, stored encoded so they behave exactly like persisted ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, changes: ChangeFeed | None = None) -> None:
         self._rows: dict[str, bytes] = {}
+        self._changes = changes
 
     async def upsert(self, row: IndexRow) -> None:
         self._rows[row.id] = encode_row(row)
+        if self._changes is not None:
+            self._changes.notify([INDEX_TOPIC])
 
     async def get(self, workflow_id: str) -> IndexRow | None:
         data = self._rows.get(workflow_id)
@@ -326,10 +330,12 @@ def open_memory_store(
 ) -> Store:
     """A fresh, empty store that lives in this process only."""
     check_max_deliveries(max_deliveries)
+    changes = ChangeFeed(complete=True)  # nothing outside this process writes to it
     return Store(
         url=url,
         documents=MemoryDocuments(),
         queues=MemoryQueues(clock, max_deliveries),
-        index=MemoryIndex(),
+        index=MemoryIndex(changes),
         leases=MemoryLeases(clock),
+        changes=changes,
     )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dagq.stores.base import IndexPage, IndexRow
+from dagq.stores.changes import INDEX_TOPIC
 from dagq.stores.common import (
     check_page_size,
     check_statuses,
@@ -17,6 +18,7 @@ from dagq.stores.common import (
     encode_row,
 )
 from dagq.stores.postgres_database import Conn, Database
+from dagq.stores.postgres_wakeups import notify_changes
 
 _UPSERT = """
 INSERT INTO {s}.index_rows (id, name, status, tenant, created_at, updated_at, row)
@@ -52,12 +54,14 @@ async def upsert(db: Database, conn: Conn, rows: Sequence[IndexRow]) -> None:
 class PostgresIndex:
     """Index rows in the ``index_rows`` table."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, channel: str) -> None:
         self._db = db
+        self._channel = channel
 
     async def upsert(self, row: IndexRow) -> None:
-        async with self._db.connection() as conn:
+        async with self._db.connection() as conn, conn.transaction():
             await upsert(self._db, conn, [row])
+            await notify_changes(conn, self._channel, {INDEX_TOPIC})
 
     async def get(self, workflow_id: str) -> IndexRow | None:
         found = await self._db.row("SELECT row FROM {s}.index_rows WHERE id = %s", (workflow_id,))

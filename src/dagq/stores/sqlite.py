@@ -47,6 +47,7 @@ from dagq.stores.base import (
     SendOp,
     Store,
 )
+from dagq.stores.changes import INDEX_TOPIC, ChangeFeed
 from dagq.stores.common import (
     Wakeups,
     check_batch,
@@ -70,6 +71,7 @@ from dagq.stores.common import (
     stale_receipt,
     too_many_deliveries,
 )
+from dagq.stores.sqlite_changes import DataVersionWatch
 from dagq.stores.sqlite_schema import SCHEMA
 from dagq.stores.transfer import PendingMessage
 
@@ -82,6 +84,7 @@ READERS = 2
 
 # Sends from any store on the same file in this process wake that file's waiters.
 _WAKEUPS: dict[Path, Wakeups] = {}
+_CHANGES: dict[Path, ChangeFeed] = {}
 _WAKEUPS_LOCK = threading.Lock()
 
 
@@ -119,14 +122,19 @@ def open_sqlite_store(
     db = _Database(file, clock)
     with _WAKEUPS_LOCK:
         wakeups = _WAKEUPS.setdefault(file.resolve(), Wakeups())
+        changes = _CHANGES.get(file.resolve())
+        if changes is None:
+            watch = DataVersionWatch(file.resolve())
+            changes = _CHANGES[file.resolve()] = ChangeFeed(complete=True, source=watch)
     return Store(
         url=f"sqlite:///{file}",
         documents=SqliteDocuments(db),
         queues=SqliteQueues(db, wakeups, max_deliveries),
-        index=SqliteIndex(db),
+        index=SqliteIndex(db, changes),
         leases=SqliteLeases(db),
         closers=[db.close],
         committer=_Committer(db, wakeups),
+        changes=changes,
     )
 
 
@@ -690,12 +698,14 @@ class SqliteQueues:
 class SqliteIndex:
     """Index rows in the ``index_rows`` table, with the filtered columns alongside."""
 
-    def __init__(self, db: _Database) -> None:
+    def __init__(self, db: _Database, changes: ChangeFeed) -> None:
         self._db = db
+        self._changes = changes
 
     async def upsert(self, row: IndexRow) -> None:
         args = _row_args(row)
         await self._db.write(lambda c: c.execute(_UPSERT_ROW, args))
+        self._changes.notify([INDEX_TOPIC])
 
     async def get(self, workflow_id: str) -> IndexRow | None:
         sql = "SELECT row FROM index_rows WHERE id = ?"
