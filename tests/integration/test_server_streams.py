@@ -108,11 +108,12 @@ def test_a_commit_of_another_process_reaches_every_open_stream_at_once(
     submit_waiting(server, "streams-fast")
     readers = open_readers(server, "streams-fast", 10)
     try:
-        delays = []
+        delays: list[float] = []
         for seq in range(8):
             committed = asyncio.run(append(server.cli.store_url, "streams-fast", seq))
+            probe = str(seq)
             wait_until(
-                lambda seq=seq: all(str(seq) in r.arrivals for r in readers),
+                lambda: all(probe in r.arrivals for r in readers),
                 timeout_s=10,
                 what=f"probe {seq} on every stream",
             )
