@@ -11,6 +11,7 @@ The writer here is this test process, appending history chunks to a run that wai
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -95,6 +96,10 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def arrived_everywhere(readers: list[Reader], probe: str) -> bool:
+    return all(probe in reader.arrivals for reader in readers)
+
+
 def open_readers(server: ApiServer, workflow_id: str, count: int) -> list[Reader]:
     readers = [Reader(f"{server.url}/v1/workflows/{workflow_id}/stream") for _ in range(count)]
     for reader in readers:
@@ -111,9 +116,8 @@ def test_a_commit_of_another_process_reaches_every_open_stream_at_once(
         delays: list[float] = []
         for seq in range(8):
             committed = asyncio.run(append(server.cli.store_url, "streams-fast", seq))
-            probe = str(seq)
             wait_until(
-                lambda: all(probe in r.arrivals for r in readers),
+                functools.partial(arrived_everywhere, readers, str(seq)),
                 timeout_s=10,
                 what=f"probe {seq} on every stream",
             )
