@@ -28,7 +28,7 @@ import heapq
 import re
 import struct
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
@@ -45,6 +45,7 @@ from dagq.stores.common import (
     decode_row,
     encode_cursor,
     encode_row,
+    has_labels,
 )
 
 SHARDS = 16
@@ -268,6 +269,61 @@ class AzureIndex:
                 if row.id not in found or found[row.id].updated_at < row.updated_at:
                     found[row.id] = row
         return sorted(found.values(), key=lambda row: (row.updated_at, row.id))[:limit]
+
+    async def count(
+        self,
+        *,
+        name: str | None = None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+    ) -> dict[str, int]:
+        # One query per status over its shards' partitions; the created range is a
+        # RowKey range (RowKeys start with the inverted created_at). Without labels
+        # the entities come back as their RowKey alone (a projection).
+        conditions = ["PartitionKey ge @low", "PartitionKey lt @high"]
+        parameters: dict[str, Any] = {}
+        for field, value in (("name", name), ("tenant", tenant)):
+            if value is not None:
+                conditions.append(f"{field} eq @{field}")
+                parameters[field] = value
+        if created_before is not None:  # older: a greater RowKey
+            conditions.append("RowKey gt @before")
+            parameters["before"] = row_key(created_before, "")[:16] + "~"
+        if created_after is not None:
+            conditions.append("RowKey lt @after")
+            parameters["after"] = row_key(created_after, "")[:16] + "~"
+        select = [f"r{i}" for i in range(_MAX_CHUNKS)] if labels else ["RowKey"]
+        counts: dict[str, int] = {}
+        for status in await self._known():
+            prefix = partition(status, 0)[:-2]
+            found = await self._count(
+                " and ".join(conditions),
+                {**parameters, "low": prefix, "high": prefix[:-1] + ";"},
+                select,
+                labels,
+            )
+            if found:
+                counts[status] = found
+        return counts
+
+    async def _count(
+        self,
+        query: str,
+        parameters: dict[str, Any],
+        select: list[str],
+        labels: Mapping[str, str] | None,
+    ) -> int:
+        pages = self._service.pages(
+            "table.query",
+            lambda c: c.table.query_entities(query, parameters=parameters, select=select),
+        )
+        count = 0
+        async for page in pages:
+            for entity in page:
+                count += 1 if not labels or has_labels(_row_of(entity), labels) else 0
+        return count
 
     async def delete(self, workflow_id: str) -> bool:
         where = self._where.get(workflow_id) or await self._locate(workflow_id)

@@ -14,7 +14,7 @@ translate driver errors into :mod:`dagq.errors` at their boundary.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -244,6 +244,21 @@ class Index(Protocol):
     async def changed(self, after: float, *, limit: int = 100) -> list[IndexRow]:
         """Rows written with ``updated_at`` later than ``after``, oldest change first
         (then by id), at most ``limit``: what changed since a moment, for a stream."""
+        ...
+
+    async def count(
+        self,
+        *,
+        name: str | None = None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+    ) -> dict[str, int]:
+        """How many rows of each status match every given filter (statuses with none
+        are left out): ``created_after <= created_at < created_before``, and each of
+        ``labels`` equal in the row's ``data["labels"]``. Counted where the rows are
+        (a GROUP BY, a projection), not by listing them."""
         ...
 
     async def delete(self, workflow_id: str) -> bool:

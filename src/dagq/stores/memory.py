@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dagq.errors import LeaseHeld
@@ -38,6 +38,7 @@ from dagq.stores.common import (
     check_ttl,
     check_visibility,
     conflict,
+    count_statuses,
     decode_cursor,
     decode_row,
     encode_cursor,
@@ -281,6 +282,22 @@ class MemoryIndex:
         check_page_size(limit)
         rows = [row for row in map(decode_row, self._rows.values()) if row.updated_at > after]
         return sorted(rows, key=lambda row: (row.updated_at, row.id))[:limit]
+
+    async def count(
+        self,
+        *,
+        name: str | None = None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+    ) -> dict[str, int]:
+        rows = (
+            row
+            for row in map(decode_row, self._rows.values())
+            if (name is None or row.name == name) and (tenant is None or row.tenant == tenant)
+        )
+        return count_statuses(rows, labels, created_after, created_before)
 
     async def delete(self, workflow_id: str) -> bool:
         return self._rows.pop(workflow_id, None) is not None

@@ -4,7 +4,7 @@ paging on ``(created_at, id)``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagq.stores.base import IndexPage, IndexRow
@@ -12,6 +12,8 @@ from dagq.stores.changes import INDEX_TOPIC
 from dagq.stores.common import (
     check_page_size,
     check_statuses,
+    count_filters,
+    count_statuses,
     decode_cursor,
     decode_row,
     encode_cursor,
@@ -94,6 +96,23 @@ class PostgresIndex:
             "SELECT row FROM {s}.index_rows WHERE updated_at > %s ORDER BY updated_at, id LIMIT %s"
         )
         return [decode_row(bytes(data)) for (data,) in await self._db.rows(sql, (after, limit))]
+
+    async def count(
+        self,
+        *,
+        name: str | None = None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+    ) -> dict[str, int]:
+        where, args = count_filters(name, tenant, created_after, created_before, "%s")
+        if not labels:  # counted by the database, on the index of the filter
+            sql = f"SELECT status, count(*) FROM {{s}}.index_rows {where} GROUP BY status"
+            return {status: int(n) for status, n in await self._db.rows(sql, args)}
+        sql = f"SELECT row FROM {{s}}.index_rows {where}"  # labels are inside the row
+        rows = (decode_row(bytes(data)) for (data,) in await self._db.rows(sql, args))
+        return count_statuses(rows, labels)
 
     async def delete(self, workflow_id: str) -> bool:
         sql = "DELETE FROM {s}.index_rows WHERE id = %s"

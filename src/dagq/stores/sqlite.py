@@ -19,7 +19,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import closing, contextmanager
 from dataclasses import replace
@@ -61,6 +61,8 @@ from dagq.stores.common import (
     check_ttl,
     check_visibility,
     conflict,
+    count_filters,
+    count_statuses,
     decode_cursor,
     decode_row,
     encode_cursor,
@@ -739,6 +741,27 @@ class SqliteIndex:
         )
         found = await self._db.read(lambda c: c.execute(sql, (after, limit)).fetchall())
         return [decode_row(data) for (data,) in found]
+
+    async def count(
+        self,
+        *,
+        name: str | None = None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+    ) -> dict[str, int]:
+        where, args = count_filters(name, tenant, created_after, created_before, "?")
+        if not labels:  # counted by the database, on the index of the filter
+            sql = f"SELECT status, count(*) FROM index_rows {where} GROUP BY status"
+            found = await self._db.read(lambda c: c.execute(sql, args).fetchall())
+            return {status: int(n) for status, n in found}
+        sql = f"SELECT row FROM index_rows {where}"  # labels are inside the row
+
+        def work(c: sqlite3.Connection) -> dict[str, int]:
+            return count_statuses((decode_row(d) for (d,) in c.execute(sql, args)), labels)
+
+        return await self._db.read(work)
 
     async def delete(self, workflow_id: str) -> bool:
         sql = "DELETE FROM index_rows WHERE id = ?"
