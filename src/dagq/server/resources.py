@@ -41,6 +41,14 @@ class WorkflowPage(msgspec.Struct, frozen=True, kw_only=True):
     next_cursor: str | None
 
 
+class StatusCounts(msgspec.Struct, frozen=True, kw_only=True):
+    """How many runs there are of each status (over the whole store, under the
+    filters asked for; statuses with none left out), and in all."""
+
+    counts: dict[str, int]
+    total: int
+
+
 class Event(msgspec.Struct, frozen=True, kw_only=True):
     """One entry of a run's history; ``id`` orders them and resumes a stream."""
 
@@ -143,6 +151,7 @@ SCHEMAS: tuple[Any, ...] = (
     Accepted,
     WorkflowDetail,
     WorkflowPage,
+    StatusCounts,
     Event,
     TaskDetail,
     TaskInfo,

@@ -173,6 +173,55 @@ async def list_workflows(
     return answer(resources.WorkflowPage(items=items, next_cursor=cursor))
 
 
+@router.get(
+    "/workflows/counts",
+    summary="Count workflows by status",
+    responses={
+        200: {"content": json_schema(resources.StatusCounts)},
+        **problems.openapi_responses(422),
+    },
+)
+async def count_workflows(
+    *,
+    who: Who,
+    api: Server,
+    name: str | None = None,
+    tenant: str | None = None,
+    label: Annotated[
+        list[str] | None, Query(description="key=value: runs with that label; repeatable.")
+    ] = None,
+    created_after: Annotated[
+        str | None, Query(description="Epoch seconds or ISO 8601 (inclusive).")
+    ] = None,
+    created_before: Annotated[
+        str | None, Query(description="Epoch seconds or ISO 8601 (exclusive).")
+    ] = None,
+) -> Response:
+    """How many runs of each status the whole store holds under the listing's filters
+    (name, tenant, labels, creation time), counted by the store's index."""
+    allow(who, "viewer", "read workflows")
+    wanted = run_filter(
+        who,
+        name=name,
+        tenant=tenant,
+        labels=label,
+        created_after=created_after,
+        created_before=created_before,
+    )
+    counts = (
+        {}
+        if wanted.empty
+        else await api.client.store.index.count(
+            name=wanted.name,
+            tenant=wanted.tenant,
+            labels=dict(wanted.labels) or None,
+            created_after=wanted.created_after,
+            created_before=wanted.created_before,
+        )
+    )
+    return answer(resources.StatusCounts(counts=counts, total=sum(counts.values())))
+
+
 async def matching_page(
     api: Api, wanted: RunFilter, *, limit: int, cursor: str | None
 ) -> tuple[list[WorkflowSummary], str | None]:
