@@ -8,9 +8,11 @@ Screenshots go to ``$DAGQ_TEST_ARTEFACTS`` (or a temporary directory, printed).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,7 @@ import pytest
 import yaml
 from bench.console import CHROMIUM_ARGS, layered_definition
 
+from dagq.stores.base import IndexRow, Store
 from tests.integration.cli_harness import DagqCli, wait_until
 from tests.integration.test_server_api import ApiServer
 
@@ -173,6 +176,48 @@ def test_runs_list_shows_a_new_run_live_and_opens_it_by_keyboard(
     expect(page.locator(".run-head")).to_contain_text("2/2 done")
     page.emulate_media(color_scheme="dark")
     shot(page, artefacts, "run-dark")
+
+
+def test_runs_counts_cover_the_whole_store_not_the_page_and_follow_new_runs(
+    page: Page, http: httpx.Client, cli: DagqCli, artefacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    async def seed(store: Store) -> None:
+        batch = store.batch()
+        now = time.time()
+        for i in range(230):  # more than a page of the list (200): rows, no runs behind
+            status = "failed" if i < 10 else "completed"
+            batch.upsert(
+                IndexRow(
+                    id=f"counted-{i:03d}",
+                    name="console-counted",
+                    status=status,
+                    created_at=now - 1000 + i,
+                    updated_at=now - 1000 + i,
+                    data={"total": 1, "counts": {status: 1}},
+                )
+            )
+        await batch.commit()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright's loop runs here
+        pool.submit(cli.with_store, seed).result(timeout=60)
+    page.goto("/#/runs?name=console-counted")
+    expect(page.locator("table.runs tbody tr")).to_have_count(200)
+    counts = page.locator(".counts")
+    expect(counts.locator('[data-status="completed"]')).to_have_text("completed 220")
+    expect(counts.locator('[data-status="failed"]')).to_have_text("failed 10")
+    expect(counts.locator(".total")).to_have_text("all 230")
+    shot(page, artefacts, "runs-counts")
+
+    submit(http, {"name": "console-counted", "tasks": [{"name": "one", "cmd": "true"}]})
+    expect(counts.locator('[data-status="completed"]')).to_have_text("completed 221")
+
+    counts.locator('[data-status="failed"]').click()
+    expect(page).to_have_url(re.compile(r"status=failed"))
+    expect(page.locator("table.runs tbody tr")).to_have_count(10)
+    expect(counts.locator('[data-status="failed"]')).to_have_attribute("aria-current", "true")
+    expect(counts.locator(".total")).to_have_text("all 231")
 
 
 def test_bulk_cancel_by_filter_shows_the_dry_run_count_first(
