@@ -360,6 +360,42 @@ def test_a_failed_task_is_retried_from_its_panel(
     expect(page.locator(".run-head .badge").first).to_have_text("completed")
 
 
+def test_a_foreach_tasks_panel_lists_each_instance_with_its_state_attempt_and_error(
+    page: Page, http: httpx.Client, artefacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    workflow_id = submit(
+        http,
+        {
+            "name": "console-instances",
+            "tasks": [
+                {"name": "split", "cmd": "echo '[10, 20, 30]' > \"$DAGQ_OUTPUT\""},
+                {
+                    "name": "square",
+                    "depends_on": ["split"],
+                    "foreach": "inputs.split",
+                    "num_retries": 0,
+                    "cmd": 'if [ "$DAGQ_INDEX" = 1 ]; then exit 4; fi',
+                },
+            ],
+        },
+    )
+    page.goto(f"/#/runs/{workflow_id}")
+    expect(node(page, "square")).to_have_class(state("failed"))
+    node(page, "square").click()
+    instances = page.locator("aside.task-panel section.instances")
+    expect(instances.locator("tbody tr")).to_have_count(3)
+    failed = instances.locator('tr[data-instance="square[1]"]')
+    expect(failed.locator(".badge")).to_have_text("failed")
+    expect(failed.locator(".instance-error")).to_contain_text("exit code 4")
+    for done in ("square[0]", "square[2]"):
+        row = instances.locator(f'tr[data-instance="{done}"]')
+        expect(row.locator(".badge")).to_have_text("completed")
+        expect(row.locator("td").nth(2)).to_have_text("1")
+    shot(page, artefacts, "run-instances")
+
+
 def test_preview_draws_a_definition_then_submits_it(
     page: Page, http: httpx.Client, artefacts: Path
 ) -> None:

@@ -97,13 +97,20 @@ class Timeline(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TaskDetail(TaskInfo, frozen=True, kw_only=True):
-    """A task with its attempts, its whole error text, its events, and (while it waits)
-    the reason it is not running."""
+    """A task with its attempts, its whole error text, its events, (while it waits)
+    the reason it is not running, and (a foreach task) each instance as it stands."""
 
     attempts: list[Attempt]
     full_error: str | None
     events: list[Event]
     reason: str | None
+    #: The first :data:`MAX_INSTANCES` instances of a foreach task (``name[k]``: state,
+    #: attempt, times, error); ``items`` counts them all.
+    instances: list[TaskInfo] = msgspec.field(default_factory=list)
+
+
+#: The most instances a task's detail lists (``GET …/tasks?`` lists every one).
+MAX_INSTANCES = 1000
 
 
 class GraphNode(msgspec.Struct, frozen=True, kw_only=True):

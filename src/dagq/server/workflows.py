@@ -320,6 +320,7 @@ async def get_task(workflow_id: WorkflowId, name: TaskName, who: Who, api: Serve
             full_error=full_error,
             events=own,
             reason=reason,
+            instances=instance_infos(plan, st, plan.by_name[name])[: resources.MAX_INSTANCES],
         )
     )
 
