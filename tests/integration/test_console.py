@@ -396,6 +396,41 @@ def test_a_foreach_tasks_panel_lists_each_instance_with_its_state_attempt_and_er
     shot(page, artefacts, "run-instances")
 
 
+def test_the_timeline_draws_each_loop_iteration_and_foreach_instance_as_a_bar(
+    page: Page, http: httpx.Client, artefacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    workflow_id = submit(
+        http,
+        {
+            "name": "console-bars",
+            "tasks": [
+                {
+                    "name": "poll",
+                    "loop": {"until": "iteration >= 3", "max_iterations": 5},
+                    "cmd": "echo polled",
+                },
+                {"name": "split", "cmd": "echo '[1, 2, 3, 4]' > \"$DAGQ_OUTPUT\""},
+                {"name": "each", "depends_on": ["split"], "foreach": "inputs.split", "cmd": "true"},
+            ],
+        },
+    )
+    page.goto(f"/#/runs/{workflow_id}")
+    expect(page.locator(".run-head .badge").first).to_have_text("completed")
+    gantt = page.locator("ol.gantt")
+    iterations = gantt.locator('li[data-task="poll"]')
+    expect(iterations).to_have_count(3)
+    for n in (1, 2, 3):
+        bar = gantt.locator(f'li[data-task="poll"][data-iteration="{n}"] .bar.run')
+        expect(bar).to_have_count(1)
+    for k in range(4):
+        expect(gantt.locator(f'li[data-task="each[{k}]"] .bar.run')).to_have_count(1)
+    shot(page, artefacts, "run-timeline-bars")
+    gantt.locator('li[data-task="each[2]"] button').click()
+    expect(page.locator("aside.task-panel section.instances tbody tr")).to_have_count(4)
+
+
 def test_preview_draws_a_definition_then_submits_it(
     page: Page, http: httpx.Client, artefacts: Path
 ) -> None:

@@ -15,7 +15,7 @@ from dagq.client import TaskInfo, WorkflowSummary, instance_infos, task_info
 from dagq.definition import WorkflowDef
 from dagq.errors import UsageError, ValidationError, WorkflowNotFound
 from dagq.history import read_chunks
-from dagq.plan import compile_plan, resolve_params
+from dagq.plan import Plan, compile_plan, resolve_params
 from dagq.server import bodies, idempotency, problems, resources
 from dagq.server.access import Caller, caller, while_allowed
 from dagq.server.context import Api, actor, allow, answer, api_of, guard, json_schema
@@ -23,7 +23,7 @@ from dagq.server.filters import RunFilter, run_filter
 from dagq.server.problems import ProblemError
 from dagq.server.resources import Accepted, status_url
 from dagq.server.stream import history_events
-from dagq.state import TaskStatus
+from dagq.state import UNSET, RunState, TaskStatus
 from dagq.submission import load_submitted, require_submitted
 from dagq.tokens import check_tenant
 from dagq.views import load_run
@@ -344,7 +344,33 @@ async def workflow_timeline(workflow_id: WorkflowId, who: Who, api: Server) -> R
             for each in instance_infos(plan, st, i):
                 current[each.name] = (each.attempt, each.started_at, each.status)
     history = resources.events(await read_chunks(api.client.store, workflow_id), None)
-    return answer(resources.timeline(history, current))
+    loops = frozenset(t.name for t in plan.tasks if t.loop is not None)
+    return answer(resources.timeline(history, current, instance_bars(plan, st), loops))
+
+
+def instance_bars(plan: Plan, st: RunState) -> list[resources.TimelineItem]:
+    """The latest attempt of each foreach instance (the first MAX_INSTANCES of each
+    task) as the state has it: sent, started, finished."""
+    bars = []
+    for i, group in st.groups.items():
+        for k in range(min(group.n, resources.MAX_INSTANCES)):
+            if group.dispatched_at[k] == UNSET and group.started_at[k] == UNSET:
+                continue  # not sent yet
+            bars.append(
+                resources.TimelineItem(
+                    task=keys.attempt_name(plan.tasks[i].name, item=k),
+                    attempt=group.attempt[k],
+                    enqueued_at=_moment(group.dispatched_at[k]),
+                    started_at=_moment(group.started_at[k]),
+                    finished_at=_moment(group.finished_at[k]),
+                    status=TaskStatus(group.status[k]).label,
+                )
+            )
+    return bars
+
+
+def _moment(value: float) -> float | None:
+    return None if value == UNSET else value
 
 
 @router.get(
