@@ -14,7 +14,12 @@ connection), a real ``dagq server`` process serving a store that holds:
   entries a worker stamps when an attempt ends are left out) or a listing row
   (``updated_at``) to its arrival at a client of ``…/{id}/stream`` and of
   ``/v1/stream``, while ``dagq coordinator`` and ``dagq worker`` run a chain of tasks.
-  The coordinator stamps before it commits: the figure includes the commit.
+  The coordinator stamps before it commits: the figure includes the commit (and, on
+  a loaded machine, the time the coordinator waits for a CPU);
+* **sse_commit** — from the end of a commit of a history chunk to its arrival at a
+  client of ``…/{id}/stream``: ``--probes`` chunks appended straight to the history of
+  a run that waits (before the coordinator starts), spaced 100-180 ms apart. This is
+  the server's own part of the SSE figure: noticing the change and sending it.
 
 Prints one JSON line with every figure (milliseconds), then a table.
 """
@@ -42,15 +47,19 @@ from rich.table import Table
 
 from bench.run_one import inproc
 from bench.workloads import chain, fan_out
+from dagq import keys
+from dagq.history import HistoryEntry, encode_chunk
 from dagq.stores import open_store
 from dagq.stores.base import Batch, IndexRow
 
 ROOT = Path(__file__).resolve().parent.parent
 DAGQ = str(Path(sys.executable).with_name("dagq"))
 STATUSES = ("completed", "failed", "running", "cancelled")
-#: History entries stamped with the worker's clock when the attempt ended (not when the
-#: coordinator committed them): left out of the latency.
-WORKER_STAMPED = frozenset({"completed", "failed", "retried", "warning"})
+#: History entries stamped with the worker's clock when the attempt started or ended
+#: (not when the coordinator committed them): left out of the latency.
+WORKER_STAMPED = frozenset({"started", "completed", "failed", "retried", "warning"})
+#: The kind of the history entries the commit probe appends.
+PROBE = "bench_probe"
 
 
 async def seed_rows(url: str, count: int) -> None:
@@ -184,6 +193,52 @@ def sse_latency(url: str, steps: int) -> dict[str, Any]:
     }
 
 
+def commit_latency(url: str, store_url: str, probes: int) -> dict[str, Any]:
+    """Append ``probes`` history chunks to a waiting run (no coordinator running) and
+    time each from the end of its commit to its arrival at a stream's client."""
+    workflow_id = f"probe-{int(time.time())}"
+    arrived: list[float] = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        gate = {"name": "gate", "wait_for": {"signal": "go"}}
+        definition = {"name": "bench-probe", "tasks": [gate]}
+        http.post("/v1/workflows", json={"definition": definition, "id": workflow_id})
+        reader = threading.Thread(
+            target=_read_probes, args=(url, workflow_id, probes, arrived), daemon=True
+        )
+        reader.start()
+        time.sleep(1.0)  # the stream is open and has sent what came before
+        committed = asyncio.run(_append_probes(store_url, workflow_id, probes))
+        reader.join(timeout=30)
+    times = [(at - done) * 1000 for done, at in zip(committed, arrived, strict=False)]
+    return {**figures("sse_commit", times), "sse_commit_events": len(times)}
+
+
+async def _append_probes(store_url: str, workflow_id: str, probes: int) -> list[float]:
+    store = open_store(store_url)
+    committed = []
+    try:
+        for i in range(probes):
+            batch = store.batch()
+            entry = HistoryEntry(time.time(), PROBE, None, 0, None, None)
+            batch.put(keys.history(workflow_id, 1_000 + i), encode_chunk([entry]))
+            await batch.commit()
+            committed.append(time.time())
+            await asyncio.sleep(0.1 + (i % 9) * 0.01)  # not in step with any poll
+    finally:
+        await store.close()
+    return committed
+
+
+def _read_probes(url: str, workflow_id: str, probes: int, out: list[float]) -> None:
+    path = f"{url}/v1/workflows/{workflow_id}/stream"
+    with httpx.stream("GET", path, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:") and f'"kind":"{PROBE}"' in line:
+                out.append(time.time())
+                if len(out) >= probes:
+                    return
+
+
 def _gated_chain(steps: int) -> dict[str, Any]:
     """A task that waits for signal ``go``, then a chain of ``steps`` tasks."""
     data: dict[str, Any] = msgspec.to_builtins(chain(steps))
@@ -199,6 +254,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--steps", type=int, default=30, help="tasks of the SSE chain")
+    parser.add_argument("--probes", type=int, default=40, help="chunks of the commit probe")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dagq-bench-server-") as tmp:
         url = f"sqlite:///{Path(tmp) / 'dagq.db'}"
@@ -227,6 +283,7 @@ def main() -> None:
                     "list_status",
                     timed(http, "/v1/workflows", args.requests, status="failed"),
                 )
+            result |= commit_latency(base, url, args.probes)
             others = [
                 start("coordinator", "--log-interval", "3600", url=url),
                 start("worker", "-c", "4", "--import-path", str(ROOT), url=url),
@@ -239,7 +296,7 @@ def main() -> None:
                 process.wait(timeout=30)
     print(json.dumps(result))
     table = Table("figure", "p50 ms", "p95 ms", "max ms", title="dagq server benchmark")
-    for name in ("status", "list", "list_status", "sse_history", "sse_rows"):
+    for name in ("status", "list", "list_status", "sse_history", "sse_rows", "sse_commit"):
         table.add_row(
             name,
             *(str(result[f"{name}_{k}_ms"]) for k in ("p50", "p95", "max")),

@@ -728,13 +728,20 @@ class Client:
         found = await self.store.queues.dead_letters(queue, limit=limit)
         return [dead_letters.describe(d) for d in found]
 
-    async def replay_dead_letters(self, which: builtins.list[str]) -> int:
-        """Send dead letters back to their queues (after a fix), then remove them."""
-        return await dead_letters.replay(self.store, await dead_letters.find(self.store, which))
+    async def replay_dead_letters(
+        self, which: builtins.list[str], *, actor: str | None = None
+    ) -> int:
+        """Send dead letters back to their queues (after a fix), then remove them; each
+        is recorded, with ``actor``, in the history of the runs it concerns."""
+        found = await dead_letters.find(self.store, which)
+        return await dead_letters.replay(self.store, found, _actor(actor))
 
-    async def purge_dead_letters(self, which: builtins.list[str]) -> int:
-        """Remove dead letters for good."""
-        return await dead_letters.purge(self.store, await dead_letters.find(self.store, which))
+    async def purge_dead_letters(
+        self, which: builtins.list[str], *, actor: str | None = None
+    ) -> int:
+        """Remove dead letters for good; recorded like :meth:`replay_dead_letters`."""
+        found = await dead_letters.find(self.store, which)
+        return await dead_letters.purge(self.store, found, _actor(actor))
 
     async def _taken_up(
         self, workflow_id: str, updated_at: float, request_id: str, timeout_s: float

@@ -23,6 +23,7 @@ from dagq.expression import ExpressionError, truthy
 from dagq.group import Group
 from dagq.messages import (
     CancelRequested,
+    DeadLetterHandled,
     Event,
     RetryRequested,
     SignalSent,
@@ -226,6 +227,14 @@ def _on_submit(plan: Plan, state: RunState, event: Any, now: float, fx: Effects)
 def _on_cancel(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
     if state.first_delivery(event.request_id):
         cancel(plan, state, now, fx, event.reason, actor=event.actor or None)
+
+
+def _on_dead_letter(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
+    """Record that someone replayed or purged a dead letter of this run (an audit
+    entry: the run's state does not change)."""
+    if state.first_delivery(event.request_id):
+        detail = f"{event.key}: {event.detail}" if event.detail else event.key
+        fx.note(now, f"dead_letter_{event.action}", detail=detail, actor=event.actor or None)
 
 
 def _on_signal(plan: Plan, state: RunState, event: Any, now: float, fx: Effects) -> None:
@@ -599,6 +608,7 @@ _HANDLERS: dict[type, Callable[[Plan, RunState, Any, float, Effects], None]] = {
     CancelRequested: _on_cancel,
     RetryRequested: _on_retry,
     SignalSent: _on_signal,
+    DeadLetterHandled: _on_dead_letter,
     TaskStarted: _on_started,
     TaskFinished: _on_finished,
 }

@@ -187,7 +187,31 @@ class RetryRequested(msgspec.Struct, frozen=True, tag="retry", kw_only=True):
     actor: str = ""
 
 
-Event = TaskStarted | TaskFinished | SubmitRequested | CancelRequested | RetryRequested | SignalSent
+class DeadLetterHandled(msgspec.Struct, frozen=True, tag="dead_letter", kw_only=True):
+    """Someone replayed or purged a dead letter that concerned the workflow: recorded in
+    its history (``dead_letter_replayed`` / ``dead_letter_purged``), nothing else."""
+
+    workflow_id: str
+    #: "replayed" or "purged".
+    action: str
+    #: The dead letter's key, and what of this workflow it carried (tasks, events).
+    key: str
+    detail: str = ""
+    #: Names this request: a copy delivered again is recorded once.
+    request_id: str = ""
+    #: Who did it (the audit trail).
+    actor: str = ""
+
+
+Event = (
+    TaskStarted
+    | TaskFinished
+    | SubmitRequested
+    | CancelRequested
+    | RetryRequested
+    | SignalSent
+    | DeadLetterHandled
+)
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -7,6 +7,7 @@ message back on its queue, where the engine takes it up again.
 
 from __future__ import annotations
 
+import getpass
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,7 @@ def send_garbage(cli: DagqCli, queue: str, body: bytes) -> None:
     cli.with_store(send)
 
 
+@pytest.mark.timeout(120)  # eleven dagq commands and two processes, on a shared machine
 def test_a_buried_task_is_listed_shown_and_replayed_and_its_workflow_completes(
     cli: DagqCli,
 ) -> None:
@@ -78,6 +80,9 @@ def test_a_buried_task_is_listed_shown_and_replayed_and_its_workflow_completes(
     assert queued(cli, "dl") == 1  # back on its queue, under its own id
     cli.start_worker("-q", "dl")
     assert cli.wait_for_end("w", timeout_s=20) == "completed"
+    [entry] = [e for e in cli.json("events", "w") if e["kind"] == "dead_letter_replayed"]
+    assert entry["actor"] == f"cli:{getpass.getuser()}"
+    assert dead["key"] in entry["detail"] and "task t#1" in entry["detail"]
 
 
 def test_doctor_warns_until_the_dead_letters_are_purged(cli: DagqCli) -> None:

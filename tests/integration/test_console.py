@@ -8,9 +8,11 @@ Screenshots go to ``$DAGQ_TEST_ARTEFACTS`` (or a temporary directory, printed).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,7 @@ import pytest
 import yaml
 from bench.console import CHROMIUM_ARGS, layered_definition
 
+from dagq.stores.base import IndexRow, Store
 from tests.integration.cli_harness import DagqCli, wait_until
 from tests.integration.test_server_api import ApiServer
 
@@ -175,6 +178,48 @@ def test_runs_list_shows_a_new_run_live_and_opens_it_by_keyboard(
     shot(page, artefacts, "run-dark")
 
 
+def test_runs_counts_cover_the_whole_store_not_the_page_and_follow_new_runs(
+    page: Page, http: httpx.Client, cli: DagqCli, artefacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    async def seed(store: Store) -> None:
+        batch = store.batch()
+        now = time.time()
+        for i in range(230):  # more than a page of the list (200): rows, no runs behind
+            status = "failed" if i < 10 else "completed"
+            batch.upsert(
+                IndexRow(
+                    id=f"counted-{i:03d}",
+                    name="console-counted",
+                    status=status,
+                    created_at=now - 1000 + i,
+                    updated_at=now - 1000 + i,
+                    data={"total": 1, "counts": {status: 1}},
+                )
+            )
+        await batch.commit()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright's loop runs here
+        pool.submit(cli.with_store, seed).result(timeout=60)
+    page.goto("/#/runs?name=console-counted")
+    expect(page.locator("table.runs tbody tr")).to_have_count(200)
+    counts = page.locator(".counts")
+    expect(counts.locator('[data-status="completed"]')).to_have_text("completed 220")
+    expect(counts.locator('[data-status="failed"]')).to_have_text("failed 10")
+    expect(counts.locator(".total")).to_have_text("all 230")
+    shot(page, artefacts, "runs-counts")
+
+    submit(http, {"name": "console-counted", "tasks": [{"name": "one", "cmd": "true"}]})
+    expect(counts.locator('[data-status="completed"]')).to_have_text("completed 221")
+
+    counts.locator('[data-status="failed"]').click()
+    expect(page).to_have_url(re.compile(r"status=failed"))
+    expect(page.locator("table.runs tbody tr")).to_have_count(10)
+    expect(counts.locator('[data-status="failed"]')).to_have_attribute("aria-current", "true")
+    expect(counts.locator(".total")).to_have_text("all 231")
+
+
 def test_bulk_cancel_by_filter_shows_the_dry_run_count_first(
     page: Page, http: httpx.Client, cli: DagqCli, artefacts: Path
 ) -> None:
@@ -313,6 +358,77 @@ def test_a_failed_task_is_retried_from_its_panel(
     expect(node(page, "flaky")).to_have_class(state("completed"))
     expect(node(page, "after")).to_have_class(state("completed"))
     expect(page.locator(".run-head .badge").first).to_have_text("completed")
+
+
+def test_a_foreach_tasks_panel_lists_each_instance_with_its_state_attempt_and_error(
+    page: Page, http: httpx.Client, artefacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    workflow_id = submit(
+        http,
+        {
+            "name": "console-instances",
+            "tasks": [
+                {"name": "split", "cmd": "echo '[10, 20, 30]' > \"$DAGQ_OUTPUT\""},
+                {
+                    "name": "square",
+                    "depends_on": ["split"],
+                    "foreach": "inputs.split",
+                    "num_retries": 0,
+                    "cmd": 'if [ "$DAGQ_INDEX" = 1 ]; then exit 4; fi',
+                },
+            ],
+        },
+    )
+    page.goto(f"/#/runs/{workflow_id}")
+    expect(node(page, "square")).to_have_class(state("failed"))
+    node(page, "square").click()
+    instances = page.locator("aside.task-panel section.instances")
+    expect(instances.locator("tbody tr")).to_have_count(3)
+    failed = instances.locator('tr[data-instance="square[1]"]')
+    expect(failed.locator(".badge")).to_have_text("failed")
+    expect(failed.locator(".instance-error")).to_contain_text("exit code 4")
+    for done in ("square[0]", "square[2]"):
+        row = instances.locator(f'tr[data-instance="{done}"]')
+        expect(row.locator(".badge")).to_have_text("completed")
+        expect(row.locator("td").nth(2)).to_have_text("1")
+    shot(page, artefacts, "run-instances")
+
+
+def test_the_timeline_draws_each_loop_iteration_and_foreach_instance_as_a_bar(
+    page: Page, http: httpx.Client, artefacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    workflow_id = submit(
+        http,
+        {
+            "name": "console-bars",
+            "tasks": [
+                {
+                    "name": "poll",
+                    "loop": {"until": "iteration >= 3", "max_iterations": 5},
+                    "cmd": "echo polled",
+                },
+                {"name": "split", "cmd": "echo '[1, 2, 3, 4]' > \"$DAGQ_OUTPUT\""},
+                {"name": "each", "depends_on": ["split"], "foreach": "inputs.split", "cmd": "true"},
+            ],
+        },
+    )
+    page.goto(f"/#/runs/{workflow_id}")
+    expect(page.locator(".run-head .badge").first).to_have_text("completed")
+    gantt = page.locator("ol.gantt")
+    iterations = gantt.locator('li[data-task="poll"]')
+    expect(iterations).to_have_count(3)
+    for n in (1, 2, 3):
+        bar = gantt.locator(f'li[data-task="poll"][data-iteration="{n}"] .bar.run')
+        expect(bar).to_have_count(1)
+    for k in range(4):
+        expect(gantt.locator(f'li[data-task="each[{k}]"] .bar.run')).to_have_count(1)
+    shot(page, artefacts, "run-timeline-bars")
+    gantt.locator('li[data-task="each[2]"] button').click()
+    expect(page.locator("aside.task-panel section.instances tbody tr")).to_have_count(4)
 
 
 def test_preview_draws_a_definition_then_submits_it(

@@ -12,12 +12,14 @@ import getpass
 import json
 import re
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from dagq.stores.base import IndexRow, Store
 from tests.integration.cli_harness import DagqCli, Started, wait_until
 from tests.integration.test_server_api import (
     GATED,
@@ -343,6 +345,45 @@ def test_a_tenant_sees_none_of_another_tenants_runs(http: httpx.Client, tokens: 
     everyone = http.get("/v1/workflows", params={"limit": 500}, headers=tokens.header("root"))
     assert {"tenant-a", "tenant-b"} <= {row["tenant"] for row in everyone.json()["items"]}
     http.post(f"{theirs}/signals/go", headers=tokens.header("bob"))
+
+
+def test_counts_by_status_cover_the_callers_tenant_and_the_filters_asked_for(
+    http: httpx.Client, tokens: Tokens, cli: DagqCli
+) -> None:
+    async def seed(store: Store) -> None:
+        now = time.time()
+        for i, (status, tenant) in enumerate(
+            [("completed", "tenant-a")] * 3 + [("failed", "tenant-a"), ("failed", "tenant-b")]
+        ):
+            labels = {"batch": "one"} if i % 2 == 0 else {}
+            await store.index.upsert(
+                IndexRow(
+                    id=f"counted-{i}",
+                    name="counted",
+                    status=status,
+                    tenant=tenant,
+                    created_at=now - 100 + i,
+                    updated_at=now,
+                    data={"labels": labels},
+                )
+            )
+
+    cli.with_store(seed)
+    params: dict[str, Any] = {"name": "counted"}
+    alice = http.get("/v1/workflows/counts", params=params, headers=tokens.header("alice"))
+    assert alice.json() == {"counts": {"completed": 3, "failed": 1}, "total": 4}
+    root = http.get("/v1/workflows/counts", params=params, headers=tokens.header("root")).json()
+    assert root == {"counts": {"completed": 3, "failed": 2}, "total": 5}
+    root_header = tokens.header("root")
+    with_label = {**params, "label": "batch=one"}
+    labelled = http.get("/v1/workflows/counts", params=with_label, headers=root_header).json()
+    assert labelled["counts"] == {"completed": 2, "failed": 1}  # counted-0, -2 and -4
+    other = {**params, "tenant": "tenant-b"}
+    none = http.get("/v1/workflows/counts", params=other, headers=tokens.header("alice")).json()
+    assert none == {"counts": {}, "total": 0}
+    bad = {**params, "created_after": "yesterday"}
+    problem(http.get("/v1/workflows/counts", params=bad, headers=tokens.header("root")), 422)
+    unauthorized(http.get("/v1/workflows/counts"), invalid=False)
 
 
 def test_a_tenant_streams_its_own_runs_only(http: httpx.Client, tokens: Tokens) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from dagq.stores.base import Store
+from dagq.stores.base import OutgoingMessage, Store
 from tests.integration.cli_harness import DagqCli, wait_until
 from tests.integration.test_server_api import (
     GATED,
@@ -307,6 +307,64 @@ def test_dead_letters_are_listed_shown_replayed_and_purged(
     problem(http.get(f"/v1/dead-letters/{one['key']}"), 404)
     queues = {q["queue"]: q for q in http.get("/v1/queues").json()["items"]}
     assert queues["graveyard"]["depth"] == 1  # the replayed one, back on its queue
+    http.post(f"{location}/cancel")
+
+
+def test_dead_letter_replay_and_purge_are_in_the_runs_events_with_who_did_it(
+    http: httpx.Client, cli: DagqCli, server: ApiServer
+) -> None:
+    held = {"name": "api-dl-audit", "tasks": [{"name": "t", "queue": "crypt", "cmd": "true"}]}
+    location = submit(http, held, "api-dl-audit")
+
+    async def bury(store: Store) -> int:
+        found = await store.queues.receive("crypt", max_messages=5, visibility_timeout_s=30)
+        for message in found:
+            await store.queues.dead_letter("crypt", message.receipt, "kept killing a worker")
+        return len(found)
+
+    async def bury_garbage(store: Store) -> None:
+        await store.queues.send("junk", [OutgoingMessage(b"\xffnot a message")])
+        [message] = await store.queues.receive("junk", max_messages=1, visibility_timeout_s=30)
+        await store.queues.dead_letter("junk", message.receipt, "cannot be parsed")
+
+    def dead_in(queue: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = http.get("/v1/dead-letters", params={"queue": queue}).json()[
+            "items"
+        ]
+        return items
+
+    def entries(kind: str) -> list[dict[str, Any]]:
+        return [e for e in http.get(f"{location}/events").json() if e["kind"] == kind]
+
+    wait_until(lambda: cli.with_store(bury) == 1, timeout_s=30, what="the task message")
+    [first] = dead_in("crypt")
+    assert http.post("/v1/dead-letters/replay", json={"keys": [first["key"]]}).json()["count"] == 1
+    [replayed] = wait_until(
+        lambda: entries("dead_letter_replayed"), timeout_s=30, what="the replay in the events"
+    )
+    assert replayed["actor"] == "anonymous"
+    assert first["key"] in replayed["detail"] and "task t#1" in replayed["detail"]
+
+    wait_until(lambda: cli.with_store(bury) == 1, timeout_s=30, what="the replayed message")
+    [second] = dead_in("crypt")
+    assert http.post("/v1/dead-letters/purge", json={"keys": [second["key"]]}).json()["count"] == 1
+    [purged] = wait_until(
+        lambda: entries("dead_letter_purged"), timeout_s=30, what="the purge in the events"
+    )
+    assert purged["actor"] == "anonymous" and second["key"] in purged["detail"]
+
+    cli.with_store(bury_garbage)
+    [garbage] = dead_in("junk")
+    assert http.post("/v1/dead-letters/purge", json={"keys": [garbage["key"]]}).json()["count"] == 1
+    assert server.process is not None
+    wait_until(
+        lambda: (
+            f"dead letter {garbage['key']}" in server.process.stderr()  # type: ignore[union-attr]
+            and "names no workflow" in server.process.stderr()
+        ),  # type: ignore[union-attr]
+        timeout_s=10,
+        what="the purge of a message naming no run in the server's log",
+    )
     http.post(f"{location}/cancel")
     http.post("/v1/workflows/api-buried-2/cancel")
     wait_for_status(http, location, "cancelled")

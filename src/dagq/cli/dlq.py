@@ -14,6 +14,9 @@ from dagq.cli.tables import Listing, plain_out, printable, printable_bytes
 from dagq.client import Client
 from dagq.errors import UsageError
 from dagq.stores.base import DeadLetter, Store
+from dagq.submission import local_actor
+
+CLI = local_actor("cli")
 
 _DONE = {"replay": "replayed", "purge": "purged"}
 
@@ -129,12 +132,12 @@ def _apply(
     *,
     queue: str | None,
     verb: str,
-    action: Callable[[Store, Sequence[DeadLetter]], Awaitable[int]],
+    action: Callable[[Store, Sequence[DeadLetter], str], Awaitable[int]],
 ) -> int:
     _chosen(keys, every, queue, verb)
 
     async def body(client: Client) -> int:
-        return await action(client.store, await _select(client, keys, every, queue))
+        return await action(client.store, await _select(client, keys, every, queue), CLI)
 
     count = with_client(store_url, body)
     console().print(f"{_DONE[verb]} {count} dead letter(s)")

@@ -28,9 +28,11 @@ from starlette.requests import Request
 from dagq.client import Client, row_summary
 from dagq.server import problems
 from dagq.server.access import Caller, caller, while_allowed
-from dagq.server.context import Api, allow, api_of
+from dagq.server.context import Api, Settings, allow, api_of
 from dagq.server.filters import RunFilter, run_filter
+from dagq.server.pacing import Pace
 from dagq.server.problems import ProblemError
+from dagq.stores.changes import INDEX_TOPIC
 
 router = APIRouter(prefix="/v1")
 Who = Annotated[Caller, Depends(caller)]
@@ -73,7 +75,7 @@ async def stream_changes(
     resume = last_event_id or after
     start = _position(resume) if resume else time.time()
     stopping = anyio.Event()
-    events = changes(api.client, found, start, poll_s=api.settings.stream_poll_s, stopping=stopping)
+    events = changes(api.client, found, start, settings=api.settings, stopping=stopping)
     return EventSourceResponse(
         while_allowed(request, events),  # a token revoked meanwhile ends the stream
         ping=api.settings.stream_ping_s,
@@ -99,21 +101,32 @@ async def changes(
     wanted: RunFilter,
     start: float,
     *,
-    poll_s: float,
+    settings: Settings,
     stopping: anyio.Event,
 ) -> AsyncIterator[dict[str, str | int]]:
     """The rows changed after ``start`` (less the look-back) that pass ``wanted``, as
-    they change."""
+    they change (looking when the index changes, at the pace ``settings`` give)."""
+    async with client.store.changes.watch(INDEX_TOPIC) as watcher:
+        pace = settings.pace(watcher)
+        async for event in _changes(client, wanted, start, pace, stopping):
+            yield event
+
+
+async def _changes(
+    client: Client, wanted: RunFilter, start: float, pace: Pace, stopping: anyio.Event
+) -> AsyncIterator[dict[str, str | int]]:
     newest = start
     sent: dict[str, float] = {}  # id -> updated_at of the rows sent within the look-back
     while True:
         since = newest - LOOK_BACK_S
+        found = False
         while True:
             rows = await client.store.index.changed(since, limit=PAGE)
             for row in rows:
                 if sent.get(row.id, -1.0) >= row.updated_at:
                     continue
                 sent[row.id] = row.updated_at
+                found = True
                 newest = max(newest, row.updated_at)
                 run = row_summary(row)
                 if wanted.matches(run):
@@ -125,8 +138,8 @@ async def changes(
             since = max(rows[-1].updated_at - 1e-6, since + 1e-6)
         horizon = newest - LOOK_BACK_S
         sent = {k: at for k, at in sent.items() if at >= horizon}
-        with anyio.move_on_after(poll_s):
-            await stopping.wait()
+        pace.looked(found=found)
+        await pace.wait(stopping)
         if stopping.is_set():
             yield {"event": "shutdown", "data": "the server is stopping; reconnect", "retry": 1000}
             return

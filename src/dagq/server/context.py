@@ -16,7 +16,9 @@ from dagq.log_reading import ChunkSizes
 from dagq.server.access import Caller, Role
 from dagq.server.idempotency import Keys
 from dagq.server.limits import MAX_BODY_BYTES
+from dagq.server.pacing import Pace
 from dagq.server.problems import ProblemError
+from dagq.stores.changes import Watcher
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,14 +30,31 @@ class Settings:
     #: address); without, a request with no token acts as the anonymous admin.
     auth: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
-    #: How often a stream looks for new events while there are none.
-    stream_poll_s: float = 0.2
+    #: How often a stream polls for new events where the store's change feed cannot
+    #: see every writer (Azure; docs: :mod:`dagq.server.pacing`) ...
+    stream_poll_s: float = 0.1
+    #: ... backing off to this while nothing changes.
+    stream_max_poll_s: float = 0.25
+    #: Where the feed sees every writer: how often an idle stream looks anyway.
+    stream_idle_s: float = 5.0
+    #: The least time between two looks of a stream woken by a broad change.
+    stream_gap_s: float = 0.05
     #: Seconds between keep-alive comments on an idle stream.
     stream_ping_s: float = 15.0
     #: How long ``POST …/retry`` waits for a coordinator to take the retry up.
     retry_ack_s: float = 10.0
     #: What ``Retry-After`` tells a client to wait before polling a new run.
     retry_after_s: int = 1
+
+    def pace(self, watcher: Watcher) -> Pace:
+        """The pace of a stream's looks at the store, waiting on ``watcher``."""
+        return Pace(
+            watcher=watcher,
+            poll_s=self.stream_poll_s,
+            max_poll_s=self.stream_max_poll_s,
+            idle_s=self.stream_idle_s,
+            gap_s=self.stream_gap_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)

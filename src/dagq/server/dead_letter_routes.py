@@ -7,8 +7,8 @@ letter may carry any tenant's tasks, and replaying or purging one acts on the st
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from collections.abc import Awaitable
+from typing import Annotated, Any, Protocol
 
 import msgspec
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -126,17 +126,22 @@ async def show(
     )
 
 
-async def _act(
-    request: Request, who: Caller, act: Callable[[list[str]], Awaitable[int]], done: str
-) -> Response:
-    """Replay or purge the dead letters the body names; an unknown key refuses them all."""
+async def _act(request: Request, who: Caller, act: Act, done: str) -> Response:
+    """Replay or purge the dead letters the body names (recorded, with who did it, in
+    the runs they concern); an unknown key refuses them all."""
     wanted = await _keys(request)
     try:
-        count = await act(wanted)
+        count = await act(wanted, actor=actor(who))
     except UsageError as exc:  # an unknown key
         raise ProblemError("not-found", str(exc)) from None
     log.info("%s %s %d dead letter(s): %s", actor(who), done, count, ", ".join(wanted))
     return answer(Count(count=count))
+
+
+class Act(Protocol):
+    """``Client.replay_dead_letters`` or ``Client.purge_dead_letters``."""
+
+    def __call__(self, which: list[str], *, actor: str | None = None) -> Awaitable[int]: ...
 
 
 async def _keys(request: Request) -> list[str]:

@@ -41,6 +41,14 @@ class WorkflowPage(msgspec.Struct, frozen=True, kw_only=True):
     next_cursor: str | None
 
 
+class StatusCounts(msgspec.Struct, frozen=True, kw_only=True):
+    """How many runs there are of each status (over the whole store, under the
+    filters asked for; statuses with none left out), and in all."""
+
+    counts: dict[str, int]
+    total: int
+
+
 class Event(msgspec.Struct, frozen=True, kw_only=True):
     """One entry of a run's history; ``id`` orders them and resumes a stream."""
 
@@ -77,9 +85,11 @@ class TimelineItem(msgspec.Struct, frozen=True, kw_only=True):
     enqueued_at: float | None
     started_at: float | None
     finished_at: float | None
-    #: How it ended (completed, failed, retried, cancelled, ...), or the task's state
-    #: while it has not.
+    #: How it ended (completed, failed, retried, iterated, cancelled, ...), or the
+    #: task's state while it has not.
     status: str
+    #: A loop task's iteration this attempt ran (1, 2, ...); 0 for other tasks.
+    iteration: int = 0
 
 
 class Timeline(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,13 +99,20 @@ class Timeline(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TaskDetail(TaskInfo, frozen=True, kw_only=True):
-    """A task with its attempts, its whole error text, its events, and (while it waits)
-    the reason it is not running."""
+    """A task with its attempts, its whole error text, its events, (while it waits)
+    the reason it is not running, and (a foreach task) each instance as it stands."""
 
     attempts: list[Attempt]
     full_error: str | None
     events: list[Event]
     reason: str | None
+    #: The first :data:`MAX_INSTANCES` instances of a foreach task (``name[k]``: state,
+    #: attempt, times, error); ``items`` counts them all.
+    instances: list[TaskInfo] = msgspec.field(default_factory=list)
+
+
+#: The most instances a task's detail lists (``GET …/tasks?`` lists every one).
+MAX_INSTANCES = 1000
 
 
 class GraphNode(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,6 +160,7 @@ SCHEMAS: tuple[Any, ...] = (
     Accepted,
     WorkflowDetail,
     WorkflowPage,
+    StatusCounts,
     Event,
     TaskDetail,
     TaskInfo,
@@ -153,7 +171,7 @@ SCHEMAS: tuple[Any, ...] = (
 )
 
 #: Final workflow states that still hold nothing to do (terminal, for progress).
-_ENDS = frozenset({"completed", "failed", "cancelled", "skipped", "upstream_failed"})
+_ENDS = frozenset({"completed", "failed", "cancelled", "skipped", "upstream_failed", "iterated"})
 _EVENT_ID = re.compile(r"^(\d{1,18})-(\d{1,9})\Z")
 
 
@@ -228,10 +246,52 @@ def attempts(task: str, history: list[Event], current: Current | None = None) ->
     ]
 
 
-def timeline(history: list[Event], current: dict[str, Current]) -> Timeline:
+def timeline(
+    history: list[Event],
+    current: dict[str, Current],
+    instances: list[TimelineItem] | None = None,
+    loops: frozenset[str] = frozenset(),
+) -> Timeline:
     """Every attempt of a run (of each task, instance and compensation in the history),
-    in the order they were first sent; ``current`` holds each task's current attempt."""
-    return Timeline(items=[t for t, _, _ in _attempts_of(history, current, None)])
+    in the order they were first sent; ``current`` holds each task's current attempt.
+
+    The history records a foreach instance only when an attempt of it fails, so the
+    latest attempt of each instance comes from the state (``instances``), a bar of
+    its own; each attempt of a loop task (in ``loops``) carries its iteration."""
+    items = [t for t, _, _ in _attempts_of(history, current, None)]
+    if instances:
+        seen = {(t.task, t.attempt): n for n, t in enumerate(items)}
+        for each in instances:
+            n = seen.get((each.task, each.attempt))
+            if n is None:
+                items.append(each)
+            else:  # the history's (a failure) with the times the state has
+                items[n] = msgspec.structs.replace(
+                    each, status=items[n].status, finished_at=items[n].finished_at
+                )
+        items.sort(key=lambda t: (_first(t), t.attempt))
+    if loops:
+        items = _iterations(items, history, loops)
+    return Timeline(items=items)
+
+
+def _iterations(
+    items: list[TimelineItem], history: list[Event], loops: frozenset[str]
+) -> list[TimelineItem]:
+    """Number each attempt of a loop task by the iteration it ran: an ``iterated``
+    entry ends an attempt and starts the next iteration."""
+    ends: dict[str, list[int]] = {}  # task -> the attempts that ended an iteration
+    for e in history:
+        if e.kind == "iterated" and e.task in loops:
+            ends.setdefault(e.task, []).append(e.attempt)
+    return [
+        msgspec.structs.replace(
+            item, iteration=1 + sum(1 for a in ends.get(item.task, ()) if a < item.attempt)
+        )
+        if item.task in loops
+        else item
+        for item in items
+    ]
 
 
 def _attempts_of(

@@ -15,7 +15,7 @@ from dagq.client import TaskInfo, WorkflowSummary, instance_infos, task_info
 from dagq.definition import WorkflowDef
 from dagq.errors import UsageError, ValidationError, WorkflowNotFound
 from dagq.history import read_chunks
-from dagq.plan import compile_plan, resolve_params
+from dagq.plan import Plan, compile_plan, resolve_params
 from dagq.server import bodies, idempotency, problems, resources
 from dagq.server.access import Caller, caller, while_allowed
 from dagq.server.context import Api, actor, allow, answer, api_of, guard, json_schema
@@ -23,7 +23,7 @@ from dagq.server.filters import RunFilter, run_filter
 from dagq.server.problems import ProblemError
 from dagq.server.resources import Accepted, status_url
 from dagq.server.stream import history_events
-from dagq.state import TaskStatus
+from dagq.state import UNSET, RunState, TaskStatus
 from dagq.submission import load_submitted, require_submitted
 from dagq.tokens import check_tenant
 from dagq.views import load_run
@@ -173,6 +173,55 @@ async def list_workflows(
     return answer(resources.WorkflowPage(items=items, next_cursor=cursor))
 
 
+@router.get(
+    "/workflows/counts",
+    summary="Count workflows by status",
+    responses={
+        200: {"content": json_schema(resources.StatusCounts)},
+        **problems.openapi_responses(422),
+    },
+)
+async def count_workflows(
+    *,
+    who: Who,
+    api: Server,
+    name: str | None = None,
+    tenant: str | None = None,
+    label: Annotated[
+        list[str] | None, Query(description="key=value: runs with that label; repeatable.")
+    ] = None,
+    created_after: Annotated[
+        str | None, Query(description="Epoch seconds or ISO 8601 (inclusive).")
+    ] = None,
+    created_before: Annotated[
+        str | None, Query(description="Epoch seconds or ISO 8601 (exclusive).")
+    ] = None,
+) -> Response:
+    """How many runs of each status the whole store holds under the listing's filters
+    (name, tenant, labels, creation time), counted by the store's index."""
+    allow(who, "viewer", "read workflows")
+    wanted = run_filter(
+        who,
+        name=name,
+        tenant=tenant,
+        labels=label,
+        created_after=created_after,
+        created_before=created_before,
+    )
+    counts = (
+        {}
+        if wanted.empty
+        else await api.client.store.index.count(
+            name=wanted.name,
+            tenant=wanted.tenant,
+            labels=dict(wanted.labels) or None,
+            created_after=wanted.created_after,
+            created_before=wanted.created_before,
+        )
+    )
+    return answer(resources.StatusCounts(counts=counts, total=sum(counts.values())))
+
+
 async def matching_page(
     api: Api, wanted: RunFilter, *, limit: int, cursor: str | None
 ) -> tuple[list[WorkflowSummary], str | None]:
@@ -271,6 +320,7 @@ async def get_task(workflow_id: WorkflowId, name: TaskName, who: Who, api: Serve
             full_error=full_error,
             events=own,
             reason=reason,
+            instances=instance_infos(plan, st, plan.by_name[name])[: resources.MAX_INSTANCES],
         )
     )
 
@@ -294,7 +344,33 @@ async def workflow_timeline(workflow_id: WorkflowId, who: Who, api: Server) -> R
             for each in instance_infos(plan, st, i):
                 current[each.name] = (each.attempt, each.started_at, each.status)
     history = resources.events(await read_chunks(api.client.store, workflow_id), None)
-    return answer(resources.timeline(history, current))
+    loops = frozenset(t.name for t in plan.tasks if t.loop is not None)
+    return answer(resources.timeline(history, current, instance_bars(plan, st), loops))
+
+
+def instance_bars(plan: Plan, st: RunState) -> list[resources.TimelineItem]:
+    """The latest attempt of each foreach instance (the first MAX_INSTANCES of each
+    task) as the state has it: sent, started, finished."""
+    bars = []
+    for i, group in st.groups.items():
+        for k in range(min(group.n, resources.MAX_INSTANCES)):
+            if group.dispatched_at[k] == UNSET and group.started_at[k] == UNSET:
+                continue  # not sent yet
+            bars.append(
+                resources.TimelineItem(
+                    task=keys.attempt_name(plan.tasks[i].name, item=k),
+                    attempt=group.attempt[k],
+                    enqueued_at=_moment(group.dispatched_at[k]),
+                    started_at=_moment(group.started_at[k]),
+                    finished_at=_moment(group.finished_at[k]),
+                    status=TaskStatus(group.status[k]).label,
+                )
+            )
+    return bars
+
+
+def _moment(value: float) -> float | None:
+    return None if value == UNSET else value
 
 
 @router.get(
@@ -346,7 +422,7 @@ async def stream_events(
     position = resources.parse_event_id(resume) if resume else None
     stopping = anyio.Event()
     found = history_events(
-        api.client, workflow_id, position, poll_s=api.settings.stream_poll_s, stopping=stopping
+        api.client, workflow_id, position, settings=api.settings, stopping=stopping
     )
     return EventSourceResponse(
         while_allowed(request, found),

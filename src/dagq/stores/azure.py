@@ -57,6 +57,7 @@ from dagq.stores.base import (
     UpsertOp,
     commit_in_order,
 )
+from dagq.stores.changes import ChangeFeed
 from dagq.stores.common import Wakeups, check_batch, check_max_deliveries
 
 __all__ = ["PhasedCommitter", "open_azure_store"]
@@ -88,11 +89,13 @@ def open_azure_store(
         wakeups = _WAKEUPS.setdefault((auth.endpoints.queue, target.prefix), Wakeups())
     documents = AzureDocuments(service)
     queues = AzureQueues(service, DeadLetterBlobs(service), wakeups, clock, max_deliveries)
+    changes = ChangeFeed()  # hears this process only: streams poll (dagq.server.pacing)
     store = Store(
         url=target.url,
         documents=documents,
         queues=queues,
-        index=AzureIndex(service),
+        index=AzureIndex(service, changes),
+        changes=changes,
         leases=AzureLeases(service, clock),
         closers=[service.close],
         transactions=service.transactions,

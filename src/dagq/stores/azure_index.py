@@ -33,7 +33,7 @@ import heapq
 import re
 import struct
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
@@ -42,6 +42,7 @@ from azure.data.tables import UpdateMode
 from dagq.errors import ValidationError
 from dagq.stores.azure_service import AzureService, Clients
 from dagq.stores.base import IndexPage, IndexRow
+from dagq.stores.changes import INDEX_TOPIC, ChangeFeed
 from dagq.stores.common import (
     check_page_size,
     check_statuses,
@@ -49,6 +50,7 @@ from dagq.stores.common import (
     decode_row,
     encode_cursor,
     encode_row,
+    has_labels,
 )
 
 SHARDS = 16
@@ -169,12 +171,18 @@ async def _merge(readers: list[_ShardReader], count: int) -> list[IndexRow]:
 class AzureIndex:
     """Index rows in Table Storage, sharded by status for fast listing."""
 
-    def __init__(self, service: AzureService) -> None:
+    def __init__(self, service: AzureService, changes: ChangeFeed | None = None) -> None:
         self._service = service
         self._where: dict[str, _Where | None] = {}
         self._statuses: set[str] = set()
+        self._changes = changes
 
     async def upsert(self, row: IndexRow) -> None:
+        await self._upsert(row)
+        if self._changes is not None:  # this process's streams only: the feed polls
+            self._changes.notify([INDEX_TOPIC])
+
+    async def _upsert(self, row: IndexRow) -> None:
         where = self._where[row.id] if row.id in self._where else await self._locate(row.id)
         entity = {
             "PartitionKey": partition(row.status, shard(row.id)),
@@ -291,6 +299,61 @@ class AzureIndex:
                 if row.id not in found or found[row.id].updated_at < row.updated_at:
                     found[row.id] = row
         return sorted(found.values(), key=lambda row: (row.updated_at, row.id))[:limit]
+
+    async def count(
+        self,
+        *,
+        name: str | None = None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+    ) -> dict[str, int]:
+        # One query per status over its shards' partitions; the created range is a
+        # RowKey range (RowKeys start with the inverted created_at). Without labels
+        # the entities come back as their RowKey alone (a projection).
+        conditions = ["PartitionKey ge @low", "PartitionKey lt @high"]
+        parameters: dict[str, Any] = {}
+        for field, value in (("name", name), ("tenant", tenant)):
+            if value is not None:
+                conditions.append(f"{field} eq @{field}")
+                parameters[field] = value
+        if created_before is not None:  # older: a greater RowKey
+            conditions.append("RowKey gt @before")
+            parameters["before"] = row_key(created_before, "")[:16] + "~"
+        if created_after is not None:
+            conditions.append("RowKey lt @after")
+            parameters["after"] = row_key(created_after, "")[:16] + "~"
+        select = [f"r{i}" for i in range(_MAX_CHUNKS)] if labels else ["RowKey"]
+        counts: dict[str, int] = {}
+        for status in await self._known():
+            prefix = partition(status, 0)[:-2]
+            found = await self._count(
+                " and ".join(conditions),
+                {**parameters, "low": prefix, "high": prefix[:-1] + ";"},
+                select,
+                labels,
+            )
+            if found:
+                counts[status] = found
+        return counts
+
+    async def _count(
+        self,
+        query: str,
+        parameters: dict[str, Any],
+        select: list[str],
+        labels: Mapping[str, str] | None,
+    ) -> int:
+        pages = self._service.pages(
+            "table.query",
+            lambda c: c.table.query_entities(query, parameters=parameters, select=select),
+        )
+        count = 0
+        async for page in pages:
+            for entity in page:
+                count += 1 if not labels or has_labels(_row_of(entity), labels) else 0
+        return count
 
     async def delete(self, workflow_id: str) -> bool:
         where = self._where.get(workflow_id) or await self._locate(workflow_id)

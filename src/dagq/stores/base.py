@@ -14,13 +14,14 @@ translate driver errors into :mod:`dagq.errors` at their boundary.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
 
 from dagq.errors import LeaseLost
+from dagq.stores.changes import ChangeFeed, batch_topics
 
 #: Largest message body any backend accepts. Azure Queue Storage caps a message at
 #: 64 KiB *after* base64 encoding, so 48 KiB of raw bytes is the portable limit;
@@ -254,6 +255,21 @@ class Index(Protocol):
         (then by id), at most ``limit``: what changed since a moment, for a stream."""
         ...
 
+    async def count(
+        self,
+        *,
+        name: str | None = None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+    ) -> dict[str, int]:
+        """How many rows of each status match every given filter (statuses with none
+        are left out): ``created_after <= created_at < created_before``, and each of
+        ``labels`` equal in the row's ``data["labels"]``. Counted where the rows are
+        (a GROUP BY, a projection), not by listing them."""
+        ...
+
     async def delete(self, workflow_id: str) -> bool:
         """Remove the row; True if it existed."""
         ...
@@ -417,8 +433,14 @@ class Batch:
         if not ops:
             return []
         if self._store.committer is not None:
-            return await self._store.committer(ops)
-        return await commit_in_order(self._store, ops)
+            etags = await self._store.committer(ops)
+        else:
+            etags = await commit_in_order(self._store, ops)
+        written = [op.key for op in ops if isinstance(op, PutOp | DeleteOp)]
+        upserts = sum(isinstance(op, UpsertOp) for op in ops)
+        if written or upserts:
+            self._store.changes.notify(batch_topics(written, upserts))
+        return etags
 
 
 async def commit_in_order(store: Store, ops: Sequence[BatchOp]) -> list[str]:
@@ -463,6 +485,8 @@ class Store:
     #: Storage transactions made so far, by kind (``blob.put``, ``queue.receive``, ...),
     #: for backends billed per transaction; None where nothing is counted.
     transactions: Counter[str] | None = None
+    #: Wakes readers waiting for a part of the store to change (server streams).
+    changes: ChangeFeed = field(default_factory=ChangeFeed)
 
     def batch(self) -> Batch:
         """A new, empty batch of writes for this store."""

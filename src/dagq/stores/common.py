@@ -14,7 +14,8 @@ import contextlib
 import secrets
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -238,3 +239,53 @@ class Wakeups:
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def has_labels(row: IndexRow, labels: Mapping[str, str] | None) -> bool:
+    """Whether every one of ``labels`` is on the row (``data["labels"]``)."""
+    if not labels:
+        return True
+    found = row.data.get("labels") or {}
+    return isinstance(found, dict) and all(found.get(k) == v for k, v in labels.items())
+
+
+def count_statuses(
+    rows: Iterable[IndexRow],
+    labels: Mapping[str, str] | None = None,
+    created_after: float | None = None,
+    created_before: float | None = None,
+) -> dict[str, int]:
+    """Rows by status, those with ``labels`` created in the range only (``Index.count``
+    where the rows are at hand)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if created_after is not None and row.created_at < created_after:
+            continue
+        if created_before is not None and row.created_at >= created_before:
+            continue
+        if has_labels(row, labels):
+            counts[row.status] = counts.get(row.status, 0) + 1
+    return counts
+
+
+def count_filters(
+    name: str | None,
+    tenant: str | None,
+    created_after: float | None,
+    created_before: float | None,
+    mark: str,
+) -> tuple[str, list[Any]]:
+    """The WHERE clause (parameters marked ``mark``: ``?`` or ``%s``) and arguments of
+    ``Index.count``'s column filters, for the SQL backends."""
+    clauses: list[str] = []
+    args: list[Any] = []
+    for clause, value in (
+        ("name = ", name),
+        ("tenant = ", tenant),
+        ("created_at >= ", created_after),
+        ("created_at < ", created_before),
+    ):
+        if value is not None:
+            clauses.append(clause + mark)
+            args.append(value)
+    return ("WHERE " + " AND ".join(clauses) if clauses else ""), args

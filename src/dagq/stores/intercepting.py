@@ -64,6 +64,7 @@ def intercepted(store: Store, hook: Hook, *, rebind: bool = True) -> Store:
         leases=_Intercepted(store.leases, "leases", hook),
         closers=[store.close],
         transactions=store.transactions,  # what the backend itself counts (azure)
+        changes=store.changes,
     )
     committer = store.committer
     if committer is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from dagq.errors import LeaseHeld
@@ -25,6 +25,7 @@ from dagq.stores.base import (
     QueueDepth,
     Store,
 )
+from dagq.stores.changes import INDEX_TOPIC, ChangeFeed
 from dagq.stores.common import (
     Wakeups,
     check_limit,
@@ -37,6 +38,7 @@ from dagq.stores.common import (
     check_ttl,
     check_visibility,
     conflict,
+    count_statuses,
     decode_cursor,
     decode_row,
     encode_cursor,
@@ -237,11 +239,14 @@ def _received(queue: str, queued: _Queued) -> Message:
 class MemoryIndex:
     """Index rows in a dict, stored encoded so they behave exactly like persisted ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, changes: ChangeFeed | None = None) -> None:
         self._rows: dict[str, bytes] = {}
+        self._changes = changes
 
     async def upsert(self, row: IndexRow) -> None:
         self._rows[row.id] = encode_row(row)
+        if self._changes is not None:
+            self._changes.notify([INDEX_TOPIC])
 
     async def get(self, workflow_id: str) -> IndexRow | None:
         data = self._rows.get(workflow_id)
@@ -279,6 +284,22 @@ class MemoryIndex:
         check_page_size(limit)
         rows = [row for row in map(decode_row, self._rows.values()) if row.updated_at > after]
         return sorted(rows, key=lambda row: (row.updated_at, row.id))[:limit]
+
+    async def count(
+        self,
+        *,
+        name: str | None = None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+    ) -> dict[str, int]:
+        rows = (
+            row
+            for row in map(decode_row, self._rows.values())
+            if (name is None or row.name == name) and (tenant is None or row.tenant == tenant)
+        )
+        return count_statuses(rows, labels, created_after, created_before)
 
     async def delete(self, workflow_id: str) -> bool:
         return self._rows.pop(workflow_id, None) is not None
@@ -328,10 +349,12 @@ def open_memory_store(
 ) -> Store:
     """A fresh, empty store that lives in this process only."""
     check_max_deliveries(max_deliveries)
+    changes = ChangeFeed(complete=True)  # nothing outside this process writes to it
     return Store(
         url=url,
         documents=MemoryDocuments(),
         queues=MemoryQueues(clock, max_deliveries),
-        index=MemoryIndex(),
+        index=MemoryIndex(changes),
         leases=MemoryLeases(clock),
+        changes=changes,
     )

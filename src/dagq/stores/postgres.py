@@ -34,6 +34,7 @@ from dagq.stores.base import (
     Store,
     UpsertOp,
 )
+from dagq.stores.changes import ChangeFeed, batch_topics
 from dagq.stores.common import Wakeups, check_batch, check_max_deliveries, conflict
 from dagq.stores.postgres_database import Conn, Cursor, Database, parse_postgres_url
 from dagq.stores.postgres_documents import PostgresDocuments
@@ -45,7 +46,7 @@ from dagq.stores.postgres_queues import PostgresQueues
 from dagq.stores.postgres_queues import delete as delete_messages
 from dagq.stores.postgres_queues import send as send_messages
 from dagq.stores.postgres_schema import FAILED, VERSION
-from dagq.stores.postgres_wakeups import Listener
+from dagq.stores.postgres_wakeups import Listener, notify_changes
 
 __all__ = ["migrate_postgres_store", "open_postgres_store"]
 
@@ -70,16 +71,20 @@ def open_postgres_store(
     db = Database(target, clock, create=create)
     with _WAKEUPS_LOCK:
         wakeups = _WAKEUPS.setdefault((target.conninfo, target.schema), Wakeups())
-    listener = Listener(db, wakeups)
+    # Each handle has its own feed, fed by its own listener (whatever commits, in this
+    # process too, is announced through the database).
+    changes = ChangeFeed(complete=True, source=lambda _feed: listener.changes_source())
+    listener = Listener(db, wakeups, changes)
     db.on_close.append(listener.close)
     return Store(
         url=target.url,
         documents=PostgresDocuments(db),
         queues=PostgresQueues(db, wakeups, listener, max_deliveries),
-        index=PostgresIndex(db),
+        index=PostgresIndex(db, listener.channel),
         leases=PostgresLeases(db),
         closers=[db.close],
         committer=_Committer(db, wakeups, listener.channel),
+        changes=changes,
     )
 
 
@@ -146,6 +151,10 @@ class _Committer:
                 acks.append((op, await delete_messages(db, conn, op.queue, op.receipts)))
         if rows:  # an index row is never read within the batch: all at the end
             await upsert(db, conn, rows)
+        written = [op.key for op in ops if isinstance(op, PutOp | DeleteOp)]
+        if written or rows:  # delivered when (if) the transaction commits
+            topics = batch_topics(written, len(rows))
+            await notify_changes(conn, self._channel, topics)
 
 
 async def migrate_postgres_store(url: str) -> tuple[int | None, int]:

@@ -4,19 +4,23 @@ paging on ``(created_at, id)``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagq.stores.base import IndexPage, IndexRow
+from dagq.stores.changes import INDEX_TOPIC
 from dagq.stores.common import (
     check_page_size,
     check_statuses,
+    count_filters,
+    count_statuses,
     decode_cursor,
     decode_row,
     encode_cursor,
     encode_row,
 )
 from dagq.stores.postgres_database import Conn, Database
+from dagq.stores.postgres_wakeups import notify_changes
 
 _UPSERT = """
 INSERT INTO {s}.index_rows (id, name, status, tenant, created_at, updated_at, row)
@@ -52,12 +56,14 @@ async def upsert(db: Database, conn: Conn, rows: Sequence[IndexRow]) -> None:
 class PostgresIndex:
     """Index rows in the ``index_rows`` table."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, channel: str) -> None:
         self._db = db
+        self._channel = channel
 
     async def upsert(self, row: IndexRow) -> None:
-        async with self._db.connection() as conn:
+        async with self._db.connection() as conn, conn.transaction():
             await upsert(self._db, conn, [row])
+            await notify_changes(conn, self._channel, {INDEX_TOPIC})
 
     async def get(self, workflow_id: str) -> IndexRow | None:
         found = await self._db.row("SELECT row FROM {s}.index_rows WHERE id = %s", (workflow_id,))
@@ -90,6 +96,23 @@ class PostgresIndex:
             "SELECT row FROM {s}.index_rows WHERE updated_at > %s ORDER BY updated_at, id LIMIT %s"
         )
         return [decode_row(bytes(data)) for (data,) in await self._db.rows(sql, (after, limit))]
+
+    async def count(
+        self,
+        *,
+        name: str | None = None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+    ) -> dict[str, int]:
+        where, args = count_filters(name, tenant, created_after, created_before, "%s")
+        if not labels:  # counted by the database, on the index of the filter
+            sql = f"SELECT status, count(*) FROM {{s}}.index_rows {where} GROUP BY status"
+            return {status: int(n) for status, n in await self._db.rows(sql, args)}
+        sql = f"SELECT row FROM {{s}}.index_rows {where}"  # labels are inside the row
+        rows = (decode_row(bytes(data)) for (data,) in await self._db.rows(sql, args))
+        return count_statuses(rows, labels)
 
     async def delete(self, workflow_id: str) -> bool:
         sql = "DELETE FROM {s}.index_rows WHERE id = %s"

@@ -7,6 +7,10 @@ a task chain across processes is not paced by a polling interval. Before relying
 it, the listener checks that a notification of its own actually arrives; behind a
 pooler in transaction mode (PgBouncer ``pool_mode = transaction``) it does not, and
 the store falls back to polling (``wait`` sleeps its timeout) with a warning.
+
+A commit that writes documents or index rows notifies the same channel with
+:data:`CHANGES` and the topics it changed (:mod:`.changes`): the listener hands them
+to the store's change feed, so a server's streams wake when another process commits.
 """
 
 from __future__ import annotations
@@ -17,13 +21,19 @@ import logging
 
 import psycopg
 
+from dagq.stores.changes import ANY, ChangeFeed
 from dagq.stores.common import Wakeups, new_token
-from dagq.stores.postgres_database import CONNECT_TIMEOUT_S, Database
+from dagq.stores.postgres_database import CONNECT_TIMEOUT_S, Conn, Database
 
 log = logging.getLogger("dagq.stores.postgres")
 
 #: How long the start-up check waits for its own notification.
 PROBE_TIMEOUT_S = 5.0
+#: What starts the payload of a change notification (then topics, one a line).
+CHANGES = "\x02"
+#: The longest payload PostgreSQL takes is 8,000 bytes; more topics are sent as one
+#: broad change.
+MAX_PAYLOAD = 7_000
 #: After the listening connection failed, how long until the next attempt.
 RETRY_AFTER_S = 5.0
 
@@ -31,9 +41,10 @@ RETRY_AFTER_S = 5.0
 class Listener:
     """One LISTENing connection per store and process, started by the first wait."""
 
-    def __init__(self, db: Database, wakeups: Wakeups) -> None:
+    def __init__(self, db: Database, wakeups: Wakeups, changes: ChangeFeed) -> None:
         self._db = db
         self._wakeups = wakeups
+        self._changes = changes
         self.channel = f"dagq:{db.target.schema}"
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[object] | None = None
@@ -41,6 +52,11 @@ class Listener:
         self._retry_at = 0.0
         #: False once the start-up check failed: waits poll.
         self.working = True
+
+    async def changes_source(self) -> bool:
+        """Listen for the change feed; True once notifications are known to arrive."""
+        await self.start()
+        return self.working and self._task is not None and not self._task.done()
 
     async def start(self) -> None:
         """Listen, unless listening already or known not to work here."""
@@ -97,6 +113,13 @@ class Listener:
                     if not arrived.done():
                         arrived.set_result(None)
                     continue
+                if notify.payload.startswith(CHANGES):
+                    topics = notify.payload[len(CHANGES) :].split("\n")
+                    if ANY in topics:
+                        self._changes.notify_all()
+                    else:
+                        self._changes.notify(topics)
+                    continue
                 self._wakeups.notify(notify.payload)
         except psycopg.Error as exc:
             log.warning("postgres store %s: LISTEN connection lost (%s)", self._db.url, exc)
@@ -116,6 +139,14 @@ class Listener:
         if conn is not None:
             with contextlib.suppress(psycopg.Error, RuntimeError):
                 await conn.close()
+
+
+async def notify_changes(conn: Conn, channel: str, topics: set[str]) -> None:
+    """Announce, when the transaction on ``conn`` commits, that it changed ``topics``."""
+    payload = CHANGES + "\n".join(sorted(topics))
+    if len(payload.encode()) > MAX_PAYLOAD:
+        payload = CHANGES + ANY
+    await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
 
 
 def _quote(channel: str) -> str:

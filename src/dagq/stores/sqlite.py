@@ -19,7 +19,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import closing, contextmanager
 from dataclasses import replace
@@ -47,6 +47,7 @@ from dagq.stores.base import (
     SendOp,
     Store,
 )
+from dagq.stores.changes import INDEX_TOPIC, ChangeFeed
 from dagq.stores.common import (
     Wakeups,
     check_batch,
@@ -60,6 +61,8 @@ from dagq.stores.common import (
     check_ttl,
     check_visibility,
     conflict,
+    count_filters,
+    count_statuses,
     decode_cursor,
     decode_row,
     encode_cursor,
@@ -70,6 +73,7 @@ from dagq.stores.common import (
     stale_receipt,
     too_many_deliveries,
 )
+from dagq.stores.sqlite_changes import DataVersionWatch
 from dagq.stores.sqlite_schema import SCHEMA
 from dagq.stores.sqlite_wakeups import WakeChannel
 from dagq.stores.transfer import PendingMessage
@@ -83,6 +87,7 @@ READERS = 2
 
 # Sends from any store on the same file in this process wake that file's waiters.
 _WAKEUPS: dict[Path, Wakeups] = {}
+_CHANGES: dict[Path, ChangeFeed] = {}
 _WAKEUPS_LOCK = threading.Lock()
 
 
@@ -120,16 +125,21 @@ def open_sqlite_store(
     db = _Database(file, clock)
     with _WAKEUPS_LOCK:
         wakeups = _WAKEUPS.setdefault(file.resolve(), Wakeups())
+        changes = _CHANGES.get(file.resolve())
+        if changes is None:
+            watch = DataVersionWatch(file.resolve())
+            changes = _CHANGES[file.resolve()] = ChangeFeed(complete=True, source=watch)
     # Other processes on this file are woken through sockets beside it.
     channel = WakeChannel(file.resolve(), wakeups)
     return Store(
         url=f"sqlite:///{file}",
         documents=SqliteDocuments(db),
         queues=SqliteQueues(db, wakeups, channel, max_deliveries),
-        index=SqliteIndex(db),
+        index=SqliteIndex(db, changes),
         leases=SqliteLeases(db),
         closers=[channel.close, db.close],
         committer=_Committer(db, wakeups, channel),
+        changes=changes,
     )
 
 
@@ -711,12 +721,14 @@ class SqliteQueues:
 class SqliteIndex:
     """Index rows in the ``index_rows`` table, with the filtered columns alongside."""
 
-    def __init__(self, db: _Database) -> None:
+    def __init__(self, db: _Database, changes: ChangeFeed) -> None:
         self._db = db
+        self._changes = changes
 
     async def upsert(self, row: IndexRow) -> None:
         args = _row_args(row)
         await self._db.write(lambda c: c.execute(_UPSERT_ROW, args))
+        self._changes.notify([INDEX_TOPIC])
 
     async def get(self, workflow_id: str) -> IndexRow | None:
         sql = "SELECT row FROM index_rows WHERE id = ?"
@@ -750,6 +762,27 @@ class SqliteIndex:
         )
         found = await self._db.read(lambda c: c.execute(sql, (after, limit)).fetchall())
         return [decode_row(data) for (data,) in found]
+
+    async def count(
+        self,
+        *,
+        name: str | None = None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+    ) -> dict[str, int]:
+        where, args = count_filters(name, tenant, created_after, created_before, "?")
+        if not labels:  # counted by the database, on the index of the filter
+            sql = f"SELECT status, count(*) FROM index_rows {where} GROUP BY status"
+            found = await self._db.read(lambda c: c.execute(sql, args).fetchall())
+            return {status: int(n) for status, n in found}
+        sql = f"SELECT row FROM index_rows {where}"  # labels are inside the row
+
+        def work(c: sqlite3.Connection) -> dict[str, int]:
+            return count_statuses((decode_row(d) for (d,) in c.execute(sql, args)), labels)
+
+        return await self._db.read(work)
 
     async def delete(self, workflow_id: str) -> bool:
         sql = "DELETE FROM index_rows WHERE id = ?"

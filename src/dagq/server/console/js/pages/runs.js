@@ -1,5 +1,6 @@
-// Runs: a live list with filters (name, status, tenant, label, time), counts by status,
-// a throughput sparkline, and bulk cancel/retry by filter after a dry-run count.
+// Runs: a live list with filters (name, status, tenant, label, time), counts by status
+// over the whole store (GET /v1/workflows/counts, under the same filters), a throughput
+// sparkline, and bulk cancel/retry by filter after a dry-run count.
 import { ApiError, get, post, query } from "../api.js";
 import { ago, badge, coalesce, h, notice, openable, pause, when } from "../dom.js";
 import { runHash } from "../routes.js";
@@ -57,7 +58,7 @@ function apiFilters(filters) {
 export async function render(main, { query: q, signal }) {
   const filters = filtersOf(q);
   const rows = new Map();
-  const counts = h("div", { class: "counts", role: "group", "aria-label": "Runs listed, by status", title: "The runs listed below, by status" });
+  const counts = h("div", { class: "counts", role: "group", "aria-label": "Runs by status", title: "Every run in the store matching the filters (whatever the status filter), by status" });
   const spark = h("div", { class: "spark" });
   const body = h("tbody");
   const table = h("table", { class: "runs" },
@@ -79,10 +80,6 @@ export async function render(main, { query: q, signal }) {
 
   const draw = () => {
     const list = [...rows.values()].sort((a, b) => b.created_at - a.created_at);
-    const byStatus = {};
-    for (const r of list) byStatus[r.status] = (byStatus[r.status] ?? 0) + 1;
-    counts.replaceChildren(...Object.entries(byStatus).map(([st, n]) =>
-      h("a", { href: `#/runs${query({ ...filters, status: st })}`, class: `count s-${st}` }, badge(st), ` ${n}`)));
     const finished = list.filter((r) => FINAL_RUN_STATES.has(r.status)).map((r) => r.updated_at);
     spark.replaceChildren(h("span", { class: "muted small" }, "finished, last hour"), sparkline(finished, { label: "runs finished: " }));
     body.replaceChildren(...list.map((r) => {
@@ -104,6 +101,27 @@ export async function render(main, { query: q, signal }) {
   };
   const redraw = coalesce(draw, 150);
 
+  // Counted by the store's index, not from the rows listed: every run matching the
+  // filters but the status one (each count links to that status).
+  const recount = async () => {
+    const { status, ...others } = apiFilters(filters);
+    let found;
+    try {
+      found = await get(`/v1/workflows/counts${query(others)}`, { signal });
+    } catch (error) {
+      if (!signal.aborted) counts.replaceChildren(notice(`counts: ${error.message}`, "error"));
+      return;
+    }
+    const order = (st) => { const i = RUN_STATES.indexOf(st); return i < 0 ? RUN_STATES.length : i; };
+    const entries = Object.entries(found.counts).sort(([a], [b]) => order(a) - order(b));
+    counts.replaceChildren(
+      h("a", { href: `#/runs${query({ ...filters, status: "" })}`, class: "count total", "aria-current": status ? null : "true" }, `all ${found.total}`),
+      ...entries.map(([st, n]) =>
+        h("a", { href: `#/runs${query({ ...filters, status: st })}`, class: `count s-${st}`, "aria-current": st === status ? "true" : null, dataset: { status: st } }, badge(st), ` ${n}`)));
+  };
+  const recountSoon = coalesce(recount, 1000);
+  const changed = () => { redraw(); recountSoon(); };
+
   const load = async () => {
     const page = await get(`/v1/workflows${query({ ...apiFilters(filters), limit: PAGE })}`, { signal });
     rows.clear();
@@ -111,6 +129,7 @@ export async function render(main, { query: q, signal }) {
     cursor = page.next_cursor;
     more.hidden = !cursor;
     draw();
+    await recount();
   };
   more.addEventListener("click", async () => {
     more.disabled = true;
@@ -133,7 +152,7 @@ export async function render(main, { query: q, signal }) {
     return;
   }
   bulkActions(bulk, filters, load, signal);
-  live(filters, rows, redraw, load, signal);
+  live(filters, rows, changed, load, signal);
 }
 
 function matches(row, filters) {

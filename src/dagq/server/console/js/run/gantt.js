@@ -1,5 +1,6 @@
 // The timeline of a run: one row per attempt, its queue wait (sent → started) light and
-// its run time (started → finished) solid, on a shared time axis.
+// its run time (started → finished) solid, on a shared time axis. Each foreach instance
+// (`name[k]`) and each iteration of a loop is a bar of its own.
 import { duration, h, when } from "../dom.js";
 
 const MAX_ROWS = 500;
@@ -43,7 +44,8 @@ export function drawGantt(container, items, open) {
     const end = endOf(r);
     const wait = r.enqueued_at != null && start != null ? start - r.enqueued_at : null;
     const ran = start != null ? end - start : null;
-    const text = [`${r.task} attempt ${r.attempt}: ${r.status ?? ""}`,
+    const what = r.iteration ? `iteration ${r.iteration} (attempt ${r.attempt})` : `attempt ${r.attempt}`;
+    const text = [`${r.task} ${what}: ${r.status ?? ""}`,
       wait != null ? `queue wait ${duration(wait)}` : null,
       ran != null ? `run ${duration(ran)}${r.finished_at == null ? " so far" : ""}` : "no start recorded"].filter(Boolean).join(", ");
     const track = h("div", { class: "track", title: text });
@@ -53,9 +55,11 @@ export function drawGantt(container, items, open) {
     if (start != null) {
       track.append(h("span", { class: `bar run s-${r.status}`, style: `left:${pct(start)};width:${width(start, end)}` }));
     }
-    const label = h("button", { type: "button", class: "link", "aria-label": text, onclick: () => open(r.task) },
-      r.task, r.attempt > 1 ? h("span", { class: "muted" }, ` #${r.attempt}`) : null);
-    list.append(h("li", {}, label, track));
+    const task = r.task.replace(/\[\d+\]$/, ""); // an instance opens its foreach task
+    const label = h("button", { type: "button", class: "link", "aria-label": text, onclick: () => open(task) },
+      r.task, r.iteration ? h("span", { class: "muted" }, ` ↻${r.iteration}`) : r.attempt > 1 ? h("span", { class: "muted" }, ` #${r.attempt}`) : null);
+    const data = { task: r.task, attempt: String(r.attempt), ...(r.iteration ? { iteration: String(r.iteration) } : {}) };
+    list.append(h("li", { dataset: data }, label, track));
   }
   const more = rows.length > MAX_ROWS ? h("p", { class: "muted small" }, `The first ${MAX_ROWS} of ${rows.length} attempts.`) : null;
   const legend = h("p", { class: "legend small" }, h("span", { class: "key wait" }), " queue wait ", h("span", { class: "key run" }), " run");

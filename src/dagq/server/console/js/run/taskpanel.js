@@ -59,7 +59,7 @@ export class TaskPanel {
     if (task.full_error) parts.push(h("h3", {}, "Error"), h("pre", { class: "error-text", tabindex: 0 }, task.full_error));
     if (task.status === "completed") parts.push(await this.#output(signal));
     parts.push(this.#logs(task, signal));
-    parts.push(this.#attempts(task), this.#events(task));
+    parts.push(this.#instances(task), this.#attempts(task), this.#events(task));
     this.aside.replaceChildren(...parts);
     this.aside.scrollTop = keepScroll;
   }
@@ -155,6 +155,24 @@ export class TaskPanel {
     const key = `${task.name}#${task.attempt}`;
     if (this.logsFor?.key !== key) this.logsFor = { key, view: logView(this.id, task.name, task.attempt, signal) };
     return this.logsFor.view;
+  }
+
+  /** A foreach task's instances: each one's state, attempt, times and error. */
+  #instances(task) {
+    const all = task.instances ?? [];
+    if (!all.length) return "";
+    const total = Object.values(task.items ?? {}).reduce((a, n) => a + n, 0);
+    const more = total > all.length ? h("p", { class: "small muted" }, `The first ${all.length} of ${total} instances.`) : "";
+    return h("section", { class: "instances" }, h("h3", {}, "Instances"), more,
+      h("div", { class: "scroll" }, h("table", { class: "small" },
+        h("thead", {}, h("tr", {}, ["Instance", "State", "Attempt", "Started", "Duration", "Error"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, all.map((i) => h("tr", { dataset: { instance: i.name } },
+          h("td", {}, i.name),
+          h("td", {}, badge(i.status)),
+          h("td", {}, String(i.attempt)),
+          h("td", {}, when(i.started_at)),
+          h("td", {}, duration(i.duration_s)),
+          h("td", { class: "instance-error", title: i.error ?? "" }, i.error ? i.error.split("\n")[0] : "")))))));
   }
 
   #attempts(task) {
