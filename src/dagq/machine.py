@@ -317,8 +317,9 @@ def _on_finished(plan: Plan, state: RunState, event: Any, now: float, fx: Effect
         state.held.remove(i)
     else:
         state.in_flight -= 1
-    if state.started_at[i] == UNSET:
+    if state.started_at[i] == UNSET:  # its 'started' was not sent: it finished first
         state.started_at[i] = event.at - event.duration_s
+        fx.note(state.started_at[i], "started", task.name, event.attempt)
     state.updated_at = now
     if event.warning is not None:  # e.g. an output file that is not JSON (ai4s-jobq)
         fx.note(event.at, "warning", task.name, event.attempt, event.warning)

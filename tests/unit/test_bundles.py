@@ -83,6 +83,17 @@ def test_a_batch_of_many_workflows_sends_their_tasks_in_one_bundle_after_every_s
     assert unpacked(list(merged["gpu"])) == [7]
 
 
+def test_one_workflows_fan_out_in_one_send_goes_out_in_bundles() -> None:
+    ops: list[BatchOp] = [
+        PutOp("states/w", b"s"),
+        SendOp("default", [message(task(i)) for i in range(50)]),
+    ]
+    bundle_sends(ops, 32)
+    [send] = [op for op in ops if isinstance(op, SendOp)]
+    assert len(send.messages) == 2  # 32 + 18, not 50 messages
+    assert sorted(unpacked(list(send.messages))) == list(range(50))
+
+
 def test_a_store_that_does_not_bundle_keeps_a_batch_as_it_is() -> None:
     ops: list[BatchOp] = [SendOp("default", [message(task(i))]) for i in range(3)]
     before = list(ops)

@@ -409,8 +409,10 @@ def test_history_records_the_story() -> None:
     assert kinds == [
         ("submitted", None, 0),
         ("dispatched", "a", 1),
+        ("started", "a", 1),  # from the 'finished': its 'started' was never sent
         ("retried", "a", 1),
         ("dispatched", "a", 2),
+        ("started", "a", 2),
         ("completed", "a", 2),
         ("workflow_completed", None, 0),
     ]
