@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from dagq.client import Client
+from dagq.stores.base import Store
 from tests.integration.cli_harness import DagqCli
 
 pytestmark = pytest.mark.timeout(90)
@@ -93,3 +95,19 @@ def test_on_a_terminal_quiet_shows_no_progress_only_the_result(cli: DagqCli) -> 
     shown = [line for line in result.stdout.replace("\r", "").split("\n") if line]
     assert len(shown) == 1, result.stdout
     assert re.fullmatch(rf"completed: tty {TIMING}", shown[0]), shown
+
+
+def test_a_run_cancelled_with_a_blank_reason_still_gets_its_line(cli: DagqCli) -> None:
+    slow = cli.workflow("slow.yaml", {"name": "slow", "tasks": [{"name": "t", "cmd": "sleep 30"}]})
+    assert cli.run("submit", slow, "--id", "blank").code == 0
+
+    async def cancel(store: Store) -> None:
+        await Client(store).cancel("blank", " \n ")  # a reason of blanks, as the API takes it
+
+    cli.with_store(cancel)
+
+    result = cli.run("run", slow, "--id", "blank", "--quiet")
+
+    assert "Traceback" not in result.stderr, result.stderr
+    assert re.fullmatch(rf"cancelled: blank {TIMING}\n", result.stdout), result.output
+    assert result.code != 0

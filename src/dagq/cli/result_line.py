@@ -27,8 +27,9 @@ def result_lines(view: RunView, elapsed_s: float | None) -> list[str]:
     line = f"{view.status}: {view.workflow_id} ({view.total:,} tasks{timing})"
     if view.status == "completed":
         return [line]
-    if view.error:
-        line += f": {printable(view.error.strip().splitlines()[0], one_line=True)}"
+    first = (view.error or "").strip().splitlines()
+    if first:  # a reason of blanks (a cancel's, from the API) says nothing
+        line += f": {printable(first[0], one_line=True)}"
     # The tasks that broke, not those that did not run because another broke.
     broken = [row.name for row in view.tasks if "failed" in (row.status, row.compensation)]
     if not broken:
