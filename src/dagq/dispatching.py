@@ -290,8 +290,6 @@ def bundle_sends(ops: list[BatchOp], size: int) -> None:
         if isinstance(op, SendOp):
             merged.setdefault(op.queue, []).extend(op.messages)
             last[op.queue] = position
-    if len(last) == sum(isinstance(op, SendOp) for op in ops):
-        return  # one send per queue: bundled already
     kept: list[BatchOp] = []
     for position, op in enumerate(ops):
         if not isinstance(op, SendOp):
