@@ -4,6 +4,7 @@ the tasks that failed."""
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from dagq.client import Client
 from dagq.stores.base import Store
-from tests.integration.cli_harness import DagqCli
+from tests.integration.cli_harness import DagqCli, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -111,3 +112,21 @@ def test_a_run_cancelled_with_a_blank_reason_still_gets_its_line(cli: DagqCli) -
     assert "Traceback" not in result.stderr, result.stderr
     assert re.fullmatch(rf"cancelled: blank {TIMING}\n", result.stdout), result.output
     assert result.code != 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_an_interrupted_quiet_run_keeps_stdout_to_its_result(
+    cli: DagqCli, sig: signal.Signals
+) -> None:
+    napping = cli.workflow(
+        "nap.yaml", {"name": "nap", "tasks": [{"name": "t", "cmd": "touch t.started; sleep 60"}]}
+    )
+    running = cli.start("run", napping, "--id", "nap", "--quiet")
+    wait_until((cli.workdir / "t.started").exists, timeout_s=20, what="the task to start")
+    running.send(sig)
+    result = running.wait(timeout_s=30)
+
+    assert result.code != 0, result.output
+    assert len(result.stdout.splitlines()) == 1, result.stdout  # the result line alone
+    assert result.stdout.startswith("cancelled: nap" if sig == signal.SIGINT else "running: nap")
+    assert "resume it with: dagq run" in result.stderr  # what to do next: on stderr
