@@ -17,7 +17,7 @@ from tests.integration.cli_harness import DagqCli, wait_until
 pytestmark = pytest.mark.timeout(90)
 
 #: ``(3 tasks in 412ms)``, ``(1,002 tasks in 2.3s)``
-TIMING = r"\((?:\d{1,3}(?:,\d{3})*) tasks in \d[\d.:]*(?:ms|s)?\)"
+TIMING = r"\((?:\d{1,3}(?:,\d{3})*) tasks? in \d[\d.:]*(?:ms|s)?\)"
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_a_run_cancelled_with_a_blank_reason_still_gets_its_line(cli: DagqCli) -
     result = cli.run("run", slow, "--id", "blank", "--quiet")
 
     assert "Traceback" not in result.stderr, result.stderr
-    assert re.fullmatch(rf"cancelled: blank {TIMING}\n", result.stdout), result.output
+    assert re.fullmatch(r"cancelled: blank \(1 task in [^)]+\)\n", result.stdout), result.output
     assert result.code != 0
 
 

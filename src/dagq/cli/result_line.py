@@ -24,7 +24,8 @@ def result_lines(view: RunView, elapsed_s: float | None) -> list[str]:
     if span is None and view.finished_at is not None:
         span = view.finished_at - view.created_at
     timing = f" in {duration(span)}" if span is not None else ""
-    line = f"{view.status}: {view.workflow_id} ({view.total:,} tasks{timing})"
+    tasks = "task" if view.total == 1 else "tasks"
+    line = f"{view.status}: {view.workflow_id} ({view.total:,} {tasks}{timing})"
     if view.status == "completed":
         return [line]
     first = (view.error or "").strip().splitlines()
