@@ -4,17 +4,20 @@ the tasks that failed."""
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.cli_harness import DagqCli
+from dagq.client import Client
+from dagq.stores.base import Store
+from tests.integration.cli_harness import DagqCli, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
 #: ``(3 tasks in 412ms)``, ``(1,002 tasks in 2.3s)``
-TIMING = r"\((?:\d{1,3}(?:,\d{3})*) tasks in \d[\d.:]*(?:ms|s)?\)"
+TIMING = r"\((?:\d{1,3}(?:,\d{3})*) tasks? in \d[\d.:]*(?:ms|s)?\)"
 
 
 @pytest.fixture
@@ -93,3 +96,37 @@ def test_on_a_terminal_quiet_shows_no_progress_only_the_result(cli: DagqCli) -> 
     shown = [line for line in result.stdout.replace("\r", "").split("\n") if line]
     assert len(shown) == 1, result.stdout
     assert re.fullmatch(rf"completed: tty {TIMING}", shown[0]), shown
+
+
+def test_a_run_cancelled_with_a_blank_reason_still_gets_its_line(cli: DagqCli) -> None:
+    slow = cli.workflow("slow.yaml", {"name": "slow", "tasks": [{"name": "t", "cmd": "sleep 30"}]})
+    assert cli.run("submit", slow, "--id", "blank").code == 0
+
+    async def cancel(store: Store) -> None:
+        await Client(store).cancel("blank", " \n ")  # a reason of blanks, as the API takes it
+
+    cli.with_store(cancel)
+
+    result = cli.run("run", slow, "--id", "blank", "--quiet")
+
+    assert "Traceback" not in result.stderr, result.stderr
+    assert re.fullmatch(r"cancelled: blank \(1 task in [^)]+\)\n", result.stdout), result.output
+    assert result.code != 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_an_interrupted_quiet_run_keeps_stdout_to_its_result(
+    cli: DagqCli, sig: signal.Signals
+) -> None:
+    napping = cli.workflow(
+        "nap.yaml", {"name": "nap", "tasks": [{"name": "t", "cmd": "touch t.started; sleep 60"}]}
+    )
+    running = cli.start("run", napping, "--id", "nap", "--quiet")
+    wait_until((cli.workdir / "t.started").exists, timeout_s=20, what="the task to start")
+    running.send(sig)
+    result = running.wait(timeout_s=30)
+
+    assert result.code != 0, result.output
+    assert len(result.stdout.splitlines()) == 1, result.stdout  # the result line alone
+    assert result.stdout.startswith("cancelled: nap" if sig == signal.SIGINT else "running: nap")
+    assert "resume it with: dagq run" in result.stderr  # what to do next: on stderr

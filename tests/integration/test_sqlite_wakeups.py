@@ -175,5 +175,30 @@ async def test_a_closed_store_leaves_no_socket_behind(tmp_path: Path) -> None:
     assert not mine[0].exists()
 
 
+async def test_a_forked_child_leaves_its_parents_wake_ups_alone(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    store = open_sqlite_store(db)
+    try:
+        await store.queues.wait(QUEUE, 0.001)  # the parent listens
+        [mine] = [p for p in wake_dir(db).glob("*/*") if p.name.startswith(f"{os.getpid()}-")]
+        pid = os.fork()
+        if pid == 0:  # the child waits on the same queue in a loop of its own, and ends
+            code = 1
+            try:
+                asyncio.run(store.queues.wait(QUEUE, 0.001))
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert mine.exists()  # the parent's socket is still there
+        with peer("send", db) as sender:  # and a send elsewhere still wakes the parent
+            waiter = asyncio.create_task(store.queues.wait(QUEUE, LONG_POLL_S))
+            await asyncio.to_thread(send_one, sender)
+            await asyncio.wait_for(waiter, 10)
+    finally:
+        await store.close()
+
+
 if __name__ == "__main__":
     asyncio.run(_peer(sys.argv[1], sys.argv[2]))

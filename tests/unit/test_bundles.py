@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dagq import keys
+from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.dispatching import BUNDLE_BYTES, attempt_id, bundle, bundle_sends
 from dagq.holding import split
 from dagq.local import LocalRunner
@@ -31,6 +32,7 @@ from dagq.messages import (
 )
 from dagq.stores.base import BatchOp, OutgoingMessage, PutOp, SendOp, Store
 from dagq.stores.memory import open_memory_store
+from dagq.submission import submit
 from dagq.views import load_view
 from dagq.worker import Worker, WorkerOptions
 from tests.helpers import GatedQueues, definition, finished
@@ -83,15 +85,23 @@ def test_a_batch_of_many_workflows_sends_their_tasks_in_one_bundle_after_every_s
     assert unpacked(list(merged["gpu"])) == [7]
 
 
-def test_one_workflows_fan_out_in_one_send_goes_out_in_bundles() -> None:
+def test_one_send_of_many_tasks_goes_out_in_bundles_too() -> None:
     ops: list[BatchOp] = [
         PutOp("states/w", b"s"),
-        SendOp("default", [message(task(i)) for i in range(50)]),
+        SendOp("default", [message(task(i)) for i in range(10)]),
     ]
-    bundle_sends(ops, 32)
+    bundle_sends(ops, 4)
     [send] = [op for op in ops if isinstance(op, SendOp)]
-    assert len(send.messages) == 2  # 32 + 18, not 50 messages
-    assert sorted(unpacked(list(send.messages))) == list(range(50))
+    assert [len(decode_tasks(m.body)) for m in send.messages] == [4, 4, 2]
+    assert unpacked(list(send.messages)) == list(range(10))
+
+
+async def test_a_workflow_fanning_out_alone_sends_its_tasks_in_bundles() -> None:
+    store = open_memory_store()
+    store.queues.bundle_size = 8  # type: ignore[misc]
+    await submit(store, definition([{"name": f"t{i}"} for i in range(10)]), workflow_id="w")
+    assert await Coordinator(store, CoordinatorOptions()).step() == 1
+    assert await visible(store) == 2  # 8 + 2 tasks, not 10 messages
 
 
 def test_a_store_that_does_not_bundle_keeps_a_batch_as_it_is() -> None:

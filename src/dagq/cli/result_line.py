@@ -24,11 +24,13 @@ def result_lines(view: RunView, elapsed_s: float | None) -> list[str]:
     if span is None and view.finished_at is not None:
         span = view.finished_at - view.created_at
     timing = f" in {duration(span)}" if span is not None else ""
-    line = f"{view.status}: {view.workflow_id} ({view.total:,} tasks{timing})"
+    tasks = "task" if view.total == 1 else "tasks"
+    line = f"{view.status}: {view.workflow_id} ({view.total:,} {tasks}{timing})"
     if view.status == "completed":
         return [line]
-    if view.error:
-        line += f": {printable(view.error.strip().splitlines()[0], one_line=True)}"
+    first = (view.error or "").strip().splitlines()
+    if first:  # a reason of blanks (a cancel's, from the API) says nothing
+        line += f": {printable(first[0], one_line=True)}"
     # The tasks that broke, not those that did not run because another broke.
     broken = [row.name for row in view.tasks if "failed" in (row.status, row.compensation)]
     if not broken:

@@ -159,7 +159,9 @@ async def _run(
         if not quiet:
             await _note_others(console, store, wid)
         started = time.monotonic()
-        interrupts = _Interrupts(store, wid, console, runner, resume)
+        # Quiet, stdout carries the result alone: what an interruption says goes to stderr.
+        notices = Console(stderr=True, highlight=False, soft_wrap=True) if quiet else console
+        interrupts = _Interrupts(store, wid, notices, runner, resume)
         interrupts.install()
         try:
             progress = LiveProgress(console, wid, definition.name)
@@ -174,10 +176,10 @@ async def _run(
         if status == QUARANTINED:
             return _quarantined(console, wid, runner.quarantine_reason or "?")
         if interrupts.count:
-            console.print(f"[yellow]cancelled by Ctrl-C; resume it with: {escape(resume)}[/]")
+            notices.print(f"[yellow]cancelled by Ctrl-C; resume it with: {escape(resume)}[/]")
         code = await _summarize(console, store, wid, time.monotonic() - started, quiet=quiet)
         if interrupts.terminated and status not in WORKFLOW_TERMINAL:
-            console.print(
+            notices.print(
                 f"[yellow]stopped by SIGTERM; workflow {wid} is unfinished, resume it with: "
                 f"{escape(resume)}[/]"
             )

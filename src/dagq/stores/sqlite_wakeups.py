@@ -59,12 +59,11 @@ class WakeChannel:
         self._root = wake_dir(file)
         self._wakeups = wakeups
         self._lock = threading.Lock()
-        #: queue -> (socket, its path, the loop that reads it)
-        self._listening: dict[str, tuple[socket.socket, Path, asyncio.AbstractEventLoop]] = {}
+        #: queue -> (socket, its path, the loop that reads it, the process that bound it)
+        self._listening: dict[str, tuple[socket.socket, Path, asyncio.AbstractEventLoop, int]] = {}
         self._failed = False
         self._closed = False
         self._sender: socket.socket | None = None
-        self._pid = os.getpid()
         #: Wake-ups sent to other processes, and sockets of dead ones removed (for tests).
         self.rung = 0
         self.removed = 0
@@ -84,10 +83,9 @@ class WakeChannel:
         loop = asyncio.get_running_loop()
         held = self._listening.get(queue)
         if held is not None:
-            if held[2] is loop and os.getpid() == self._pid:
+            if held[2] is loop and held[3] == os.getpid():
                 return True
             self._unlisten(queue)  # another loop (it may be closed), or a forked child
-        self._pid = os.getpid()
         try:
             sock, path = self._bind(queue)
         except OSError as exc:
@@ -95,7 +93,7 @@ class WakeChannel:
             log.info("no wake-ups across processes in %s (%s): waits poll", self._root, exc)
             return False
         loop.add_reader(sock.fileno(), self._readable, sock, queue)
-        self._listening[queue] = (sock, path, loop)
+        self._listening[queue] = (sock, path, loop, os.getpid())
         return True
 
     def _bind(self, queue: str) -> tuple[socket.socket, Path]:
@@ -120,7 +118,12 @@ class WakeChannel:
         self._wakeups.notify(queue)
 
     def _unlisten(self, queue: str) -> None:
-        sock, path, loop = self._listening.pop(queue)
+        sock, path, loop, pid = self._listening.pop(queue)
+        if pid != os.getpid():
+            # Inherited from the parent across a fork: the socket, its file and the
+            # loop's selector (an epoll set fork shares) are still the parent's.
+            sock.close()
+            return
         if not loop.is_closed():
             with contextlib.suppress(RuntimeError, ValueError):
                 loop.remove_reader(sock.fileno())
