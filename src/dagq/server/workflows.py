@@ -130,6 +130,18 @@ async def _submitted_before(api: Api, tenant: str, name: str) -> WorkflowDef:
     return submitted.definition
 
 
+# The filters the run list and its counts share.
+LabelQuery = Annotated[
+    list[str] | None, Query(description="key=value: runs with that label; repeatable.")
+]
+CreatedAfterQuery = Annotated[
+    str | None, Query(description="Epoch seconds or ISO 8601 (inclusive).")
+]
+CreatedBeforeQuery = Annotated[
+    str | None, Query(description="Epoch seconds or ISO 8601 (exclusive).")
+]
+
+
 @router.get(
     "/workflows",
     summary="List workflows",
@@ -145,15 +157,9 @@ async def list_workflows(
     status: str | None = None,
     name: str | None = None,
     tenant: str | None = None,
-    label: Annotated[
-        list[str] | None, Query(description="key=value: runs with that label; repeatable.")
-    ] = None,
-    created_after: Annotated[
-        str | None, Query(description="Epoch seconds or ISO 8601 (inclusive).")
-    ] = None,
-    created_before: Annotated[
-        str | None, Query(description="Epoch seconds or ISO 8601 (exclusive).")
-    ] = None,
+    label: LabelQuery = None,
+    created_after: CreatedAfterQuery = None,
+    created_before: CreatedBeforeQuery = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: str | None = None,
 ) -> Response:
@@ -187,15 +193,9 @@ async def count_workflows(
     api: Server,
     name: str | None = None,
     tenant: str | None = None,
-    label: Annotated[
-        list[str] | None, Query(description="key=value: runs with that label; repeatable.")
-    ] = None,
-    created_after: Annotated[
-        str | None, Query(description="Epoch seconds or ISO 8601 (inclusive).")
-    ] = None,
-    created_before: Annotated[
-        str | None, Query(description="Epoch seconds or ISO 8601 (exclusive).")
-    ] = None,
+    label: LabelQuery = None,
+    created_after: CreatedAfterQuery = None,
+    created_before: CreatedBeforeQuery = None,
 ) -> Response:
     """How many runs of each status the whole store holds under the listing's filters
     (name, tenant, labels, creation time), counted by the store's index."""
