@@ -22,6 +22,7 @@ import functools
 import importlib
 import inspect
 import logging
+import operator
 import os
 import pickle
 import select
@@ -86,10 +87,8 @@ class Request(NamedTuple):
 
     def pack(self) -> bytes:
         """The request as it travels."""
-        ctx = tuple(getattr(self.ctx, name) for name in _CONTEXT_FIELDS)
-        stored = None
-        if self.inputs is not None:
-            stored = tuple(getattr(self.inputs, name) for name in _INPUTS_FIELDS)
+        ctx = _context_fields(self.ctx)
+        stored = None if self.inputs is None else _inputs_fields(self.inputs)
         request = (self.call, self.args, ctx, self.paths, self.processor, stored, self.logs)
         return pickle.dumps(request, pickle.HIGHEST_PROTOCOL)
 
@@ -106,8 +105,9 @@ class Request(NamedTuple):
         return dataclasses.replace(self.ctx, inputs=self.inputs.decode())
 
 
-_CONTEXT_FIELDS = tuple(f.name for f in dataclasses.fields(TaskContext))
-_INPUTS_FIELDS = tuple(f.name for f in dataclasses.fields(StoredInputs))
+#: A context's and stored inputs' fields as a plain tuple, in order (one C call each).
+_context_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(TaskContext)))
+_inputs_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(StoredInputs)))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -340,8 +340,12 @@ def main(argv: list[str]) -> None:
     parent (pid ``argv[2]``) closes it or dies."""
     requests, replies, parent = int(argv[0]), int(argv[1]), int(argv[2])
     _die_with(parent)
+    for stream in (sys.stdout, sys.stderr):  # as tasks have them: then set once, not each time
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    frames = _Frames(requests)
     while True:
-        frame = _read(requests)
+        frame = frames.next()
         if frame is None:
             return
         request = Request.unpack(frame)
@@ -443,9 +447,10 @@ def redirected(paths: tuple[str, str] | None) -> Iterator[None]:
     buffering = [getattr(stream, "line_buffering", False) for stream in streams]
     os.dup2(targets[0], 1)
     os.dup2(targets[1], 2)
-    for stream in streams:
-        with contextlib.suppress(AttributeError, ValueError):
-            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    for stream, was in zip(streams, buffering, strict=True):
+        if not was:  # (a pool process's own are line-buffered from the start)
+            with contextlib.suppress(AttributeError, ValueError):
+                stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     root = logging.getLogger()
     level, handler = root.level, None
     if not root.handlers:
@@ -463,8 +468,9 @@ def redirected(paths: tuple[str, str] | None) -> Iterator[None]:
         for stream, was in zip(streams, buffering, strict=True):
             with contextlib.suppress(Exception):
                 stream.flush()
-            with contextlib.suppress(AttributeError, ValueError):
-                stream.reconfigure(line_buffering=was)  # type: ignore[union-attr]
+            if getattr(stream, "line_buffering", was) != was:
+                with contextlib.suppress(AttributeError, ValueError):
+                    stream.reconfigure(line_buffering=was)  # type: ignore[union-attr]
         assert _redirection.originals is not None
         os.dup2(_redirection.originals[0], 1)
         os.dup2(_redirection.originals[1], 2)
@@ -483,21 +489,36 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
-def _read(fd: int) -> bytes | None:
-    header = _read_exactly(fd, HEADER.size)
-    if header is None:
-        return None
-    return _read_exactly(fd, HEADER.unpack(header)[0])
+class _Frames:
+    """The frames coming on a pipe, read in as few system calls as they came in (a
+    small request: one read, not one for its header and one for the rest)."""
 
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = bytearray()
 
-def _read_exactly(fd: int, n: int) -> bytes | None:
-    chunks = bytearray()
-    while len(chunks) < n:
-        chunk = os.read(fd, n - len(chunks))
-        if not chunk:
+    def next(self) -> bytes | None:
+        """The next frame (None at the end of the pipe)."""
+        if not self._fill(HEADER.size):
             return None
-        chunks += chunk
-    return bytes(chunks)
+        (size,) = HEADER.unpack_from(self._buffer)
+        if not self._fill(HEADER.size + size):
+            return None
+        frame = bytes(self._buffer[HEADER.size : HEADER.size + size])
+        del self._buffer[: HEADER.size + size]
+        return frame
+
+    def _fill(self, n: int) -> bool:
+        while len(self._buffer) < n:
+            chunk = os.read(self._fd, max(n - len(self._buffer), _READ_BYTES))
+            if not chunk:
+                return False
+            self._buffer += chunk
+        return True
+
+
+#: How much is read from a pipe at once.
+_READ_BYTES = 64 * 1024
 
 
 def _write(fd: int, data: bytes) -> None:

@@ -58,6 +58,78 @@ class PoolClosed(Exception):
     """The pool was closed while a task waited for a process."""
 
 
+class _Replies:
+    """The reading end of a pool process's reply pipe, read on the event loop: each
+    whole frame answers the call waiting for it. One callback a reply, reading at most
+    ``_READ_BYTES`` at a time (a transport's larger reads allocate and free a mapping
+    each time: three system calls a task)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        self._loop = loop
+        self._fd = fd
+        self._buffer = bytearray()
+        self._size = -1  # of the frame being read, once its header is in
+        self._waiting: asyncio.Future[bytes] | None = None
+        self._ended = False
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, self._readable)
+
+    def expect(self) -> asyncio.Future[bytes]:
+        """A future for the next reply (ConnectionError if none can come)."""
+        future: asyncio.Future[bytes] = self._loop.create_future()
+        if self._ended:
+            future.set_exception(ConnectionError("the process is gone"))
+        else:
+            self._waiting = future
+        return future
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self._fd, _READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.end()
+            return
+        buffer = self._buffer
+        buffer += data
+        while True:
+            if self._size < 0:
+                if len(buffer) < HEADER.size:
+                    return
+                (self._size,) = HEADER.unpack_from(buffer)
+                del buffer[: HEADER.size]
+            if len(buffer) < self._size:
+                return
+            frame = bytes(buffer[: self._size])
+            del buffer[: self._size]
+            self._size = -1
+            waiting, self._waiting = self._waiting, None
+            if waiting is not None and not waiting.done():
+                waiting.set_result(frame)
+
+    def end(self) -> None:
+        """No reply can come any more (the process exited, or the pipe closed)."""
+        if not self._ended:
+            self._ended = True
+            self._loop.remove_reader(self._fd)
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(ConnectionError("the process is gone"))
+
+    def close(self) -> None:
+        self.end()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+#: How much of a reply is read at once (under the allocator's threshold for a mapping).
+_READ_BYTES = 64 * 1024
+
+
 @dataclass(eq=False)
 class _Process:
     """One pool process and the pipes to it."""
@@ -65,9 +137,8 @@ class _Process:
     pid: int
     #: Its exit code (negative: the signal that killed it), once the zygote says.
     exit: asyncio.Future[int]
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    read_transport: asyncio.BaseTransport
+    replies: _Replies
+    writer: asyncio.WriteTransport
     #: The import path it was last given.
     paths: list[str] = field(default_factory=list)
     killed: bool = False
@@ -78,11 +149,12 @@ class _Process:
     def alive(self) -> bool:
         return not self.killed and not self.exit.done()
 
-    async def call(self, request: bytes) -> Reply:
+    def call(self, request: bytes) -> asyncio.Future[bytes]:
+        """Send a request; the future of its reply. The pipe takes what it can at once,
+        the transport the rest (the reply cannot come before the request is whole)."""
+        replied = self.replies.expect()
         self.writer.write(HEADER.pack(len(request)) + request)  # one write: one wake-up
-        await self.writer.drain()
-        (size,) = HEADER.unpack(await self.reader.readexactly(HEADER.size))
-        return Reply(*pickle.loads(await self.reader.readexactly(size)))
+        return replied
 
     def kill(self) -> None:
         """Kill it and whatever it started (its process group)."""
@@ -98,7 +170,7 @@ class _Process:
 
     def close_pipes(self) -> None:
         self.writer.close()
-        self.read_transport.close()
+        self.replies.close()
         if self.output is not None:
             self.output.close()
             self.output = None
@@ -191,18 +263,18 @@ class _Zygote:
             os.close(requests_in)
             os.close(replies_out)
         exit_code = self._exits.setdefault(pid, loop.create_future())
-        reader = asyncio.StreamReader(limit=2**31)
-        read_transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(replies_in, "rb", 0)
-        )
-        write_transport, protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, os.fdopen(requests_out, "wb", 0)
-        )
-        writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
+        replies = _Replies(loop, replies_in)
+        try:
+            writer, _ = await loop.connect_write_pipe(
+                asyncio.BaseProtocol, os.fdopen(requests_out, "wb", 0)
+            )
+        except BaseException:
+            replies.close()
+            raise
         # Once it has exited no answer can come, even if something it forked (and
         # that inherited the pipe) keeps the pipe open.
-        exit_code.add_done_callback(lambda _: reader.feed_eof())
-        return _Process(pid, exit_code, reader, writer, read_transport)
+        exit_code.add_done_callback(lambda _: replies.end())
+        return _Process(pid, exit_code, replies, writer)
 
     async def _read(self) -> None:
         loop = asyncio.get_running_loop()
@@ -281,19 +353,24 @@ class TaskPool:
         process = await self._acquire()
         output = self._output(process)
         captured = None if output is None else output.begin(live)
+        timer: asyncio.TimerHandle | None = None
         try:
-            paths = list(sys.path)
-            changed = None if paths == process.paths else paths
+            paths = sys.path
+            changed = None if paths == process.paths else list(paths)
             logs = None if output is None else output.paths
             data = Request(call, args, ctx, changed, processor, inputs, logs).pack()
-            process.paths = paths
-            reply = await asyncio.wait_for(process.call(data), timeout_s)
+            if changed is not None:
+                process.paths = changed
+            replied = process.call(data)
+            if timeout_s is not None:
+                timer = asyncio.get_running_loop().call_later(timeout_s, _time_out, replied)
+            reply = Reply(*pickle.loads(await replied))
         except TimeoutError:
             process.kill()
             outcome = Outcome(
                 ok=False, error=f"timed out after {timeout_s:g}s; its process was killed"
             )
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except ConnectionError:
             how = await process.ended()
             process.kill_group()  # what the task started, if any of it is still there
             process.killed = True
@@ -305,13 +382,17 @@ class TaskPool:
         else:
             outcome = _outcome(reply)
         finally:
+            if timer is not None:
+                timer.cancel()
             if output is not None:
                 output.end()
             self._release(process)
         if captured is None:
             return outcome
-        traceback = outcome.log.decode("utf-8", "replace")
-        return dataclasses.replace(outcome, log=captured.log(traceback))
+        attempt_log = captured.log(outcome.log.decode("utf-8", "replace"))
+        if attempt_log == outcome.log:  # it wrote nothing, and failed with no traceback
+            return outcome
+        return dataclasses.replace(outcome, log=attempt_log)
 
     def _output(self, process: _Process) -> ProcessOutput | None:
         """Where ``process`` writes its tasks' output (None, logged, if that cannot be)."""
@@ -441,6 +522,11 @@ class TaskPool:
                     await self._zygote.close()
                 self._zygote = await _Zygote.start()
             return self._zygote
+
+
+def _time_out(replied: asyncio.Future[bytes]) -> None:
+    if not replied.done():
+        replied.set_exception(TimeoutError())
 
 
 def _outcome(reply: Reply) -> Outcome:
