@@ -188,6 +188,13 @@ def watch_cancel(seconds: float = 20.0, ready: str = "") -> str:
     return "never noticed"
 
 
+def looks_cancelled() -> bool:
+    """Whether the task must stop, asked once (which leaves a marker for the worker)."""
+    from dagq.jobq import is_cancelled
+
+    return is_cancelled()
+
+
 def say(text: str, stderr: str = "", seconds: float = 0.0) -> str:
     """Print ``text`` (and ``stderr`` there), then sleep: for tests of captured output."""
     import sys

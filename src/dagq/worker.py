@@ -217,6 +217,7 @@ class Worker:
         #: A directory of this worker's own (made when first needed), for cancel files.
         self._scratch: str | None = None
         self._attempts = itertools.count(1)
+        self._ended_attempts = 0  # since the cancel files were last swept
         self._started_at = clock()
         self._stopping = False
         self._registration = registry.Registration(store.documents, self.record, clock=self.clock)
@@ -610,7 +611,7 @@ class Worker:
                 outcome = Outcome(ok=False, error=f"the worker failed running it: {_brief(exc)}")
             finally:
                 running.executing = False
-                _remove_cancel_files(running.cancel_file)
+                self._attempt_ended(running)
             await self._finish(running, outcome, started)
             self.completed += 1
         except asyncio.CancelledError:
@@ -782,6 +783,35 @@ class Worker:
             inputs=stored,
             live=live.write,
         )
+
+    def _attempt_ended(self, running: _Running) -> None:
+        """Its cancel files are no longer needed. One the worker made (it had to stop)
+        goes at once; the rest are swept together now and then — most never exist,
+        and looking for them one by one cost two system calls a task."""
+        if not running.cancel_file:
+            return
+        if running.stopping:
+            _remove_cancel_files(running.cancel_file)
+            return
+        self._ended_attempts += 1
+        if self._ended_attempts >= _SWEEP_EVERY:
+            self._sweep_cancel_files()
+
+    def _sweep_cancel_files(self) -> None:
+        """Remove the cancel files of the attempts that are no longer running."""
+        self._ended_attempts = 0
+        if self._scratch is None:
+            return
+        live = {
+            os.path.basename(r.cancel_file)
+            for r in self._running.values()
+            if r.executing and r.cancel_file
+        }
+        with contextlib.suppress(OSError), os.scandir(self._scratch) as entries:
+            for entry in entries:
+                if entry.name.removesuffix(WATCHED_SUFFIX) not in live:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
 
     def _cancel_file(self) -> str:
         """A path for the next attempt's cancel file (created only if it must stop)."""
@@ -1002,6 +1032,10 @@ def _cancel(running: _Running) -> None:
     """Cancel a task still inside its run (not one that ended and is reporting)."""
     if running.job is not None and running.executing:
         running.job.cancel()
+
+
+#: Cancel files are swept once this many attempts have ended (see _attempt_ended).
+_SWEEP_EVERY = 256
 
 
 def _remove_cancel_files(path: str) -> None:

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from dagq import keys, reporting
+from dagq import worker as worker_module
 from dagq.messages import TaskFinished, TaskMessage, TaskSpec, encode_task
 from dagq.runners import Outcome, TaskContext
 from dagq.runners.python import run_python
@@ -443,6 +444,49 @@ async def test_a_python_task_watching_is_cancelled_sees_it_too(tmp_path: Path) -
         stop.set()
         await serving
     assert (event.ok, event.output) == (True, "noticed")
+
+
+async def test_the_cancel_files_of_ended_attempts_are_swept_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each attempt that asks is_cancelled leaves a marker; they are not looked for one
+    by one as attempts end (two system calls a task) but swept every few attempts, so
+    they never pile up."""
+    monkeypatch.setattr(worker_module, "_SWEEP_EVERY", 5)
+    tasks = [
+        TaskMessage(
+            workflow_id="wf",
+            task=i,
+            name=f"t{i}",
+            attempt=1,
+            spec=TaskSpec(kind="python", call="tests.sample_tasks:looks_cancelled"),
+        )
+        for i in range(23)
+    ]
+    store = open_memory_store()
+    await store.queues.send(
+        "jobs", [OutgoingMessage(encode_task(t), id=f"{t.name}/1") for t in tasks]
+    )
+    stop = asyncio.Event()
+    worker = Worker(
+        store,
+        WorkerOptions(
+            queues=("jobs",), concurrency=2, poll_interval_s=0.05, work_dir=str(tmp_path)
+        ),
+    )
+    serving = asyncio.create_task(worker.run(stop))
+    try:
+        events = await asyncio.wait_for(finished(store, len(tasks)), 30)
+        (scratch,) = tmp_path.glob("dagq-worker-*")
+        left = sorted(p.name for p in scratch.iterdir())
+    finally:
+        stop.set()
+        await serving
+    assert [(e.ok, e.output) for e in events] == [(True, False)] * len(tasks)
+    # Swept after the 5th, 10th, 15th and 20th attempts: the last few are left.
+    assert 0 < len(left) <= 5, left
+    assert all(name.endswith(".cancel.watched") for name in left), left
+    assert not list(tmp_path.glob("dagq-worker-*"))  # and all of it once the worker stops
 
 
 # --- bg_dirsync_to ------------------------------------------------------------------
