@@ -102,12 +102,15 @@ class Request(NamedTuple):
         """The task's context, its inputs decoded (DamagedData if they cannot be)."""
         if self.inputs is None:
             return self.ctx
-        return dataclasses.replace(self.ctx, inputs=self.inputs.decode())
+        fields = list(_context_fields(self.ctx))
+        fields[_INPUTS_AT] = self.inputs.decode()
+        return TaskContext(*fields)  # (dataclasses.replace takes several times longer)
 
 
 #: A context's and stored inputs' fields as a plain tuple, in order (one C call each).
 _context_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(TaskContext)))
 _inputs_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(StoredInputs)))
+_INPUTS_AT = [f.name for f in dataclasses.fields(TaskContext)].index("inputs")
 
 
 @functools.lru_cache(maxsize=1024)
