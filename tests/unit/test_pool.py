@@ -192,3 +192,25 @@ async def test_a_damaged_stored_input_fails_the_attempt_and_not_the_process() ->
     assert not failed.ok
     assert (failed.error or "").startswith("cannot load upstream outputs: inputs document")
     assert after.ok and pool.started == 1
+
+
+async def test_large_requests_and_replies_cross_whole_and_the_next_task_follows() -> None:
+    """A reply is read a piece at a time (64 KiB, larger once its size is known); a
+    reply of megabytes, a request of megabytes (stored inputs), and small ones right
+    after, each reach the right task whole."""
+    pool = TaskPool(2)
+    inputs = StoredInputs(document=b'{"a": "' + b"y" * 3_000_000 + b'"}', document_key="doc")
+    try:
+        calls = [
+            pool.run("tests.sample_tasks:big", {"size": 5_000_000}, CTX, 30),
+            pool.run("tests.sample_tasks:length", None, CTX, 30, inputs=inputs),
+            *(pool.run("tests.sample_tasks:big", {"size": n}, CTX, 30) for n in range(40)),
+        ]
+        outcomes = await asyncio.gather(*calls)
+    finally:
+        await pool.close()
+    large, counted, *small = outcomes
+    assert large.ok and large.output_json == b'"' + b"x" * 5_000_000 + b'"'
+    assert large.output is None  # too large to travel inline: by reference, as JSON
+    assert (counted.ok, counted.output) == (True, 3_000_000)
+    assert [o.output for o in small] == ["x" * n for n in range(40)]

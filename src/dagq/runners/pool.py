@@ -84,8 +84,11 @@ class _Replies:
         return future
 
     def _readable(self) -> None:
+        size = _READ_BYTES
+        if self._size > size:  # the rest of a large reply: in large reads
+            size = min(self._size - len(self._buffer), _LARGE_READ_BYTES)
         try:
-            data = os.read(self._fd, _READ_BYTES)
+            data = os.read(self._fd, max(size, _READ_BYTES))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -126,8 +129,10 @@ class _Replies:
             self._fd = -1
 
 
-#: How much of a reply is read at once (under the allocator's threshold for a mapping).
+#: How much of a reply is read at once (under the allocator's threshold for a mapping),
+#: and at most while the rest of a large one comes.
 _READ_BYTES = 64 * 1024
+_LARGE_READ_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(eq=False)
