@@ -170,6 +170,23 @@ def test_the_server_benchmark_runs() -> None:
     assert "dagq server benchmark" in done.stdout
 
 
+@pytest.mark.timeout(120)
+def test_the_pool_round_trip_benchmark_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.pool_trip", "--tasks", "40", "--slots", "1,2", "--runs", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(r["slots"], r["tasks"]) for r in lines] == [(1, 40), (2, 40)]
+    assert all(r["tasks_per_s"] > 0 and r["worker_cpu_us_per_task"] > 0 for r in lines)
+    assert all(r["pool_cpu_us_per_task"] > 0 for r in lines)  # the processes' CPU is counted
+
+
 @pytest.mark.timeout(180)
 def test_benchmark_runs_with_telemetry_off_and_on() -> None:
     _, lines = _bench(
