@@ -3,7 +3,8 @@
 // tests/integration/test_console_firefox.py, which starts `dagq server`, a coordinator
 // and a worker, submits the held run and passes one JSON argument:
 //   {url, firefox, artefacts, held: {id, go}, submit: <definition>, waitMs}
-// Prints "ok: STEP" per check; a failed check prints "failed: STEP: why" and exits 1.
+// Prints "ok: STEP" per check; a failed check prints "failed: STEP: why", saves
+// firefox-failed.png beside the other screenshots and exits 1.
 import { writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
@@ -36,8 +37,9 @@ const browser = await puppeteer.launch({
 });
 let step = "open the console";
 const errors = [];
+let page;
 try {
-  const page = await browser.newPage();
+  page = await browser.newPage();
   await page.setViewport({ width: 1400, height: 900 });
   page.setDefaultTimeout(WAIT);
   page.on("pageerror", (error) => errors.push(String(error)));
@@ -75,10 +77,21 @@ try {
   await until("without a reload", () => window.__sameDocument === true);
   await shot("runs");
 
-  await page.goto(`${config.url}/#/runs/${config.held.id}/tasks/prepare`);
+  step = "open the run by keyboard";
+  await page.focus(`tr[data-id="${id}"]`);
+  await page.keyboard.press("Enter");
+  await until("Enter on a row opens its run", (want) => location.hash === want, `#/runs/${id}`);
+  await until("its DAG is drawn with its nodes coloured completed", inState, "report", "completed");
+
+  await page.goto(`${config.url}/#/runs/${config.held.id}`);
   await until("the DAG is drawn as SVG nodes", () => document.querySelectorAll("svg.dag g.node").length === 2);
   await until("a running task's node is coloured running", inState, "prepare", "running");
   await until("its child's node is coloured pending", inState, "report", "pending");
+  step = "open a task by keyboard";
+  await page.evaluate(() => document.querySelector('svg.dag g.node[data-name="prepare"]').focus());
+  await until("an SVG node takes focus", () => document.activeElement?.dataset?.name === "prepare");
+  await page.keyboard.press("Enter");
+  await until("Enter on a node opens its task panel", text, "aside.task-panel h2", "prepare");
   await until("the task panel's logs show its output", text, "aside.task-panel pre.logs", "first line");
   await until("the logs follow while it runs", text, "aside.task-panel .log-box", "following");
   await until("the timeline draws the running attempt", () =>
@@ -102,6 +115,7 @@ try {
   console.log(`failed: ${step}: ${error.message}`);
   if (errors.length) console.log(`page errors: ${errors.join(" | ")}`);
   process.exitCode = 1;
+  await page?.screenshot({ path: join(config.artefacts, "firefox-failed.png") }).catch(() => {});
 } finally {
   await browser.close();
 }
