@@ -426,6 +426,10 @@ def test_the_timeline_draws_each_loop_iteration_and_foreach_instance_as_a_bar(
         expect(bar).to_have_count(1)
     for k in range(4):
         expect(gantt.locator(f'li[data-task="each[{k}]"] .bar.run')).to_have_count(1)
+    # An iteration that ended and let the loop go on is drawn as done, not as running.
+    colour = "(s) => getComputedStyle(document.querySelector(s)).backgroundColor"
+    ended = page.evaluate(colour, 'li[data-task="poll"][data-iteration="1"] .bar.run')
+    assert ended == page.evaluate(colour, 'li[data-task="each[0]"] .bar.run.s-completed')
     shot(page, artefacts, "run-timeline-bars")
     gantt.locator('li[data-task="each[2]"] button').click()
     expect(page.locator("aside.task-panel section.instances tbody tr")).to_have_count(4)
