@@ -394,6 +394,11 @@ def _on_instance_finished(
     else:
         error = event.error or "failed without an error message"
         group.errors[k] = error
+        # The state keeps only an instance's latest attempt: a failed one's times go to
+        # the history (as a task's are), so the timeline can draw every attempt.
+        if group.dispatched_at[k] != UNSET:
+            fx.note(group.dispatched_at[k], "dispatched", name, event.attempt)
+        fx.note(group.started_at[k], "started", name, event.attempt)
         past = Attempts(
             used=event.attempt - group.retry_base.get(k, 0),
             delay_spent=0.0,

@@ -302,7 +302,10 @@ def test_the_events_of_one_instance(fanned: DagqCli) -> None:
     events = fanned.json("events", "fan", "--task", "square[2]")
     whole = fanned.json("events", "fan", "--task", "square")
 
-    assert [e["kind"] for e in events] == ["retried"]
+    # A failed attempt of an instance is recorded with when it was sent and started.
+    assert [e["kind"] for e in events] == ["dispatched", "started", "retried"]
+    assert [e["attempt"] for e in events] == [1, 1, 1]
+    assert events[0]["at"] <= events[1]["at"] <= events[2]["at"]
     assert {e["task"] for e in events} == {"square[2]"}
     assert {e["task"] for e in whole} == {"square", "square[2]"}
 

@@ -426,9 +426,70 @@ def test_the_timeline_draws_each_loop_iteration_and_foreach_instance_as_a_bar(
         expect(bar).to_have_count(1)
     for k in range(4):
         expect(gantt.locator(f'li[data-task="each[{k}]"] .bar.run')).to_have_count(1)
+    # An iteration that ended and let the loop go on is drawn as done, not as running.
+    colour = "(s) => getComputedStyle(document.querySelector(s)).backgroundColor"
+    ended = page.evaluate(colour, 'li[data-task="poll"][data-iteration="1"] .bar.run')
+    assert ended == page.evaluate(colour, 'li[data-task="each[0]"] .bar.run.s-completed')
     shot(page, artefacts, "run-timeline-bars")
     gantt.locator('li[data-task="each[2]"] button').click()
     expect(page.locator("aside.task-panel section.instances tbody tr")).to_have_count(4)
+
+
+def test_the_timeline_draws_every_attempt_of_a_task_and_of_an_instance(
+    page: Page, http: httpx.Client, cli: DagqCli, artefacts: Path
+) -> None:
+    """Retries are segments of their task's (or instance's) row, each telling its
+    attempt number and outcome on hover; the latest attempt is not the only one."""
+    from playwright.sync_api import expect
+
+    marks = cli.workdir / "timeline-tries"
+    marks.mkdir()
+    workflow_id = submit(
+        http,
+        {
+            "name": "console-attempts",
+            "tasks": [
+                {  # fails twice, then succeeds
+                    "name": "flaky",
+                    "num_retries": 2,
+                    "retry": {"backoff_s": 0},
+                    "cmd": f'echo x >> {marks}/flaky; [ "$(wc -l < {marks}/flaky)" -ge 3 ]',
+                },
+                {"name": "split", "cmd": "echo '[1, 2]' > \"$DAGQ_OUTPUT\""},
+                {  # item 1 fails once, then succeeds
+                    "name": "each",
+                    "depends_on": ["split"],
+                    "foreach": "inputs.split",
+                    "num_retries": 1,
+                    "retry": {"backoff_s": 0},
+                    "cmd": f'f={marks}/item-$DAGQ_INDEX; echo x >> "$f"; '
+                    f'[ "$DAGQ_INDEX" = 0 ] || [ "$(wc -l < "$f")" -ge 2 ]',
+                },
+            ],
+        },
+    )
+    page.goto(f"/#/runs/{workflow_id}")
+    expect(page.locator(".run-head .badge").first).to_have_text("completed")
+    gantt = page.locator("ol.gantt")
+    expect(gantt.locator('li[data-task="flaky"]')).to_have_count(1)  # one row, 3 segments
+    segments = gantt.locator('li[data-task="flaky"] .bar.run')
+    expect(segments).to_have_count(3)
+    for n, outcome in enumerate(["retried", "retried", "completed"], start=1):
+        segment = segments.nth(n - 1)
+        expect(segment).to_have_attribute("data-attempt", str(n))
+        expect(segment).to_have_class(state(outcome))
+        expect(segment).to_have_attribute("title", re.compile(rf"^flaky attempt {n}: {outcome},"))
+    expect(gantt.locator('li[data-task="flaky"]')).to_have_attribute("data-attempts", "3")
+    retried = gantt.locator('li[data-task="each[1]"] .bar.run')
+    expect(retried).to_have_count(2)
+    expect(retried.first).to_have_attribute("title", re.compile(r"^each\[1\] attempt 1: retried"))
+    expect(retried.last).to_have_attribute("title", re.compile(r"^each\[1\] attempt 2: completed"))
+    expect(gantt.locator('li[data-task="each[0]"] .bar.run')).to_have_count(1)
+    label = gantt.locator('li[data-task="each[1]"] button')
+    expect(label).to_contain_text("\N{MULTIPLICATION SIGN}2")
+    expect(label).to_have_attribute("aria-label", re.compile(r"attempt 1: retried.*attempt 2"))
+    retried.first.hover()
+    shot(page, artefacts, "run-timeline-attempts")
 
 
 def test_preview_draws_a_definition_then_submits_it(

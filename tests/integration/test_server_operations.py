@@ -8,6 +8,7 @@ SQLite store for the module; each test submits workflows of its own.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections.abc import Iterator
@@ -448,3 +449,44 @@ def test_every_attempt_of_a_retried_task_has_its_start_on_the_timeline(
     assert items[0]["finished_at"] <= items[1]["enqueued_at"]
     attempts = http.get(f"{location}/tasks/flaky").json()["attempts"]
     assert [a["started_at"] for a in attempts] == [i["started_at"] for i in items]
+
+
+def test_every_attempt_of_a_retried_foreach_instance_has_its_times_on_the_timeline(
+    http: httpx.Client, tmp_path: Path
+) -> None:
+    """The run's state keeps only an instance's latest attempt; the failed ones are on
+    the timeline all the same, each with when it was sent, started and ended."""
+    marks = tmp_path / "instance-tries"
+    marks.mkdir()
+    flaky = {
+        "name": "api-flaky-each",
+        "tasks": [
+            {"name": "split", "cmd": "echo '[1, 2]' > \"$DAGQ_OUTPUT\""},
+            {
+                "name": "each",
+                "depends_on": ["split"],
+                "foreach": "inputs.split",
+                "num_retries": 2,
+                "retry": {"backoff_s": 0},
+                # Item 1 fails twice, then succeeds; item 0 succeeds at once.
+                "cmd": f'f={marks}/$DAGQ_INDEX; echo x >> "$f"; '
+                f'[ "$DAGQ_INDEX" = 0 ] || [ "$(wc -l < "$f")" -ge 3 ]',
+            },
+        ],
+    }
+    location = submit(http, flaky, "api-flaky-each")
+    assert wait_for_end(http, location)["status"] == "completed"
+    items = http.get(f"{location}/timeline").json()["items"]
+    instance = [i for i in items if i["task"] == "each[1]"]
+    assert [(i["attempt"], i["status"]) for i in instance] == [
+        (1, "retried"),
+        (2, "retried"),
+        (3, "completed"),
+    ]
+    for item in instance:
+        assert item["enqueued_at"] <= item["started_at"] <= item["finished_at"], item
+    for before, after in itertools.pairwise(instance):
+        assert before["finished_at"] <= after["enqueued_at"]
+    assert [(i["attempt"], i["status"]) for i in items if i["task"] == "each[0]"] == [
+        (1, "completed")
+    ]
