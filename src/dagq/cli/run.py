@@ -18,7 +18,8 @@ from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from dagq.cli.definitions import load_definition
 from dagq.cli.display import LiveProgress, print_summary
 from dagq.cli.result_line import result_lines
-from dagq.cli.tables import out_console, plain_out, printable
+from dagq.cli.tables import plain_out, printable
+from dagq.cli.terminal import out_console
 from dagq.definition import WorkflowDef
 from dagq.errors import DagqError
 from dagq.local import INTERRUPTED, LocalRunner, Start
