@@ -27,7 +27,7 @@ from dagq.cli.states import (
 )
 from dagq.cli.styled import Styled
 from dagq.cli.tables import Listing, Part, printable
-from dagq.cli.terminal import rendered
+from dagq.cli.terminal import out_console, rendered
 from dagq.state import TERMINAL, TaskStatus
 
 if TYPE_CHECKING:  # not imported to run: `dagq list` needs no plans nor views
@@ -51,6 +51,20 @@ __all__ = [
 
 MAX_ROWS = 40
 PLAIN_INTERVAL_S = 5.0
+
+
+class RunScreen:
+    """What ``dagq run`` draws (unless ``--quiet``): its words on a rich console, the live
+    progress of the run, and the summary table at its end."""
+
+    def __init__(self) -> None:
+        self.console = out_console()
+
+    def progress(self, workflow_id: str, name: str) -> LiveProgress:
+        return LiveProgress(self.console, workflow_id, name)
+
+    def summary(self, view: RunView, elapsed_s: float | None) -> None:
+        print_summary(self.console, view, elapsed_s=elapsed_s)
 
 
 class LiveProgress:

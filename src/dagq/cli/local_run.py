@@ -2,7 +2,9 @@
 coordinator and a worker in this process, show its progress and its result.
 
 Imported by :mod:`dagq.cli.run` once the file has loaded and the zygote of the Python
-task processes was launched (it boots meanwhile, on another core).
+task processes was launched (it boots meanwhile, on another core). With ``--quiet``
+nothing is drawn and rich is not imported: the display (:class:`dagq.cli.display.RunScreen`)
+is imported only to draw.
 """
 
 from __future__ import annotations
@@ -10,18 +12,16 @@ from __future__ import annotations
 import asyncio
 import shlex
 import signal
+import sys
 import time
 from collections.abc import Mapping
-
-from rich.console import Console
-from rich.markup import escape
+from typing import TYPE_CHECKING, TypeAlias
 
 from dagq import observability
 from dagq.cli import EXIT_FAILED, EXIT_OK
-from dagq.cli.display import LiveProgress, print_summary
 from dagq.cli.result_line import result_lines
-from dagq.cli.tables import plain_out, printable
-from dagq.cli.terminal import out_console
+from dagq.cli.styled import Styled
+from dagq.cli.tables import PlainOut, plain_out, printable
 from dagq.definition import WorkflowDef
 from dagq.local import INTERRUPTED, LocalRunner, Start
 from dagq.state import QUARANTINED, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
@@ -30,8 +30,15 @@ from dagq.stores.base import Store
 from dagq.submission import Submitted, request_cancel, require_submitted
 from dagq.views import load_view
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from dagq.cli.display import RunScreen
+
 #: The exit code of a run stopped by SIGTERM (the shell convention, 128 + 15).
 EXIT_TERMINATED = 128 + signal.SIGTERM
+#: Where the run's words go: a rich console, or plain lines (``--quiet``).
+Printer: TypeAlias = "Console | PlainOut"
 
 
 def submitted(store_url: str, workflow_id: str) -> Submitted:
@@ -61,16 +68,20 @@ def run_here(
     retry_tasks: list[str] | None = None,
 ) -> int:
     """Submit (or resume, or retry) the run and drive it here; the exit code."""
+    screen = None
+    if not quiet:
+        from dagq.cli.display import RunScreen  # rich: only to draw
+
+        screen = RunScreen()
     return asyncio.run(
         drive(
-            out_console(),
+            screen,
             definition,
             overrides=overrides,
             workers=workers,
             workflow_id=workflow_id,
             store_url=store_url,
             import_paths=import_paths,
-            quiet=quiet,
             source=source,
             processor=processor,
             retry_tasks=retry_tasks,
@@ -79,7 +90,7 @@ def run_here(
 
 
 async def drive(
-    console: Console,
+    screen: RunScreen | None,
     definition: WorkflowDef,
     *,
     overrides: Mapping[str, object],
@@ -87,11 +98,13 @@ async def drive(
     workflow_id: str | None,
     store_url: str,
     import_paths: list[str],
-    quiet: bool,
     source: str,
     processor: str | None,
     retry_tasks: list[str] | None = None,
 ) -> int:
+    """Drive the run with its progress drawn on ``screen``, or quietly (None)."""
+    quiet = screen is None
+    console: Printer = PlainOut(sys.stdout) if screen is None else screen.console
     store = observability.instrument(open_store(store_url))
     try:
         runner = LocalRunner(store, workers=workers, import_paths=import_paths, processor=processor)
@@ -111,33 +124,34 @@ async def drive(
         if start.quarantined is not None:
             return _quarantined(console, wid, start.quarantined)
         if start.finished is not None:
-            return await _summarize(console, store, wid, None, quiet=quiet)
+            return await _summarize(console, screen, store, wid, None)
         if not quiet:
             await _note_others(console, store, wid)
         started = time.monotonic()
         # Quiet, stdout carries the result alone: what an interruption says goes to stderr.
-        notices = Console(stderr=True, highlight=False, soft_wrap=True) if quiet else console
+        notices: Printer = PlainOut(sys.stderr) if quiet else console
         interrupts = _Interrupts(store, wid, notices, runner, resume)
         interrupts.install()
         try:
-            progress = LiveProgress(console, wid, definition.name)
             async with observability.watching(store, coordinator=runner.coordinator):
-                if quiet:
+                if screen is None:
                     status = await runner.drive()
                 else:
-                    with progress:
+                    with screen.progress(wid, definition.name) as progress:
                         status = await runner.drive(progress.update)
         finally:
             interrupts.remove()
         if status == QUARANTINED:
             return _quarantined(console, wid, runner.quarantine_reason or "?")
         if interrupts.count:
-            notices.print(f"[yellow]cancelled by Ctrl-C; resume it with: {escape(resume)}[/]")
-        code = await _summarize(console, store, wid, time.monotonic() - started, quiet=quiet)
+            notices.print(Styled(f"cancelled by Ctrl-C; resume it with: {resume}", "yellow"))
+        code = await _summarize(console, screen, store, wid, time.monotonic() - started)
         if interrupts.terminated and status not in WORKFLOW_TERMINAL:
             notices.print(
-                f"[yellow]stopped by SIGTERM; workflow {wid} is unfinished, resume it with: "
-                f"{escape(resume)}[/]"
+                Styled(
+                    f"stopped by SIGTERM; workflow {wid} is unfinished, resume it with: {resume}",
+                    "yellow",
+                )
             )
             return EXIT_TERMINATED
         return code if status != "completed" else EXIT_OK
@@ -145,7 +159,7 @@ async def drive(
         await store.close()
 
 
-def _announce(console: Console, start: Start) -> None:
+def _announce(console: Printer, start: Start) -> None:
     """Say what this run does with an id that existed already."""
     wid = start.workflow_id
     if start.quarantined is not None:
@@ -153,7 +167,7 @@ def _announce(console: Console, start: Start) -> None:
     if start.finished is not None:
         console.print(f"workflow {wid} already finished; its result:")
         if start.not_reopened is not None:
-            console.print(f"[yellow]it was interrupted, but {escape(start.not_reopened)}[/]")
+            console.print(Styled(f"it was interrupted, but {start.not_reopened}", "yellow"))
     elif start.reopened:
         console.print(
             f"resuming workflow {wid} (interrupted by Ctrl-C): its cancelled tasks run again"
@@ -162,39 +176,47 @@ def _announce(console: Console, start: Start) -> None:
         console.print(f"resuming workflow {wid}")
 
 
-def _quarantined(console: Console, workflow_id: str, reason: str) -> int:
-    shown = escape(printable(reason))
-    console.print(f"[bold red]workflow {workflow_id} is quarantined:[/] {shown}")
+def _quarantined(console: Printer, workflow_id: str, reason: str) -> int:
+    head = (f"workflow {workflow_id} is quarantined:", "bold red")
+    console.print(Styled.assemble(head, " ", printable(reason)))
     console.print(
-        f"once the cause is fixed: dagq quarantine release {workflow_id} (its kept events "
-        f"are applied then); to drop it: dagq purge --force {workflow_id}",
-        highlight=False,
+        Styled(
+            f"once the cause is fixed: dagq quarantine release {workflow_id} (its kept events "
+            f"are applied then); to drop it: dagq purge --force {workflow_id}"
+        )
     )
     return EXIT_FAILED
 
 
-async def _note_others(console: Console, store: Store, workflow_id: str) -> None:
+async def _note_others(console: Printer, store: Store, workflow_id: str) -> None:
     """This process coordinates the whole store: say so if other runs will advance too."""
     page = await store.index.query(status=sorted(WORKFLOW_ACTIVE), limit=100)
     others = [row.id for row in page.rows if row.id != workflow_id]
     if others:
         shown = ", ".join(others[:3]) + (" …" if len(others) > 3 else "")
         console.print(
-            f"[yellow]note: {len(others)} other unfinished workflow(s) in this store will "
-            f"advance too: {shown} (their tasks run in their own `dagq run --id` or in "
-            "`dagq worker`s)[/]"
+            Styled(
+                f"note: {len(others)} other unfinished workflow(s) in this store will "
+                f"advance too: {shown} (their tasks run in their own `dagq run --id` or in "
+                "`dagq worker`s)",
+                "yellow",
+            )
         )
 
 
 async def _summarize(
-    console: Console, store: Store, workflow_id: str, elapsed: float | None, *, quiet: bool
+    console: Printer,
+    screen: RunScreen | None,
+    store: Store,
+    workflow_id: str,
+    elapsed: float | None,
 ) -> int:
-    """The task table and the verdict; with ``quiet``, the result in a line (or two)."""
+    """The task table and the verdict; quiet, the result in a line (or two)."""
     view = await load_view(store, workflow_id)
-    if quiet:
+    if screen is None:
         plain_out(console, *result_lines(view, elapsed))
     else:
-        print_summary(console, view, elapsed_s=elapsed)
+        screen.summary(view, elapsed)
     return EXIT_OK if view.status == "completed" else EXIT_FAILED
 
 
@@ -207,7 +229,7 @@ class _Interrupts:
     """
 
     def __init__(
-        self, store: Store, workflow_id: str, console: Console, runner: LocalRunner, resume: str
+        self, store: Store, workflow_id: str, console: Printer, runner: LocalRunner, resume: str
     ) -> None:
         self.store = store
         self.workflow_id = workflow_id
@@ -232,19 +254,34 @@ class _Interrupts:
     def _on_terminate(self) -> None:
         if not self.terminated:
             self.terminated = True
-            self.console.print("[yellow]SIGTERM: stopping; running tasks get a few seconds…[/]")
+            self.console.print(
+                Styled("SIGTERM: stopping; running tasks get a few seconds…", "yellow")
+            )
         self.stop.set()
 
     def _on_interrupt(self) -> None:
         self.count += 1
         if self.count > 1:
             self.console.print(
-                f"[red]stopped at once; workflow {self.workflow_id} is safe on disk: resume "
-                f"it with: {escape(self.resume)}[/]"
+                Styled(
+                    f"stopped at once; workflow {self.workflow_id} is safe on disk: resume "
+                    f"it with: {self.resume}",
+                    "red",
+                )
             )
             raise SystemExit(130)
-        self.console.print("[yellow]cancelling… (Ctrl-C again to quit at once)[/]")
         self.runner.resume_interrupted = False  # this run ends cancelled, as asked
         task = asyncio.ensure_future(request_cancel(self.store, self.workflow_id, INTERRUPTED))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # Said once the request is on disk: a second Ctrl-C after it cannot lose it.
+        task.add_done_callback(self._cancelling)
+
+    def _cancelling(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        failed = task.exception()
+        if failed is None:
+            self.console.print(Styled("cancelling… (Ctrl-C again to quit at once)", "yellow"))
+        else:
+            self.console.print(Styled(f"the run could not be cancelled: {failed}", "red"))

@@ -148,9 +148,23 @@ def plain_lines(parts: Sequence[Part]) -> list[str]:
     return lines
 
 
-def plain_out(console: Console, *lines: str) -> None:
+def plain_out(console: Console | PlainOut, *lines: str) -> None:
     """Write lines to the console's file as they are (no wrapping, no tab expansion)."""
     write_lines(lines, console.file)
+
+
+class PlainOut:
+    """A console that draws nothing (``dagq run --quiet``): what it is given to print is
+    written as its plain text, a line each time, to ``file``; rich is not imported."""
+
+    is_terminal = False
+
+    def __init__(self, file: IO[str]) -> None:
+        self.file = file
+
+    def print(self, *parts: str | Styled) -> None:
+        text = " ".join(part if isinstance(part, str) else part.plain for part in parts)
+        write_lines([printable(text)], self.file)
 
 
 def write_lines(lines: Sequence[str], file: IO[str]) -> None:

@@ -78,11 +78,12 @@ class _Early:
     launched: Launched | None = None
 
 
-def prestart() -> None:
+def prestart() -> Launched:
     """Launch a zygote for the first pool of this process to adopt (``dagq run``, once it
-    knows the workflow has Python tasks)."""
+    knows the workflow has Python tasks); the one launched already, if any."""
     if _Early.launched is None:
         _Early.launched = launch()
+    return _Early.launched
 
 
 def take() -> Launched:
