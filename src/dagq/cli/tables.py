@@ -58,8 +58,9 @@ def is_terminal() -> bool:
     compatible = os.environ.get("TTY_COMPATIBLE", "")
     if compatible in ("0", "1"):
         return compatible == "1"
-    if os.environ.get("FORCE_COLOR") is not None:
-        return True
+    force_color = os.environ.get("FORCE_COLOR")
+    if force_color is not None:
+        return force_color != ""
     try:
         return sys.stdout.isatty()
     except ValueError:  # closed
