@@ -78,6 +78,13 @@ def pid(**_: Any) -> int:
     return os.getpid()
 
 
+def parent_pid(**_: Any) -> int:
+    """The process that started the one this task runs in (a pool's zygote)."""
+    import os
+
+    return os.getppid()
+
+
 def pid_then_sleep(path: str, seconds: float) -> None:
     """Write this process's pid to ``path``, then sleep."""
     import os

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from dagq import dead_letters, keys, quarantine, registry
-from dagq.builder import Workflow, load_python_file
 from dagq.dead_letters import DeadLetterInfo
 from dagq.definition import WorkflowDef
 from dagq.errors import DamagedData, TaskNotFound, UsageError, WorkflowNotFound
@@ -30,7 +29,6 @@ from dagq.listing import (
     list_workflows,
     row_summary,
 )
-from dagq.loading import load_file
 from dagq.messages import decode_tasks
 from dagq.payloads import decode_json, echo
 from dagq.plan import Plan
@@ -61,6 +59,7 @@ from dagq.submission import (
 from dagq.views import LayerSummary, PlanCache, layer_summary, load_run
 
 if TYPE_CHECKING:
+    from dagq.builder import Workflow
     from dagq.explanation import Explanation
 
 #: Names that moved to dagq.listing, still taken from here.
@@ -829,6 +828,11 @@ def as_definition(workflow: WorkflowDef | Workflow | str | Path) -> WorkflowDef:
     """A definition from a definition, a builder, or a YAML/JSON/Python file path."""
     if isinstance(workflow, WorkflowDef):
         return workflow
+    # What reads builders and files (PyYAML among it) is imported only for them: a
+    # client that reads runs (`dagq status`) starts without it.
+    from dagq.builder import Workflow, load_python_file
+    from dagq.loading import load_file
+
     if isinstance(workflow, Workflow):
         return workflow.to_definition()
     path = Path(workflow)

@@ -3,8 +3,9 @@
 Start-up time lives in ``bench/`` (timing tests are not allowed here); these tests pin
 its cause instead. ``python -X importtime -m dagq ...`` runs the command as typed and
 names, on stderr, every module it imports: ``dagq validate`` must not load the runtime
-or rich, and a SQLite run must load none of the optional extras (Azure, PostgreSQL,
-the server, OpenTelemetry) nor importlib.metadata.
+or rich, a SQLite run must load none of the optional extras (Azure, PostgreSQL, the
+server, OpenTelemetry) nor importlib.metadata, and what prints plain lines (``status``
+and ``list`` piped, ``run --quiet``) must not load rich, which only draws.
 """
 
 from __future__ import annotations
@@ -94,6 +95,46 @@ def test_status_of_a_sqlite_run_loads_no_extra(cli: DagqCli) -> None:
     assert "importlib.metadata" not in modules
 
 
+def test_status_piped_loads_neither_rich_nor_what_reads_files(cli: DagqCli) -> None:
+    assert cli.run("run", "small.yaml", "--id", "s", "--quiet").code == 0
+
+    modules = imported(cli, "status", "s")
+
+    assert "dagq.cli.status" in modules
+    readers = ("yaml", "dagq.loading", "dagq.builder", "dagq.stores.memory", "dagq.stores.faults")
+    assert loaded(modules, "rich", *readers) == []
+
+
+def test_a_quiet_run_loads_no_rich_and_launches_the_zygote_before_the_runtime(
+    cli: DagqCli,
+) -> None:
+    cli.workflow(
+        "py.yaml",
+        {"name": "py", "tasks": [{"name": "a", "call": "tests.sample_tasks:pid"}]},
+    )
+    words = cli.command("run", "py.yaml", "--id", "p", "--quiet")[len(dagq_command()) :]
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "dagq", *words],
+        cwd=cli.workdir,
+        env={**cli.env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("completed: p")
+    order = [
+        line.rpartition("|")[2].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    ]
+
+    assert loaded(set(order), "rich") == []
+    # The zygote is launched from dagq.runners.zygote, before the runtime's modules load.
+    assert order.index("dagq.runners.zygote") < order.index("dagq.local")
+
+
 def test_list_reads_the_index_without_plans_views_or_the_client(cli: DagqCli) -> None:
     assert cli.run("run", "small.yaml", "--id", "s", "--quiet").code == 0
 
@@ -101,4 +142,4 @@ def test_list_reads_the_index_without_plans_views_or_the_client(cli: DagqCli) ->
 
     assert "dagq.listing" in modules
     heavy = ("dagq.client", "dagq.views", "dagq.plan", "dagq.expression", "dagq.coordinator")
-    assert loaded(modules, *heavy, *EXTRAS) == []
+    assert loaded(modules, *heavy, *EXTRAS, "rich") == []

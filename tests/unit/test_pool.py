@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dagq.local import LocalRunner
-from dagq.runners import StoredInputs, TaskContext
+from dagq.runners import StoredInputs, TaskContext, zygote
 from dagq.runners.pool import TaskPool
 from dagq.runners.python import add_import_paths
 from dagq.stores.memory import open_memory_store
@@ -41,6 +41,22 @@ async def test_one_process_runs_task_after_task() -> None:
         await pool.close()
     assert len(pids) == 1 and os.getpid() not in pids
     assert pool.started == 1
+
+
+async def test_the_pool_adopts_the_zygote_launched_before_it() -> None:
+    early = zygote.prestart()  # as `dagq run` does, before it imports the runtime
+    pool = TaskPool(2)
+    try:
+        forked_by = (await pool.run("tests.sample_tasks:parent_pid", {}, CTX, None)).output
+    finally:
+        await pool.close()
+    assert forked_by == early.process.pid
+    assert early.process.poll() is not None  # closed with the pool
+    later = zygote.take()  # adopted once: the next pool's is a new one
+    later.control.close()  # it reads EOF and exits
+    os.close(later.events)
+    assert later.process.wait(timeout=10) == 0
+    assert later.process.pid != early.process.pid
 
 
 async def test_tasks_running_at_once_get_a_process_each_up_to_the_pool_size() -> None:

@@ -6,18 +6,28 @@ comes out as plain lines at a calm pace, so logs stay readable.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
 from rich.text import Text
 
-from dagq.cli.result_line import duration
-from dagq.cli.tables import Listing, printable
+from dagq.cli.states import (
+    COMPENSATION_STATES,
+    ORDER,
+    STYLES,
+    counts_text,
+    duration,
+    error_cell,
+    first_line,
+    progress_lines,
+    state_text,
+    task_state,
+)
+from dagq.cli.styled import Styled
+from dagq.cli.tables import Listing, Part, printable
+from dagq.cli.terminal import out_console, rendered
 from dagq.state import TERMINAL, TaskStatus
 
 if TYPE_CHECKING:  # not imported to run: `dagq list` needs no plans nor views
@@ -25,97 +35,36 @@ if TYPE_CHECKING:  # not imported to run: `dagq list` needs no plans nor views
     from dagq.state import RunState
     from dagq.views import RunView
 
-__all__ = ["duration"]  # re-exported: the commands took it from here
+#: Re-exported (from dagq.cli.states, which draws nothing): the commands took them from here.
+__all__ = [
+    "COMPENSATION_STATES",
+    "ORDER",
+    "STYLES",
+    "counts_text",
+    "duration",
+    "error_cell",
+    "first_line",
+    "progress_lines",
+    "state_text",
+    "task_state",
+]
 
-STYLES = {
-    "pending": "dim",
-    "ready": "cyan",
-    "running": "blue",
-    "waiting": "magenta",
-    "completed": "green",
-    "failed": "bold red",
-    "skipped": "yellow",
-    "upstream_failed": "red",
-    "cancelled": "bright_black",
-    "cancelling": "yellow",
-    "quarantined": "bold white on red",
-    "compensating": "yellow",
-    "compensated": "yellow",
-    "compensation_failed": "bold white on red",
-}
-#: How a task whose compensation ran is shown, by where the compensation stands.
-COMPENSATION_STATES = {
-    "queued": "compensating",
-    "sent": "compensating",
-    "done": "compensated",
-    "failed": "compensation_failed",
-}
-ORDER = [s.label for s in TaskStatus]
 MAX_ROWS = 40
 PLAIN_INTERVAL_S = 5.0
 
 
-def task_state(status: str, compensation: str | None) -> str:
-    """A task's state as people see it: a completed task that was undone is
-    ``compensated`` (``compensating`` meanwhile, ``compensation_failed`` if it failed)."""
-    return COMPENSATION_STATES.get(compensation or "", status)
+class RunScreen:
+    """What ``dagq run`` draws (unless ``--quiet``): its words on a rich console, the live
+    progress of the run, and the summary table at its end."""
 
+    def __init__(self) -> None:
+        self.console = out_console()
 
-def state_text(status: str, compensation: str | None = None) -> Text:
-    """:func:`task_state`, coloured."""
-    shown = task_state(status, compensation)
-    return Text(shown, style=STYLES.get(shown, ""))
+    def progress(self, workflow_id: str, name: str) -> LiveProgress:
+        return LiveProgress(self.console, workflow_id, name)
 
-
-def counts_text(counts: dict[str, int]) -> Text:
-    """``completed 12 · running 3 · ...`` in the order of a task's life, coloured."""
-    text = Text()
-    for label in ORDER:
-        n = counts.get(label)
-        if not n:
-            continue
-        if text:
-            text.append(" · ", style="dim")
-        text.append(f"{label} {n:,}", style=STYLES.get(label, ""))
-    return text
-
-
-def progress_lines(
-    *,
-    name: str,
-    workflow_id: str,
-    status: str,
-    done: int,
-    total: int,
-    rate: float,
-    elapsed: float,
-    eta: str | None = None,
-    waiting: str | None = None,
-    bar: bool = True,
-) -> list[Any]:
-    """Name, id and state; then a progress bar (``bar``) with count, rate, elapsed, and
-    the ETA — or, while the run waits for something, what it waits for instead."""
-    head = Text.assemble(
-        (name, "bold"), "  ", (workflow_id, "dim"), "  ", (status, STYLES.get(status, "bold"))
-    )
-    timing = f"{rate:,.1f} tasks/s  elapsed {duration(elapsed)}"
-    if waiting is not None:
-        timing += f"  waiting for {waiting} (no ETA)"
-    elif eta is not None:
-        timing += f"  eta {eta}"
-    count = f"{done:,}/{total:,}  {100 * done / max(total, 1):.0f}%"
-    if not bar:
-        return [head, Text(f"{count}  {timing}")]
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(no_wrap=True)
-    grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")  # what it waits for is never cut short
-    grid.add_row(
-        ProgressBar(total=max(total, 1), completed=done, width=40),
-        Text(count),
-        Text(timing, style="dim"),
-    )
-    return [head, grid]
+    def summary(self, view: RunView, elapsed_s: float | None) -> None:
+        print_summary(self.console, view, elapsed_s=elapsed_s)
 
 
 class LiveProgress:
@@ -164,23 +113,25 @@ class LiveProgress:
             self._last_plain, self._last_line = now, line
 
     def _render(self, plan: Plan, st: RunState, done: int, elapsed: float, rate: float) -> Group:
-        parts = progress_lines(
-            name=self.name,
-            workflow_id=self.workflow_id,
-            status=st.status,
-            done=done,
-            total=st.n_tasks,
-            rate=rate,
-            elapsed=elapsed,
-        )
+        parts: list[Part] = [
+            *progress_lines(
+                name=self.name,
+                workflow_id=self.workflow_id,
+                status=st.status,
+                done=done,
+                total=st.n_tasks,
+                rate=rate,
+                elapsed=elapsed,
+            ),
+        ]
         parts.append(counts_text(st.count_map()))
         for i, group in st.groups.items():
             if st.task_status[i] == TaskStatus.RUNNING:
                 parts.append(
-                    Text(
+                    Styled(
                         f"{plan.tasks[i].name}: {group.settled:,}/{group.n:,} items done, "
                         f"{group.sent:,} running",
-                        style="blue",
+                        "blue",
                     )
                 )
         # A scan in C: a Python loop over 100,000 tasks at every refresh would stall the loop.
@@ -192,11 +143,11 @@ class LiveProgress:
                 for i in running[:6]
             )
             more = f" and {len(running) - 6} more" if len(running) > 6 else ""
-            parts.append(Text(f"running now: {shown}{more}", style="blue"))
+            parts.append(Styled(f"running now: {shown}{more}", "blue"))
         waiting = waiting_text(plan, st)
         if waiting:
-            parts.append(Text(waiting, style="magenta"))
-        return Group(*parts)
+            parts.append(Styled(waiting, "magenta"))
+        return rendered(parts)
 
 
 def waiting_text(plan: Plan, st: RunState, shown: int = 3) -> str:
@@ -254,7 +205,7 @@ def print_summary(console: Console, view: RunView, *, elapsed_s: float | None = 
         kinds: dict[str, int] = {}
         for row in hidden:
             kinds[row.status] = kinds.get(row.status, 0) + 1
-        console.print(Text("… and ", style="dim") + counts_text(kinds) + Text(" more", style="dim"))
+        console.print(Styled("… and ", "dim") + counts_text(kinds) + Styled(" more", "dim"))
     console.print(verdict_text(view, elapsed_s))
 
 
@@ -286,19 +237,3 @@ def verdict_text(view: RunView, elapsed_s: float | None) -> Text:
         return Text(f"✔ workflow completed{timing}", style="bold green")
     reason = f": {printable(first_line(view.error))}" if view.error else ""
     return Text(f"✘ workflow {view.status}{timing}{reason}", style="bold red")
-
-
-def error_cell(text: str | None, limit: int = 300) -> str:
-    """An error in a table: whole when piped (scripts get every line; a cell shows a
-    newline as ``\\n``), its first line, cut at ``limit``, on a terminal."""
-    if text and text.strip() and not sys.stdout.isatty():
-        return text.strip()
-    return first_line(text, limit)
-
-
-def first_line(text: str | None, limit: int = 300) -> str:
-    """The first line of an error (its traceback stays in ``dagq tasks`` / ``logs``)."""
-    if not text or not text.strip():
-        return ""
-    line = text.strip().splitlines()[0]
-    return line if len(line) <= limit else line[:limit] + "…"

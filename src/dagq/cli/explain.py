@@ -8,6 +8,7 @@ from rich.text import Text
 
 from dagq.cli.display import STYLES, counts_text, first_line
 from dagq.cli.inspect import EXIT_OK, console, print_json, when, with_client
+from dagq.cli.styled import Styled
 from dagq.cli.tables import Listing, Part, printable, show
 from dagq.explanation import Explanation
 from dagq.views import Layer, LayerSummary
@@ -142,7 +143,7 @@ def summary_view(found: LayerSummary, *, bars: bool = True) -> list[Part]:
     return [head, grid]
 
 
-def _layer_cells(layer: Layer) -> tuple[Text, str]:
+def _layer_cells(layer: Layer) -> tuple[Styled, str]:
     """A layer's counts per state, and its first task names (with how many more)."""
     more = layer.total - len(layer.tasks)
     names = ", ".join(layer.tasks) + (f" and {more} more" if more > 0 else "")

@@ -8,41 +8,27 @@ fields of the structs in :mod:`dagq.client`).
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import msgspec
 from rich.console import Console
 
+from dagq.cli.connection import with_client
 from dagq.cli.display import duration, error_cell, state_text
-from dagq.cli.tables import Listing, out_console, print_json, printable, printable_json, when
+from dagq.cli.tables import Listing, print_json, printable, printable_json, when
+from dagq.cli.terminal import out_console
 from dagq.client import Client, TaskInfo, WorkflowTask
 
-#: Names that moved to dagq.cli.tables, still taken from here.
-__all__ = ["print_json", "when"]
+#: Names that moved to dagq.cli.tables and dagq.cli.connection, still taken from here.
+__all__ = ["print_json", "when", "with_client"]
 
-T = TypeVar("T")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def console() -> Console:
     """stdout, coloured only on a terminal; piped, plain lines never wrapped."""
     return out_console()
-
-
-def with_client(
-    store_url: str, body: Callable[[Client], Awaitable[T]], *, create: bool = False
-) -> T:
-    """Open the store (which must exist unless ``create``), run ``body``, close it."""
-
-    async def main() -> T:
-        async with Client(store_url, create=create) as client:
-            return await body(client)
-
-    return asyncio.run(main())
 
 
 # --- list, tasks, output, logs, events -------------------------------------------------

@@ -1,23 +1,21 @@
 """``dagq status``: where a run stands, once or watched until it ends.
 
 On a terminal a live view (bar, counts, rate, ETA); piped, plain lines, and with
-``--watch`` one line per interval. A failed run shows its root causes — the tasks that
-failed themselves — and only counts the tasks that did not run because of them. While the
-run waits for a signal, a timer or a queue nobody serves, no ETA is guessed: the status
-says what it waits for instead.
+``--watch`` one line per interval (piped, rich is not imported). A failed run shows its
+root causes — the tasks that failed themselves — and only counts the tasks that did not
+run because of them. While the run waits for a signal, a timer or a queue nobody serves,
+no ETA is guessed: the status says what it waits for instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass
 
-from rich.console import Console
-from rich.live import Live
-from rich.text import Text
-
-from dagq.cli.display import (
+from dagq.cli.connection import with_client
+from dagq.cli.states import (
     counts_text,
     duration,
     first_line,
@@ -25,14 +23,24 @@ from dagq.cli.display import (
     state_text,
     task_state,
 )
-from dagq.cli.inspect import EXIT_FAILED, EXIT_OK, print_json, when, with_client
-from dagq.cli.tables import Listing, Part, out_console, plain_out, printable, rendered, show
+from dagq.cli.styled import Styled
+from dagq.cli.tables import (
+    Listing,
+    Part,
+    emit,
+    is_terminal,
+    print_json,
+    printable,
+    when,
+    write_lines,
+)
 from dagq.client import Client, WorkflowStatus
 from dagq.errors import DagqError
 from dagq.plan import Plan
 from dagq.state import UNSET, WORKFLOW_ACTIVE, RunState, TaskStatus
 from dagq.views import UNDO_LABELS, load_run
 
+EXIT_OK, EXIT_FAILED = 0, 1
 #: How many root-cause failures ``status`` lists before counting the rest.
 FAILED_SHOWN = 20
 #: How many waiting tasks ``status`` names.
@@ -142,32 +150,34 @@ def status_view(
     rate = status.done / elapsed if elapsed > 0 else 0.0
     remaining = status.total - status.done
     eta = None if waits else "-" if status.terminal or rate <= 0 else duration(remaining / rate)
-    parts: list[Part] = progress_lines(
-        name=status.name,
-        workflow_id=status.id,
-        status=status.status,
-        done=status.done,
-        total=status.total,
-        rate=rate,
-        elapsed=elapsed,
-        eta=eta,
-        waiting=", ".join(w.short for w in waits) or None,
-        bar=terminal,
-    )
+    parts: list[Part] = [
+        *progress_lines(
+            name=status.name,
+            workflow_id=status.id,
+            status=status.status,
+            done=status.done,
+            total=status.total,
+            rate=rate,
+            elapsed=elapsed,
+            eta=eta,
+            waiting=", ".join(w.short for w in waits) or None,
+            bar=terminal,
+        ),
+    ]
     times = f"created {when(status.created_at)}"
     if status.finished_at is not None:
         times += f", finished {when(status.finished_at)}"
-    parts.append(Text(times, style="dim"))
+    parts.append(Styled(times, "dim"))
     parts.append(counts_text(status.counts))
     parts += _warnings(status)
     if undone:
-        parts.append(Text(undone, style="yellow"))
+        parts.append(Styled(undone, "yellow"))
     for wait in waits:
-        parts.append(Text(wait.detail, style="magenta"))
+        parts.append(Styled(wait.detail, "magenta"))
         if wait.fix:
-            parts.append(Text(f"    → {wait.fix}", style="dim"))
+            parts.append(Styled(f"    → {wait.fix}", "dim"))
     if status.error:
-        parts.append(Text(f"error: {printable(status.error)}", style="red"))
+        parts.append(Styled(f"error: {printable(status.error)}", "red"))
     parts += _failures(status)
     return parts
 
@@ -176,18 +186,18 @@ def _warnings(status: WorkflowStatus) -> list[Part]:
     parts: list[Part] = []
     if status.status == "compensation_failed":
         parts.append(
-            Text(
+            Styled(
                 f"⚠ a compensation failed: side effects may be left half undone; a person must "
                 f"look (dagq tasks {status.id})",
-                style="bold white on red",
+                "bold white on red",
             )
         )
     if status.quarantined:
         parts.append(
-            Text(
+            Styled(
                 f"⚠ quarantined: the coordinator set this run aside (other runs go on); "
                 f"fix the cause, then: dagq quarantine release {status.id}",
-                style="bold white on red",
+                "bold white on red",
             )
         )
     return parts
@@ -211,15 +221,15 @@ def _failures(status: WorkflowStatus) -> list[Part]:
         more = len(roots) - FAILED_SHOWN
         if more > 0:
             parts.append(
-                Text(f"… and {more} more failed tasks (dagq tasks {status.id} --state failed)")
+                Styled(f"… and {more} more failed tasks (dagq tasks {status.id} --state failed)")
             )
     upstream = status.counts.get("upstream_failed", 0)
     if upstream:
         parts.append(
-            Text(
+            Styled(
                 f"… and {upstream} task{'s' if upstream != 1 else ''} upstream_failed "
                 f"(dagq tasks {status.id} --state upstream_failed)",
-                style="red",
+                "red",
             )
         )
     return parts
@@ -245,39 +255,42 @@ def run_status(
     its exit code: 0 completed, 1 otherwise)."""
 
     async def body(client: Client) -> int:
-        out = out_console()
         if not watch:
             status = await client.status(workflow_id)
-            await _show(client, out, status, as_json)
+            await _show(client, status, as_json)
             return EXIT_OK
         if as_json:
             status = await client.wait(workflow_id, poll_s=interval_s)
             print_json(status)
-        elif out.is_terminal:
-            status = await _watch_live(client, out, workflow_id, interval_s)
+        elif is_terminal():
+            status = await _watch_live(client, workflow_id, interval_s)
         else:
-            status = await _watch_lines(client, out, workflow_id, interval_s)
+            status = await _watch_lines(client, workflow_id, interval_s)
         return EXIT_OK if status.status == "completed" else EXIT_FAILED
 
     return with_client(store_url, body)
 
 
-async def _show(client: Client, out: Console, status: WorkflowStatus, as_json: bool) -> None:
+async def _show(client: Client, status: WorkflowStatus, as_json: bool) -> None:
     if as_json:
         print_json(status)
         return
     now = time.time()
     waits, undone = await facts_of(client, status, now)
-    show(out, status_view(status, now, waits, terminal=out.is_terminal, undone=undone))
+    emit(status_view(status, now, waits, terminal=is_terminal(), undone=undone))
 
 
 def _ended(status: WorkflowStatus) -> bool:
     return status.terminal or status.quarantined
 
 
-async def _watch_live(
-    client: Client, out: Console, workflow_id: str, interval_s: float
-) -> WorkflowStatus:
+async def _watch_live(client: Client, workflow_id: str, interval_s: float) -> WorkflowStatus:
+    # The one part of this command that draws: rich is imported when it does.
+    from rich.live import Live
+
+    from dagq.cli.terminal import out_console, rendered
+
+    out = out_console()
     status = await client.status(workflow_id)
     now = time.time()
     waits, undone = await facts_of(client, status, now)
@@ -293,15 +306,15 @@ async def _watch_live(
     return status
 
 
-async def _watch_lines(
-    client: Client, out: Console, workflow_id: str, interval_s: float
-) -> WorkflowStatus:
+async def _watch_lines(client: Client, workflow_id: str, interval_s: float) -> WorkflowStatus:
     """One line per interval (a pipe, a log file), the last one when the run ends."""
     while True:
         started = time.monotonic()
         status = await client.status(workflow_id)
         now = time.time()
-        plain_out(out, status_line(status, now, (await facts_of(client, status, now))[0]))
+        write_lines(
+            [status_line(status, now, (await facts_of(client, status, now))[0])], sys.stdout
+        )
         if _ended(status):
             return status
         await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))

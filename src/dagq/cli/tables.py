@@ -9,22 +9,29 @@ Text that came from outside (task names, errors, outputs, a damaged message's bo
 passed through :func:`printable` first: a control character is shown as its escape
 (``\\x1b``, ``\\x00``), so what is printed can never move the cursor, recolour the
 terminal or hide the rest of a line.
+
+This module does not import rich: piped output is written here, and only drawing on a
+terminal goes through :mod:`dagq.cli.terminal` (rich), imported by :func:`show` and
+:func:`emit` when they draw.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeAlias
+from typing import IO, TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
-from rich.cells import cell_len
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
-from rich.text import Text
 
 from dagq.cli.printable import printable, printable_bytes, printable_json
+from dagq.cli.styled import Bar, Styled
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.text import Text
 
 #: Also the names of dagq.cli.printable, re-exported: the commands took them from here.
 __all__ = ["print_json", "printable", "printable_bytes", "printable_json", "when"]
@@ -45,15 +52,22 @@ def when(timestamp: float | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def out_console() -> Console:
-    """stdout for people: colours on a terminal; piped, plain lines never wrapped."""
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.soft_wrap = True
-    return console
+def is_terminal() -> bool:
+    """Whether stdout is drawn on, as rich decides it (``TTY_COMPATIBLE``, ``FORCE_COLOR``,
+    then the file itself), without importing rich."""
+    compatible = os.environ.get("TTY_COMPATIBLE", "")
+    if compatible in ("0", "1"):
+        return compatible == "1"
+    force_color = os.environ.get("FORCE_COLOR")
+    if force_color is not None:
+        return force_color != ""
+    try:
+        return sys.stdout.isatty()
+    except ValueError:  # closed
+        return False
 
 
-Cell: TypeAlias = str | Text
+Cell: TypeAlias = "str | Styled | Text"
 #: Columns of free text: on a narrow terminal they fold first.
 FREE_TEXT = frozenset({"error", "detail", "reason", "what", "tasks", "states", "name"})
 #: On a terminal, a value of another column up to this wide is kept on one line.
@@ -91,94 +105,70 @@ class Listing:
         lines += ["\t".join(_plain(cell) for cell in row) for row in self.rows]
         return lines
 
-    def rich_table(self, width: int | None = None) -> Table:
-        """The terminal form (``width`` columns wide): every column folds a long value
-        rather than cutting it. Short values (ids, states, times, counts) keep their
-        width while the terminal has room, the first column and the state first; free
-        text (errors, details) is what folds when it is narrow."""
-        table = Table(title=self.title and printable(self.title), title_justify="left")
-        cells = [[_styled(cell) for cell in row] for row in self.rows]
-        kept = self._kept_widths(cells, width)
-        for k, name in enumerate(self.columns):
-            table.add_column(
-                name,
-                overflow="fold",
-                justify="right" if name in self.right else "left",
-                min_width=kept.get(k),
-                # Kept whole: never squeezed by rich (which would fold it after all).
-                no_wrap=k in kept,
-            )
-        for row in cells:
-            table.add_row(*row)
-        return table
-
-    def _kept_widths(self, cells: list[list[Text]], width: int | None) -> dict[int, int]:
-        free = [k for k, name in enumerate(self.columns) if name in FREE_TEXT]
-        budget = (width or 1_000_000) - 3 * len(self.columns) - 1 - FREE_MIN_WIDTH * len(free)
-        first = [0] + [k for k, name in enumerate(self.columns) if name in ("state", "status")]
-        order = list(dict.fromkeys([*first, *range(len(self.columns))]))
-        kept: dict[int, int] = {}
-        for k in order:
-            if k in free:
-                continue
-            longest = max(
-                (cell_len(line) for row in cells for line in row[k].plain.split("\n")), default=0
-            )
-            wanted = max(cell_len(self.columns[k]), longest)
-            if wanted <= min(budget, KEPT_WIDTH):
-                kept[k] = wanted
-                budget -= wanted
-        return kept
-
 
 def _plain(cell: Cell) -> str:
-    return printable(cell.plain if isinstance(cell, Text) else cell, one_line=True)
+    return printable(cell if isinstance(cell, str) else cell.plain, one_line=True)
 
 
-def _styled(cell: Cell) -> Text:
-    if isinstance(cell, Text):
-        safe = printable(cell.plain)
-        return cell if safe == cell.plain else Text(safe, style=cell.style)
-    return Text(printable(cell))
-
-
-#: One part of a command's output: a line (or lines) of text, a listing, or something
-#: only a terminal shows (a progress bar, left out when piped).
-Part: TypeAlias = "Text | Listing | RenderableType"
+#: One part of a command's output: a line (or lines) of text, a listing, a progress bar
+#: (its count and timing, piped), or something only a terminal shows (left out piped).
+Part: TypeAlias = "Styled | Text | Listing | Bar | RenderableType"
 
 
 def show(console: Console, parts: Sequence[Part]) -> None:
-    """Print the parts: as rich renderables on a terminal; piped, as plain lines written
-    as they are (never wrapped, tabs kept), every value printable."""
+    """Print the parts: drawn by rich on a terminal; piped, as plain lines written as
+    they are (never wrapped, tabs kept), every value printable."""
     if console.is_terminal:
-        console.print(rendered(parts, console.width))
+        from dagq.cli.terminal import draw  # rich draws; a pipe never needs it
+
+        draw(console, parts)
         return
+    write_lines(plain_lines(parts), console.file)
+
+
+def emit(parts: Sequence[Part]) -> None:
+    """:func:`show` on stdout, without making a rich console unless it draws."""
+    if is_terminal():
+        from dagq.cli.terminal import draw, out_console  # rich draws; a pipe never needs it
+
+        draw(out_console(), parts)
+        return
+    write_lines(plain_lines(parts), sys.stdout)
+
+
+def plain_lines(parts: Sequence[Part]) -> list[str]:
+    """What the parts say piped: every value printable, terminal-only parts left out."""
+    lines: list[str] = []
     for part in parts:
         if isinstance(part, Listing):
-            plain_out(console, *part.plain_lines())
-        elif isinstance(part, Text):
-            plain_out(console, printable(part.plain))
+            lines += part.plain_lines()
         elif isinstance(part, str):
-            plain_out(console, printable(part))
+            lines.append(printable(part))
+        elif isinstance(plain := getattr(part, "plain", None), str):  # Styled, Bar, Text
+            lines.append(printable(plain))
+    return lines
 
 
-def plain_out(console: Console, *lines: str) -> None:
+def plain_out(console: Console | PlainOut, *lines: str) -> None:
     """Write lines to the console's file as they are (no wrapping, no tab expansion)."""
-    console.file.write("".join(line + "\n" for line in lines))
-    console.file.flush()
+    write_lines(lines, console.file)
 
 
-def rendered(parts: Sequence[Part], width: int | None = None) -> Group:
-    """The parts as one rich renderable for a terminal ``width`` columns wide (or a
-    live display)."""
-    return Group(*(_rich(part, width) for part in parts))
+class PlainOut:
+    """A console that draws nothing (``dagq run --quiet``): what it is given to print is
+    written as its plain text, a line each time, to ``file``; rich is not imported."""
+
+    is_terminal = False
+
+    def __init__(self, file: IO[str]) -> None:
+        self.file = file
+
+    def print(self, *parts: str | Styled) -> None:
+        text = " ".join(part if isinstance(part, str) else part.plain for part in parts)
+        write_lines([printable(text)], self.file)
 
 
-def _rich(part: Part, width: int | None) -> RenderableType:
-    if isinstance(part, Listing):
-        return part.rich_table(width)
-    if isinstance(part, Text):
-        return _styled(part)
-    if isinstance(part, str):
-        return Text(printable(part))
-    return part
+def write_lines(lines: Sequence[str], file: IO[str]) -> None:
+    """Write lines to ``file`` as they are, and flush."""
+    file.write("".join(line + "\n" for line in lines))
+    file.flush()

@@ -7,7 +7,8 @@ import time
 
 from dagq.cli.inspect import EXIT_FAILED, EXIT_OK, print_json, with_client
 from dagq.cli.status import status_line
-from dagq.cli.tables import out_console, plain_out
+from dagq.cli.tables import plain_out
+from dagq.cli.terminal import out_console
 from dagq.client import Client, WorkflowStatus
 
 #: The exit code of ``submit --wait`` when ``--timeout`` passes first (the runs go on).

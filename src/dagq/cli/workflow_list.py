@@ -2,17 +2,16 @@
 
 Apart from :mod:`dagq.cli.inspect` so it imports neither the client nor plans and
 views: it reads one page of index rows, whatever the store holds (100,000 runs list as
-fast as ten).
+fast as ten); piped, it does not import rich either.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from rich.text import Text
-
-from dagq.cli.display import STYLES, error_cell
-from dagq.cli.tables import Listing, out_console, print_json, when
+from dagq.cli.states import STYLES, error_cell
+from dagq.cli.styled import Styled
+from dagq.cli.tables import Listing, emit, print_json, when
 from dagq.listing import WorkflowSummary, list_workflows
 from dagq.stores import open_store
 
@@ -28,7 +27,7 @@ def run_list(
         print_json(rows)
         return EXIT_OK
     if not rows:
-        out_console().print("no workflows")
+        emit([Styled("no workflows")])
         return EXIT_OK
     table = Listing(["id", "name", "status", "progress", "created", "error"])
     for row in rows:
@@ -39,12 +38,12 @@ def run_list(
         table.add_row(
             row.id,
             row.name,
-            Text(row.status, style=style),
+            Styled(row.status, style),
             f"{done}/{row.total}",
             when(row.created_at),
             error_cell(row.error, 200),
         )
-    table.print(out_console())
+    emit([table])
     return EXIT_OK
 
 

@@ -1,52 +1,52 @@
-"""The tree an expression parses to, and what a tree reads (its ``Refs``)."""
+"""The tree an expression parses to, and what a tree reads (its ``Refs``).
+
+The nodes are frozen msgspec structs rather than dataclasses: a dataclass is compiled
+from generated source when its module is imported (a millisecond each here), and these
+are imported by every command that reads a workflow.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final, TypeAlias, assert_never
+
+import msgspec
 
 DEFAULT_NAMES: Final = frozenset({"inputs", "params"})
 GLOB_ROOT: Final = "inputs"
 
 
-@dataclass(frozen=True, slots=True)
-class Literal:
+class Literal(msgspec.Struct, frozen=True):
     """A number, string, boolean or null written in the text."""
 
     value: int | float | str | bool | None
 
 
-@dataclass(frozen=True, slots=True)
-class ListOf:
+class ListOf(msgspec.Struct, frozen=True):
     """A list literal, ``[a, b]``."""
 
     items: tuple[Node, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Name:
+class Name(msgspec.Struct, frozen=True):
     """A root name such as ``inputs`` or ``params``, looked up in the environment."""
 
     name: str
 
 
-@dataclass(frozen=True, slots=True)
-class Glob:
+class Glob(msgspec.Struct, frozen=True):
     """``inputs["train-*"]``: stands for each matching input in turn, inside an aggregate."""
 
     root: str
     pattern: str
 
 
-@dataclass(frozen=True, slots=True)
-class Attr:
+class Attr(msgspec.Struct, frozen=True):
     """A ``.name`` step: reads the key ``name`` of a mapping."""
 
     name: str
 
 
-@dataclass(frozen=True, slots=True)
-class Index:
+class Index(msgspec.Struct, frozen=True):
     """A ``[key]`` step: a mapping key or a list index."""
 
     key: Node
@@ -55,32 +55,28 @@ class Index:
 Step: TypeAlias = Attr | Index
 
 
-@dataclass(frozen=True, slots=True)
-class Path:
+class Path(msgspec.Struct, frozen=True):
     """A value followed by access steps, ``inputs.A.scores[0]``."""
 
     base: Node
     steps: tuple[Step, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Unary:
+class Unary(msgspec.Struct, frozen=True):
     """``-x`` or ``not x``."""
 
     op: str
     operand: Node
 
 
-@dataclass(frozen=True, slots=True)
-class BoolOp:
+class BoolOp(msgspec.Struct, frozen=True):
     """``a and b and c`` or ``a or b``: short-circuit, gives a bool."""
 
     op: str
     operands: tuple[Node, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Compare:
+class Compare(msgspec.Struct, frozen=True):
     """A comparison chain, ``first ops[0] operands[0] ops[1] operands[1] ...``."""
 
     first: Node
@@ -88,8 +84,7 @@ class Compare:
     operands: tuple[Node, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Arith:
+class Arith(msgspec.Struct, frozen=True):
     """A left-to-right chain of operators of one precedence, ``a + b - c``."""
 
     first: Node
@@ -97,8 +92,7 @@ class Arith:
     operands: tuple[Node, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(msgspec.Struct, frozen=True):
     """A call of a built-in function; ``glob`` is the pattern its first argument ranges over."""
 
     func: str
@@ -109,8 +103,7 @@ class Call:
 Node: TypeAlias = Literal | ListOf | Name | Glob | Path | Unary | BoolOp | Compare | Arith | Call
 
 
-@dataclass(frozen=True, slots=True)
-class Refs:
+class Refs(msgspec.Struct, frozen=True):
     """What an expression reads, for validation.
 
     ``inputs`` and ``params`` are the keys read explicitly (``inputs.A``, ``params["n"]``);

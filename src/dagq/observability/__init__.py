@@ -2,13 +2,14 @@
 
 The runtime calls this seam only; OpenTelemetry and prometheus-client (the ``otel``
 extra) are imported only when a process turns them on, so without them nothing is
-paid. A command calls :func:`start`, wraps its store with :func:`instrument`, and runs
-inside :func:`watching`. See README "Observability".
+paid. It imports no asyncio either: a pool process (:mod:`dagq.runners.child`) imports
+:mod:`.tracing` through it, and starts faster without. A command calls :func:`start`,
+wraps its store with :func:`instrument`, and runs inside :func:`watching`. See README
+"Observability".
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Iterable
@@ -78,24 +79,14 @@ async def watching(
         interval_s = float(os.environ.get("DAGQ_METRICS_INTERVAL_S", "5"))
     from dagq.observability import sampling
 
-    jobs = [
-        asyncio.create_task(
-            sampling.sample(
-                store,
-                recorder,
-                queues=sampling.default_queues(queues),
-                coordinator=coordinator,
-                interval_s=interval_s,
-            ),
-            name="dagq-metrics-sampler",
-        ),
-        asyncio.create_task(sampling.watch_loop(recorder), name="dagq-loop-lag"),
-    ]
+    jobs = sampling.start(
+        store,
+        recorder,
+        queues=sampling.default_queues(queues),
+        coordinator=coordinator,
+        interval_s=interval_s,
+    )
     try:
         yield
     finally:
-        for job in jobs:
-            job.cancel()
-        for job in jobs:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await job
+        await sampling.stop(jobs)

@@ -5,6 +5,7 @@ and every storage request (counted by wrapping the store)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -48,6 +49,33 @@ def counted(store: Store, metrics: Metrics) -> Store:
         return await call()
 
     return intercepted(store, count, rebind=False)
+
+
+def start(
+    store: Store,
+    metrics: Metrics,
+    *,
+    queues: Callable[[], list[str]],
+    coordinator: Advancing | None,
+    interval_s: float,
+) -> list[asyncio.Task[None]]:
+    """The sampler and the loop-lag watch, running (:func:`dagq.observability.watching`)."""
+    return [
+        asyncio.create_task(
+            sample(store, metrics, queues=queues, coordinator=coordinator, interval_s=interval_s),
+            name="dagq-metrics-sampler",
+        ),
+        asyncio.create_task(watch_loop(metrics), name="dagq-loop-lag"),
+    ]
+
+
+async def stop(jobs: list[asyncio.Task[None]]) -> None:
+    """Cancel what :func:`start` started, and wait for it to end."""
+    for job in jobs:
+        job.cancel()
+    for job in jobs:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await job
 
 
 async def sample(

@@ -10,9 +10,10 @@ other end).
 
 Processes are forked by a *zygote*: one small process started once (a tenth of a
 second), which has imported what a pool process needs, so that each fork takes a few
-milliseconds. The pool grows on demand — a task that finds no idle process gets a new
-one, up to one per worker slot — and a process that died or was killed is replaced
-the same way. The zygote reaps them and reports how each ended.
+milliseconds (:mod:`dagq.runners.zygote` launches it; ``dagq run`` launches it early).
+The pool grows on demand — a task that finds no idle process gets a new one, up to one
+per worker slot — and a process that died or was killed is replaced the same way. The
+zygote reaps them and reports how each ended.
 """
 
 from __future__ import annotations
@@ -30,14 +31,12 @@ import sys
 import tempfile
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
-import dagq
 from dagq.payloads import OUTPUT_INLINE_BYTES
-from dagq.runners import Outcome, StoredInputs, TaskContext
+from dagq.runners import Outcome, StoredInputs, TaskContext, zygote
 from dagq.runners.capture import ProcessOutput, Sink
 from dagq.runners.child import HEADER, Reply, Request
 
@@ -47,11 +46,6 @@ log = logging.getLogger("dagq.worker")
 CLOSE_GRACE_S = 1.0
 #: How long to wait for word of how a dead process ended.
 _EXIT_WAIT_S = 2.0
-_DAGQ_ROOT = str(Path(dagq.__file__).resolve().parent.parent)
-_BOOT = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from dagq.runners.child import boot; boot(sys.argv[1:])"
-)
 
 
 class PoolClosed(Exception):
@@ -199,13 +193,12 @@ class _Zygote:
 
     def __init__(
         self,
-        process: asyncio.subprocess.Process,
-        control: socket.socket,
+        launched: zygote.Launched,
         events: asyncio.StreamReader,
         events_transport: asyncio.BaseTransport,
     ) -> None:
-        self._process = process
-        self._control = control
+        self._launched = launched
+        self._control = launched.control
         self._events = events
         self._events_transport = events_transport
         self._forks: deque[asyncio.Future[int]] = deque()
@@ -214,39 +207,23 @@ class _Zygote:
 
     @classmethod
     async def start(cls) -> _Zygote:
-        loop = asyncio.get_running_loop()
-        control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        events_in, events_out = os.pipe()
+        """Adopt the zygote launched early, or launch one."""
+        launched = zygote.take()
+        events = asyncio.StreamReader(limit=2**20)
         try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-c",
-                _BOOT,
-                _DAGQ_ROOT,
-                "zygote",
-                str(theirs.fileno()),
-                str(events_out),
-                str(os.getpid()),
-                stdin=asyncio.subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(), events_out),
-                start_new_session=True,  # Ctrl-C in a terminal is the worker's to handle
+            transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(events), os.fdopen(launched.events, "rb", 0)
             )
         except BaseException:
-            control.close()
-            os.close(events_in)
+            launched.control.close()
+            launched.process.kill()
+            launched.process.wait()
             raise
-        finally:
-            theirs.close()
-            os.close(events_out)
-        events = asyncio.StreamReader(limit=2**20)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(events), os.fdopen(events_in, "rb", 0)
-        )
-        return cls(process, control, events, transport)
+        return cls(launched, events, transport)
 
     @property
     def alive(self) -> bool:
-        return self._process.returncode is None and not self._reading.done()
+        return self._launched.alive and not self._reading.done()
 
     async def fork(self) -> _Process:
         """A new pool process, connected."""
@@ -308,12 +285,14 @@ class _Zygote:
 
     async def close(self) -> None:
         self._control.close()  # it reads EOF and exits
+        # Its events pipe ends when it has exited (its pool processes close their copies).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._process.wait(), CLOSE_GRACE_S)
-        if self._process.returncode is None:
+            await asyncio.wait_for(asyncio.shield(self._reading), CLOSE_GRACE_S)
+        process = self._launched.process
+        if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                self._process.kill()
-            await self._process.wait()
+                process.kill()
+        await asyncio.get_running_loop().run_in_executor(None, process.wait)
         self._events_transport.close()
         self._reading.cancel()
         await asyncio.gather(self._reading, return_exceptions=True)

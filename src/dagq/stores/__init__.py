@@ -7,6 +7,10 @@ in ``.db`` means sqlite too. ``open_store("azure://ACCOUNT/PREFIX")`` opens a st
 an Azure Storage account (``devstoreaccount1``: the local Azurite emulator) that
 processes on many machines may share; ``open_store("postgresql://USER@HOST:PORT/DB")``
 one in a PostgreSQL database (``?schema=NAME``, default ``dagq``), likewise shared.
+
+Each backend's module is imported when a URL names it, not before: a command on a
+SQLite store loads neither the in-memory store nor the fault injector, let alone the
+optional extras.
 """
 
 from __future__ import annotations
@@ -16,9 +20,6 @@ import time
 
 from dagq.errors import ValidationError
 from dagq.stores.base import DEFAULT_MAX_DELIVERIES, Clock, Store
-from dagq.stores.faults import FAULTS_ENV, parse_faults, with_faults
-from dagq.stores.memory import open_memory_store
-from dagq.stores.sqlite import open_sqlite_store
 
 SUPPORTED_URLS = (
     "memory://",
@@ -33,7 +34,10 @@ _AZURE_PACKAGES = frozenset({"azure", "aiohttp"})
 #: The top-level packages of the ``postgres`` extra.
 _POSTGRES_PACKAGES = frozenset({"psycopg", "psycopg_pool"})
 
-__all__ = ["Store", "open_memory_store", "open_sqlite_store", "open_store"]
+#: Set, the store injects the faults it names (:mod:`.faults`).
+FAULTS_ENV = "DAGQ_FAULTS"
+
+__all__ = ["Store", "open_store"]
 
 
 def open_store(
@@ -52,13 +56,19 @@ def open_store(
     plan = os.environ.get(FAULTS_ENV, "")
     if not plan.strip():
         return store
+    from dagq.stores.faults import parse_faults, with_faults
+
     return with_faults(store, parse_faults(plan))
 
 
 def _open(url: str, *, clock: Clock, max_deliveries: int, create: bool) -> Store:
     if url == "memory://":
+        from dagq.stores.memory import open_memory_store
+
         return open_memory_store(url, clock=clock, max_deliveries=max_deliveries)
     if url.startswith("sqlite:") or ("://" not in url and url.endswith(".db")):
+        from dagq.stores.sqlite import open_sqlite_store
+
         return open_sqlite_store(url, clock=clock, max_deliveries=max_deliveries, create=create)
     if url.startswith("azure:"):
         # Imported here: the Azure SDKs take a third of a second to load, and they are

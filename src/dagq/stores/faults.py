@@ -38,13 +38,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagq.errors import StoreUnavailable, ValidationError
+from dagq.stores import FAULTS_ENV
 from dagq.stores.base import Store
 from dagq.stores.intercepting import intercepted
 
 log = logging.getLogger("dagq.faults")
-
-#: The environment variable :func:`dagq.stores.open_store` reads a plan from.
-FAULTS_ENV = "DAGQ_FAULTS"
 
 _RULE = re.compile(
     r"(?P<operation>[a-z]+\.[a-z_]+)@(?P<call>[1-9][0-9]*)"
