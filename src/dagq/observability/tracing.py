@@ -321,7 +321,7 @@ class Finished:
         self.kinds = {k.name.lower(): k for k in SpanKind}
         self.ok, self.failed = Status(StatusCode.UNSET), Status(StatusCode.ERROR)
         self.scope = InstrumentationScope("dagq")
-        self.resource = provider.resource
+        self.resource = _hashed_once(provider.resource)
         # The provider's own multi-processor: what its tracers end spans into.
         self.processor = provider._active_span_processor
         # Its sampler (OTEL_TRACES_SAMPLER), asked once per trace.
@@ -377,6 +377,25 @@ class Finished:
             end_ns=end_ns,
             error=error,
         )
+
+
+def _hashed_once(resource: Any) -> Any:
+    """``resource``, hashed once: the OTLP encoder groups spans by resource, and a
+    resource's hash encodes its attributes as JSON, at every span (~10 µs each)."""
+    from opentelemetry.sdk.resources import Resource
+
+    class Hashed(Resource):
+        def __init__(self) -> None:
+            super().__init__(resource.attributes, resource.schema_url)
+            self.hashed = super().__hash__()
+
+        def __hash__(self) -> int:
+            return self.hashed
+
+        def __eq__(self, other: object) -> bool:
+            return super().__eq__(other)
+
+    return Hashed()
 
 
 def joined(traceparent: str, service: str = "dagq-task") -> contextlib.AbstractContextManager[None]:
