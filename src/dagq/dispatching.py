@@ -92,6 +92,12 @@ def task_message(
             item = group.items[dispatch.item]
         else:
             item_ref = group.items_ref
+    span_id, traceparent, due_at, workflow_name = 0, "", 0.0, ""
+    if sent_at is not None:  # the defaults are left out of the message
+        trace, span_id = send_span_ids(workflow_id)
+        traceparent = ids.traceparent(trace, span_id)
+        due_at = sent_at + max(dispatch.delay_s, 0.0)
+        workflow_name = plan.name
     message = TaskMessage(
         workflow_id=workflow_id,
         task=dispatch.task,
@@ -113,16 +119,10 @@ def task_message(
         item_index=dispatch.item,
         item=item,
         item_ref=item_ref,
+        traceparent=traceparent,
+        due_at=due_at,
+        workflow_name=workflow_name,
     )
-    span_id = 0
-    if sent_at is not None:
-        trace, span_id = send_span_ids(workflow_id)
-        message = msgspec.structs.replace(
-            message,
-            traceparent=ids.traceparent(trace, span_id),
-            workflow_name=plan.name,
-            due_at=sent_at + max(dispatch.delay_s, 0.0),
-        )
     body = encode_task(message)
     if len(body) > TASK_MESSAGE_INLINE_BYTES:
         body = _by_reference(message, body, documents)

@@ -305,6 +305,47 @@ def test_histograms_carry_the_runs_trace_id_as_an_exemplar(recorder: metrics.Met
     assert f'# {{trace_id="{ids.trace_id("wf-x"):032x}"}} 0.3' in text
 
 
+def test_a_histogram_scrape_counts_each_bucket_cumulatively(recorder: metrics.Metrics) -> None:
+    for seconds in (0.001, 0.3, 0.3, 7.0, 5000.0, -1.0):
+        recorder.waited("cpu", seconds, "wf-h")
+    got = samples(recorder)
+    buckets = {s.labels["le"]: s.value for s in got["dagq_queue_wait_seconds_bucket"]}
+    assert len(buckets) == len(metrics.DURATION_BUCKETS) + 1
+    assert buckets["0.005"] == 2.0  # 0.001, and -1 counted as 0
+    assert buckets["0.25"] == 2.0 and buckets["0.5"] == 4.0
+    assert buckets["10.0"] == 5.0 and buckets["3600.0"] == 5.0 and buckets["+Inf"] == 6.0
+    (count,) = got["dagq_queue_wait_seconds_count"]
+    (total,) = got["dagq_queue_wait_seconds_sum"]
+    assert count.value == 6.0 and total.value == pytest.approx(5007.601)
+
+
+def test_a_buckets_exemplar_is_its_latest_observation(recorder: metrics.Metrics) -> None:
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+    recorder.task_finished("gpu", True, 0.3, "wf-old")
+    recorder.task_finished("gpu", False, 0.4, "wf-new")
+    text = openmetrics(recorder.registry).decode()
+    assert f'# {{trace_id="{ids.trace_hex("wf-new")}"}} 0.4' in text
+    assert f'# {{trace_id="{ids.trace_hex("wf-old")}"}} 0.3' not in text  # same bucket
+    assert f'status="ok"}} 1.0 # {{trace_id="{ids.trace_hex("wf-old")}"}}' in text
+
+
+def test_a_send_traceparent_gives_its_span_only_in_its_own_trace() -> None:
+    trace = ids.trace_id("wf-t")
+    header = ids.traceparent(trace, 0xABC)
+    assert ids.span_in(header, trace) == 0xABC
+    assert ids.span_in(header, ids.trace_id("wf-other")) == 0
+    assert ids.span_in("00-" + "f" * 32 + "-zzzzzzzzzzzzzzzz-01", int("f" * 32, 16)) == 0
+    assert ids.span_in("garbage", trace) == 0
+
+
+def test_the_exporters_resource_is_the_providers() -> None:
+    finished = tracing.Finished(_PROVIDER)
+    assert finished.resource == _PROVIDER.resource
+    assert hash(finished.resource) == hash(_PROVIDER.resource)
+    assert {_PROVIDER.resource: 1}[finished.resource] == 1
+
+
 # --- logs --------------------------------------------------------------------------------
 
 

@@ -41,7 +41,10 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
     if not tracing.enabled():
         return attempt
     trace = ids.trace_id(task.workflow_id)
-    sent = ids.parse_traceparent(task.traceparent) if task.traceparent else None
+    sent: SpanRef | None = None
+    if task.traceparent:  # as the coordinator makes it (a quick check), or any other
+        span = ids.span_in(task.traceparent, trace)
+        sent = (trace, span) if span else ids.parse_traceparent(task.traceparent)
     if sent is not None and task.due_at:
         tracing.emit(
             f"wait {queue}",

@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     for message in _messages(sys.stdin.buffer):
         if message[0] == "spans":
             for record in message[1]:
-                finished.record(record)
+                finished.put(record)
         elif message[0] == "flush":
             provider.force_flush()
             os.write(acks, b".")

@@ -26,10 +26,10 @@ import select
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import IO
 
-from dagq.observability.tracing import Attributes, Kind, Record, SpanRef
+from dagq.observability.tracing import Record
 
 log = logging.getLogger("dagq.observability")
 
@@ -49,7 +49,8 @@ def _setting(name: str, default: int) -> int:
 class Forwarder:
     """Hands this process's finished spans to its exporting helper process."""
 
-    def __init__(self, service: str, keep: Callable[[int, str], bool]) -> None:
+    def __init__(self, service: str, keep: Callable[[int, str], bool] | None = None) -> None:
+        """``keep(trace id, span name)``: is the span sampled (None: every one is)."""
         self.service = service
         self.keep = keep
         # The batch processor's own settings, applied to the hop to the helper too.
@@ -65,31 +66,15 @@ class Forwarder:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
-    def emit(
-        self,
-        name: str,
-        *,
-        trace: int,
-        span_id: int,
-        parent: int | None,
-        kind: Kind,
-        attributes: Attributes | None,
-        links: Sequence[SpanRef],
-        start_ns: int,
-        end_ns: int,
-        error: str | None,
-    ) -> None:
-        """Queue a finished span for the helper (the signature of
-        :meth:`tracing.Finished.emit`)."""
-        if self._closing or not self.keep(trace, name):
+    def put(self, record: Record) -> None:
+        """Queue a finished span for the helper (as :meth:`tracing.Finished.put`)."""
+        if self._closing or (self.keep is not None and not self.keep(record[1], record[0])):
             return
         pending = self._pending
         if len(pending) >= MAX_PENDING:
             self._drop()
             return
-        pending.append(
-            (name, trace, span_id, parent, kind, attributes, links, start_ns, end_ns, error)
-        )
+        pending.append(record)
         if self._thread is None:
             self.start()
         elif len(pending) == self.batch_size:

@@ -60,6 +60,18 @@ def _trace_part(trace: int) -> str:
     return f"00-{trace:032x}-"
 
 
+def span_in(text: str, trace: int) -> int:
+    """The span id of a ``traceparent`` made by :func:`traceparent` for ``trace``, or
+    0 if it is not one (without parsing the trace id: a worker checks each message's)."""
+    head = _trace_part(trace)
+    if len(text) != 55 or not text.startswith(head):
+        return 0
+    try:
+        return int(text[36:52], 16)
+    except ValueError:
+        return 0
+
+
 def parse_traceparent(text: str) -> tuple[int, int] | None:
     """(trace id, span id) of a W3C ``traceparent``, or None if it is not one."""
     parts = text.split("-")

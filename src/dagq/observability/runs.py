@@ -19,6 +19,7 @@ from dagq.transitions import Effects
 
 #: History notes that end a wait, and the kind of wait.
 _WAIT_ENDS = (("timer fired", "timer"), ("signal '", "signal"), ("no signal '", "signal"))
+_WAIT_END_PREFIXES = tuple(prefix for prefix, _ in _WAIT_ENDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,9 @@ class RunTelemetry:
             if entry.kind == "waiting":
                 self._waits[(workflow_id, entry.task)] = entry.at
                 continue
-            detail = entry.detail or ""
+            detail = entry.detail
+            if not detail or not detail.startswith(_WAIT_END_PREFIXES):
+                continue  # most entries (one check each: a step notes several per task)
             for prefix, kind in _WAIT_ENDS:
                 if detail.startswith(prefix):
                     began = self._waits.pop((workflow_id, entry.task), entry.at)
@@ -129,7 +132,7 @@ class RunTelemetry:
         """One batch of events handled."""
         recorder = metrics.current()
         if recorder is not None:
-            recorder.batch.observe(end - start)
+            recorder.batch_took(end - start)
         spans.batch(
             self.store_url, message_count, workflow_ids=workflow_ids, start_s=start, end_s=end
         )

@@ -53,8 +53,9 @@ class _Installed:
 
     tracer: Tracer | None = None
     provider: TracerProvider | None = None
-    #: What :func:`emit` hands a finished span to: the provider's processors, or the
-    #: helper process that exports this process's spans.
+    #: What :func:`emit` hands a finished span (a :data:`Record`) to, by its ``put``:
+    #: the provider's processors, or the helper process that exports this process's
+    #: spans.
     finished: Any = None
     #: That helper (started with the first span), when this process has one.
     forwarder: Any = None
@@ -102,7 +103,8 @@ def configure(service: str, *, forward: bool = False) -> bool:
     if forward:
         from dagq.observability.forwarding import Forwarder
 
-        forwarder = Forwarder(service, Sampling(provider.sampler).keep)
+        sampling = Sampling(provider.sampler)
+        forwarder = Forwarder(service, None if sampling.all else sampling.keep)
         forwarder.start()
         _on.forwarder = _on.finished = forwarder
     return True
@@ -261,17 +263,19 @@ def emit(
     finished = _on.finished
     if finished is None:
         return
-    finished.emit(
-        name,
-        trace=trace,
-        span_id=span_id or ids.new_span_id(),
-        parent=parent,
-        kind=kind,
-        attributes=attributes,
-        links=links,
-        start_ns=int(start_s * 1e9),
-        end_ns=int(max(end_s, start_s) * 1e9),
-        error=error,
+    finished.put(
+        (
+            name,
+            trace,
+            span_id or ids.new_span_id(),
+            parent,
+            kind,
+            attributes,
+            links,
+            int(start_s * 1e9),
+            int(max(end_s, start_s) * 1e9),
+            error,
+        )
     )
 
 
@@ -280,14 +284,19 @@ class Sampling:
     its trace id decides (``OTEL_TRACES_SAMPLER=traceidratio``)."""
 
     def __init__(self, sampler: Any) -> None:
-        from opentelemetry.sdk.trace.sampling import Decision
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON, Decision
 
         self.sampler = sampler
         self.sampled = Decision.RECORD_AND_SAMPLE
         self.decisions: dict[int, bool] = {}
+        #: The sampler keeps every span dagq emits (the default, or ``always_on``; dagq's
+        #: spans have no parent context, so a parent-based one asks its root sampler).
+        self.all = sampler is DEFAULT_ON or sampler is ALWAYS_ON
 
     def keep(self, trace: int, name: str) -> bool:
         """Is a span of ``trace`` recorded?"""
+        if self.all:
+            return True
         decision = self.decisions.get(trace)
         if decision is None:
             result = self.sampler.should_sample(None, trace, name)
@@ -312,7 +321,7 @@ class Finished:
         self.kinds = {k.name.lower(): k for k in SpanKind}
         self.ok, self.failed = Status(StatusCode.UNSET), Status(StatusCode.ERROR)
         self.scope = InstrumentationScope("dagq")
-        self.resource = provider.resource
+        self.resource = _hashed_once(provider.resource)
         # The provider's own multi-processor: what its tracers end spans into.
         self.processor = provider._active_span_processor
         # Its sampler (OTEL_TRACES_SAMPLER), asked once per trace.
@@ -352,8 +361,9 @@ class Finished:
         )
         self.processor.on_end(span)
 
-    def record(self, record: Record) -> None:
-        """Emit a span given as a :data:`Record` (from a forwarding process)."""
+    def put(self, record: Record) -> None:
+        """Emit a span given as a :data:`Record` (from :func:`emit`, or from a
+        forwarding process)."""
         name, trace, span_id, parent, kind, attributes, links, start_ns, end_ns, error = record
         self.emit(
             name,
@@ -367,6 +377,25 @@ class Finished:
             end_ns=end_ns,
             error=error,
         )
+
+
+def _hashed_once(resource: Any) -> Any:
+    """``resource``, hashed once: the OTLP encoder groups spans by resource, and a
+    resource's hash encodes its attributes as JSON, at every span (~10 µs each)."""
+    from opentelemetry.sdk.resources import Resource
+
+    class Hashed(Resource):
+        def __init__(self) -> None:
+            super().__init__(resource.attributes, resource.schema_url)
+            self.hashed = super().__hash__()
+
+        def __hash__(self) -> int:
+            return self.hashed
+
+        def __eq__(self, other: object) -> bool:
+            return super().__eq__(other)
+
+    return Hashed()
 
 
 def joined(traceparent: str, service: str = "dagq-task") -> contextlib.AbstractContextManager[None]:
