@@ -166,6 +166,40 @@ async def test_a_send_in_another_process_wakes_a_waiter_at_once(
         await store.close()
 
 
+async def test_the_listener_listens_again_soon_after_its_connection_is_killed(
+    postgres_cluster: Cluster,
+) -> None:
+    url = postgres_url(postgres_cluster)
+    listen = f'LISTEN "dagq:{url.rpartition("schema=")[2]}"'
+    store = open_store(url)
+    try:
+        await store.queues.wait("q", 0.01)  # the listener is started and checked
+        with psycopg.connect(postgres_cluster.url, autocommit=True) as admin:
+
+            def listeners() -> list[int]:
+                sql = "SELECT pid FROM pg_stat_activity WHERE query = %s"
+                return [pid for (pid,) in admin.execute(sql, (listen,))]
+
+            killed = listeners()
+            assert len(killed) == 1
+            admin.execute("SELECT pg_terminate_backend(%s)", killed)
+            deadline = time.monotonic() + 3  # well within the 5 s a poll would take
+            while listeners() in ([], killed):
+                assert time.monotonic() < deadline, "nobody LISTENs again"
+                await asyncio.sleep(0.02)
+            # Twice: the first wait may end on the wake-up every waiter gets once the
+            # listener is back; the second only on the notification.
+            for _ in range(2):
+                waiter = asyncio.create_task(store.queues.wait("q", 30))
+                await asyncio.sleep(0.05)
+                started = time.monotonic()
+                admin.execute("SELECT pg_notify(%s, 'q')", (listen[8:-1],))
+                await asyncio.wait_for(waiter, 10)
+                assert time.monotonic() - started < 2  # not the 30 s of a poll
+    finally:
+        await store.close()
+
+
 async def test_a_batch_with_a_failed_condition_writes_nothing(postgres_cluster: Cluster) -> None:
     store = open_store(postgres_url(postgres_cluster))
     try:
