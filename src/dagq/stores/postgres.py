@@ -53,7 +53,7 @@ from dagq.stores.postgres_queues import PostgresQueues
 from dagq.stores.postgres_queues import delete as delete_messages
 from dagq.stores.postgres_queues import send as send_messages
 from dagq.stores.postgres_schema import FAILED, VERSION
-from dagq.stores.postgres_wakeups import Listener, notify_changes
+from dagq.stores.postgres_wakeups import Listener, changes_payload
 
 __all__ = ["migrate_postgres_store", "open_postgres_store"]
 
@@ -172,13 +172,17 @@ class _Committer:
             elif isinstance(op, AckOp):
                 acks.append((op, await delete_messages(db, conn, op.queue, op.receipts)))
         await put_many(db, conn, puts)
-        for queue, messages in sends.items():
-            await send_messages(db, conn, SendOp(queue, messages), now, self._channel)
         if rows:  # an index row is never read within the batch: all at the end
             await upsert(db, conn, rows)
-        if written or rows:  # delivered when (if) the transaction commits
-            topics = batch_topics(written, len(rows))
-            await notify_changes(conn, self._channel, topics)
+        # What changed is announced when (if) the transaction commits: by the last
+        # send's statement, if there is one.
+        changes = changes_payload(batch_topics(written, len(rows))) if written or rows else None
+        last = list(sends)[-1] if sends else None
+        for queue, messages in sends.items():
+            also = changes if queue == last else None
+            await send_messages(db, conn, SendOp(queue, messages), now, self._channel, also=also)
+        if changes is not None and last is None:
+            await conn.execute("SELECT pg_notify(%s, %s)", (self._channel, changes))
 
 
 async def migrate_postgres_store(url: str) -> tuple[int | None, int]:

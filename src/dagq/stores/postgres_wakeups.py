@@ -178,12 +178,17 @@ class Listener:
                 await conn.close()
 
 
-async def notify_changes(conn: Conn, channel: str, topics: set[str]) -> None:
-    """Announce, when the transaction on ``conn`` commits, that it changed ``topics``."""
+def changes_payload(topics: set[str]) -> str:
+    """The notification that announces a change of ``topics``."""
     payload = CHANGES + "\n".join(sorted(topics))
     if len(payload.encode()) > MAX_PAYLOAD:
         payload = CHANGES + ANY
-    await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+    return payload
+
+
+async def notify_changes(conn: Conn, channel: str, topics: set[str]) -> None:
+    """Announce, when the transaction on ``conn`` commits, that it changed ``topics``."""
+    await conn.execute("SELECT pg_notify(%s, %s)", (channel, changes_payload(topics)))
 
 
 def _quote(channel: str) -> str:
