@@ -16,8 +16,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from dagq.errors import ConflictError
 from dagq.stores import open_store
-from dagq.stores.base import OutgoingMessage
+from dagq.stores.base import IndexRow, OutgoingMessage, Store
 from dagq.stores.postgres_schema import VERSION
 from tests.conftest import postgres_url
 from tests.integration.cli_harness import DagqCli
@@ -166,6 +167,40 @@ async def test_a_send_in_another_process_wakes_a_waiter_at_once(
         await store.close()
 
 
+async def test_the_listener_listens_again_soon_after_its_connection_is_killed(
+    postgres_cluster: Cluster,
+) -> None:
+    url = postgres_url(postgres_cluster)
+    listen = f'LISTEN "dagq:{url.rpartition("schema=")[2]}"'
+    store = open_store(url)
+    try:
+        await store.queues.wait("q", 0.01)  # the listener is started and checked
+        with psycopg.connect(postgres_cluster.url, autocommit=True) as admin:
+
+            def listeners() -> list[int]:
+                sql = "SELECT pid FROM pg_stat_activity WHERE query = %s"
+                return [pid for (pid,) in admin.execute(sql, (listen,))]
+
+            killed = listeners()
+            assert len(killed) == 1
+            admin.execute("SELECT pg_terminate_backend(%s)", killed)
+            deadline = time.monotonic() + 3  # well within the 5 s a poll would take
+            while listeners() in ([], killed):
+                assert time.monotonic() < deadline, "nobody LISTENs again"
+                await asyncio.sleep(0.02)
+            # Twice: the first wait may end on the wake-up every waiter gets once the
+            # listener is back; the second only on the notification.
+            for _ in range(2):
+                waiter = asyncio.create_task(store.queues.wait("q", 30))
+                await asyncio.sleep(0.05)
+                started = time.monotonic()
+                admin.execute("SELECT pg_notify(%s, 'q')", (listen[8:-1],))
+                await asyncio.wait_for(waiter, 10)
+                assert time.monotonic() - started < 2  # not the 30 s of a poll
+    finally:
+        await store.close()
+
+
 async def test_a_batch_with_a_failed_condition_writes_nothing(postgres_cluster: Cluster) -> None:
     store = open_store(postgres_url(postgres_cluster))
     try:
@@ -185,12 +220,88 @@ async def test_a_batch_with_a_failed_condition_writes_nothing(postgres_cluster: 
 async def test_a_batch_commits_in_one_round_trip(postgres_cluster: Cluster, tmp_path: Path) -> None:
     store = open_store(postgres_url(postgres_cluster))
     await store.documents.put("a", b"1")  # opened and migrated
+    with _traced(store, tmp_path / "libpq.trace"):
+        batch = store.batch()
+        batch.put("a", b"2")
+        batch.send("q", [OutgoingMessage(b"x")])
+        await batch.commit()
+    trace = tmp_path / "libpq.trace"
+    try:
+        answers = [line for line in trace.read_text().splitlines() if "\tReadyForQuery" in line]
+        assert len(answers) == 1  # one Sync, one answer: a single round trip
+        assert (await store.documents.get("a")).data == b"2"  # type: ignore[union-attr]
+    finally:
+        await store.close()
+
+
+async def test_a_large_batch_is_a_handful_of_statements(
+    postgres_cluster: Cluster, tmp_path: Path
+) -> None:
+    store = open_store(postgres_url(postgres_cluster))
+    etags = [await store.documents.put(f"s{i}", b"0") for i in range(3)]
+    trace = tmp_path / "libpq.trace"
+    with _traced(store, trace):
+        batch = store.batch()
+        for i, etag in enumerate(etags):
+            batch.put(f"s{i}", b"1", if_match=etag)  # compare-and-swaps
+            batch.put(f"p{i}", b"1")  # plain writes
+            batch.send("q", [OutgoingMessage(b"m%d" % i)])
+            batch.upsert(_row("w1", "running"))
+        batch.upsert(_row("w1", "succeeded"))  # the last row of an id wins
+        batch.upsert(_row("w2", "running"))
+        new_etags = await batch.commit()
+    try:
+        sent = [line for line in trace.read_text().splitlines() if "\tF\t" in line]
+        # BEGIN, the swaps, the plain writes, the index rows, the sends (which also
+        # announce the changes), COMMIT.
+        assert sum("\tExecute" in line for line in sent) == 6
+        assert len(new_etags) == 6
+        for i in range(3):
+            assert (await store.documents.get(f"s{i}")).etag == new_etags[2 * i]  # type: ignore[union-attr]
+            assert (await store.documents.get(f"p{i}")).data == b"1"  # type: ignore[union-attr]
+        got = await store.queues.receive("q", max_messages=10, visibility_timeout_s=30)
+        assert [m.body for m in got] == [b"m0", b"m1", b"m2"]
+        assert (await store.index.get("w1")).status == "succeeded"  # type: ignore[union-attr]
+        assert (await store.index.get("w2")) is not None
+    finally:
+        await store.close()
+
+
+async def test_a_batch_of_swaps_with_one_stale_etag_writes_nothing(
+    postgres_cluster: Cluster,
+) -> None:
+    store = open_store(postgres_url(postgres_cluster))
+    try:
+        etags = [await store.documents.put(f"s{i}", b"0") for i in range(3)]
+        await store.documents.put("s1", b"moved on")
+        batch = store.batch()
+        for i, etag in enumerate(etags):
+            batch.put(f"s{i}", b"1", if_match=etag)
+        batch.send("q", [OutgoingMessage(b"m")])
+        with pytest.raises(ConflictError, match="s1"):
+            await batch.commit()
+        assert [(await store.documents.get(f"s{i}")).data for i in range(3)] == [  # type: ignore[union-attr]
+            b"0",
+            b"moved on",
+            b"0",
+        ]
+        assert (await store.queues.depth("q")).visible == 0
+    finally:
+        await store.close()
+
+
+def _row(workflow_id: str, status: str) -> IndexRow:
+    return IndexRow(id=workflow_id, name="wf", status=status, created_at=1.0, updated_at=2.0)
+
+
+@contextlib.contextmanager
+def _traced(store: Store, trace: Path) -> Iterator[None]:
+    """Meanwhile, the protocol messages of the store's batches go to ``trace``."""
     db = store.committer._db  # type: ignore[union-attr]
     pooled = db.connection
-    trace = tmp_path / "libpq.trace"
 
     @contextlib.asynccontextmanager
-    async def traced() -> AsyncIterator[Any]:  # the protocol messages the batch sends
+    async def traced() -> AsyncIterator[Any]:
         async with pooled() as conn:
             with trace.open("w") as out:
                 conn.pgconn.trace(out.fileno())
@@ -201,15 +312,6 @@ async def test_a_batch_commits_in_one_round_trip(postgres_cluster: Cluster, tmp_
 
     db.connection = traced
     try:
-        batch = store.batch()
-        batch.put("a", b"2")
-        batch.send("q", [OutgoingMessage(b"x")])
-        await batch.commit()
+        yield
     finally:
         db.connection = pooled
-    try:
-        answers = [line for line in trace.read_text().splitlines() if "\tReadyForQuery" in line]
-        assert len(answers) == 1  # one Sync, one answer: a single round trip
-        assert (await store.documents.get("a")).data == b"2"  # type: ignore[union-attr]
-    finally:
-        await store.close()

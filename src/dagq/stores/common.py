@@ -218,6 +218,14 @@ class Wakeups:
                 if not waiters:
                     self._waiters.pop(queue, None)
 
+    def notify_all(self) -> None:
+        """Wake every waiter of every queue, as if each had been sent to (after sends
+        may have gone unseen, such as while a listening connection was down)."""
+        with self._lock:
+            queues = set(self._sends) | set(self._waiters)
+        for queue in queues:
+            self.notify(queue)
+
     def notify(self, queue: str) -> None:
         """Wake every current waiter of ``queue``."""
         with self._lock:

@@ -29,15 +29,22 @@ from dagq.stores.base import (
     Clock,
     DeleteOp,
     FenceOp,
+    OutgoingMessage,
     PutOp,
     SendOp,
     Store,
     UpsertOp,
 )
 from dagq.stores.changes import ChangeFeed, batch_topics
-from dagq.stores.common import Wakeups, check_batch, check_max_deliveries, conflict
+from dagq.stores.common import (
+    Wakeups,
+    check_batch,
+    check_max_deliveries,
+    conflict,
+    new_token,
+)
 from dagq.stores.postgres_database import Conn, Cursor, Database, parse_postgres_url
-from dagq.stores.postgres_documents import PostgresDocuments
+from dagq.stores.postgres_documents import PostgresDocuments, put_many
 from dagq.stores.postgres_documents import delete as delete_document
 from dagq.stores.postgres_documents import put as put_document
 from dagq.stores.postgres_index import PostgresIndex, upsert
@@ -46,7 +53,7 @@ from dagq.stores.postgres_queues import PostgresQueues
 from dagq.stores.postgres_queues import delete as delete_messages
 from dagq.stores.postgres_queues import send as send_messages
 from dagq.stores.postgres_schema import FAILED, VERSION
-from dagq.stores.postgres_wakeups import Listener, notify_changes
+from dagq.stores.postgres_wakeups import Listener, changes_payload
 
 __all__ = ["migrate_postgres_store", "open_postgres_store"]
 
@@ -133,8 +140,19 @@ class _Committer:
         failures: dict[str, DagqError],
         acks: list[tuple[AckOp, Cursor]],
     ) -> None:
+        """Queue the batch's statements on ``conn``: few of them, whatever its size.
+
+        Writes of documents, sends to one queue and index rows go out as one statement
+        each (arrays unnested), unless a key is written twice: then its writes go one
+        by one, in order. A send's notification is folded in its statement, so each
+        queue is announced once per transaction.
+        """
         db, now = self._db, self._db.clock()
         rows = [op.row for op in ops if isinstance(op, UpsertOp)]
+        written = [op.key for op in ops if isinstance(op, PutOp | DeleteOp)]
+        together = len(set(written)) == len(written)
+        puts: list[tuple[PutOp, str, str]] = []
+        sends: dict[str, list[OutgoingMessage]] = {}
         for n, op in enumerate(ops):
             guard = f"dagq batch operation {n}"
             if isinstance(op, FenceOp):
@@ -142,19 +160,29 @@ class _Committer:
                 await fence(db, conn, op.name, op.token, guard)
             elif isinstance(op, PutOp):
                 failures[guard] = conflict(op.key, op.if_match)
-                etags.append(await put_document(db, conn, op, guard=guard))
+                if together and not op.if_none_match:
+                    etags.append(new_token())
+                    puts.append((op, etags[-1], guard))
+                else:
+                    etags.append(await put_document(db, conn, op, guard=guard))
             elif isinstance(op, DeleteOp):
                 await delete_document(db, conn, op.key)
             elif isinstance(op, SendOp):
-                await send_messages(db, conn, op, now, self._channel)
+                sends.setdefault(op.queue, []).extend(op.messages)
             elif isinstance(op, AckOp):
                 acks.append((op, await delete_messages(db, conn, op.queue, op.receipts)))
+        await put_many(db, conn, puts)
         if rows:  # an index row is never read within the batch: all at the end
             await upsert(db, conn, rows)
-        written = [op.key for op in ops if isinstance(op, PutOp | DeleteOp)]
-        if written or rows:  # delivered when (if) the transaction commits
-            topics = batch_topics(written, len(rows))
-            await notify_changes(conn, self._channel, topics)
+        # What changed is announced when (if) the transaction commits: by the last
+        # send's statement, if there is one.
+        changes = changes_payload(batch_topics(written, len(rows))) if written or rows else None
+        last = list(sends)[-1] if sends else None
+        for queue, messages in sends.items():
+            also = changes if queue == last else None
+            await send_messages(db, conn, SendOp(queue, messages), now, self._channel, also=also)
+        if changes is not None and last is None:
+            await conn.execute("SELECT pg_notify(%s, %s)", (self._channel, changes))
 
 
 async def migrate_postgres_store(url: str) -> tuple[int | None, int]:

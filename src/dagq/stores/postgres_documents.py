@@ -8,6 +8,8 @@ them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dagq.stores.base import Document, PutOp
 from dagq.stores.common import check_limit, check_put, conflict, new_token
 from dagq.stores.postgres_database import Conn, Database
@@ -27,14 +29,37 @@ _GUARDED_CREATE = "WITH written AS (" + _CREATE + _GUARD
 _GUARDED_SWAP = "WITH written AS (" + _SWAP + _GUARD
 
 
-async def put(db: Database, conn: Conn, op: PutOp, *, guard: str | None = None) -> str:
-    """One conditional or plain write on ``conn``; the new etag.
+# A batch's writes of several documents, one statement per kind (keys all different).
+_REPLACE_MANY = """
+INSERT INTO {s}.documents (key, data, etag)
+SELECT * FROM unnest(%s::text[], %s::bytea[], %s::text[])
+ON CONFLICT (key) DO UPDATE SET data = excluded.data, etag = excluded.etag
+"""
+# Fails with the guard of a document whose etag was not the one named (if any).
+_SWAP_MANY = """
+WITH v AS (
+    SELECT * FROM unnest(%s::text[], %s::bytea[], %s::text[], %s::text[], %s::text[])
+        AS v (key, data, etag, if_match, guard)
+), written AS (
+    UPDATE {s}.documents d SET data = v.data, etag = v.etag
+    FROM v WHERE d.key = v.key AND d.etag = v.if_match
+    RETURNING d.key
+)
+SELECT {s}.fail(min(v.guard)) FROM v
+WHERE v.key NOT IN (SELECT key FROM written) HAVING count(*) > 0
+"""
+
+
+async def put(
+    db: Database, conn: Conn, op: PutOp, *, guard: str | None = None, etag: str | None = None
+) -> str:
+    """One conditional or plain write on ``conn``; the new etag (``etag`` if given).
 
     A failed condition raises ConflictError; with ``guard`` (in a pipelined batch,
     whose outcome is known only at the end) the statement itself fails instead, with
     ``guard`` as its message (:data:`~dagq.stores.postgres_schema.FAILED`).
     """
-    etag = new_token()
+    etag = etag or new_token()
     data = bytes(op.data)
     args: tuple[object, ...]
     if op.if_none_match:
@@ -51,6 +76,29 @@ async def put(db: Database, conn: Conn, op: PutOp, *, guard: str | None = None) 
     if guard is None and cur.rowcount == 0:
         raise conflict(op.key, op.if_match)
     return etag
+
+
+async def put_many(db: Database, conn: Conn, puts: Sequence[tuple[PutOp, str, str]]) -> None:
+    """Plain writes and compare-and-swaps (no creates) of different keys on ``conn``,
+    each given as (operation, new etag, guard): one statement per kind. A failed
+    condition fails the statement with its guard, as :func:`put` with ``guard`` does."""
+    replaces = [(op, etag) for op, etag, _ in puts if op.if_match is None]
+    swaps = [(op, etag, guard) for op, etag, guard in puts if op.if_match is not None]
+    if len(replaces) == 1:
+        await put(db, conn, replaces[0][0], etag=replaces[0][1])
+    elif replaces:
+        keys = [op.key for op, _ in replaces]
+        data = [bytes(op.data) for op, _ in replaces]
+        await conn.execute(db.sql(_REPLACE_MANY), (keys, data, [e for _, e in replaces]))
+    if len(swaps) == 1:
+        await put(db, conn, swaps[0][0], guard=swaps[0][2], etag=swaps[0][1])
+    elif swaps:
+        keys = [op.key for op, _, _ in swaps]
+        data = [bytes(op.data) for op, _, _ in swaps]
+        etags = [e for _, e, _ in swaps]
+        matches = [op.if_match for op, _, _ in swaps]
+        guards = [g for _, _, g in swaps]
+        await conn.execute(db.sql(_SWAP_MANY), (keys, data, etags, matches, guards))
 
 
 async def delete(db: Database, conn: Conn, key: str) -> None:

@@ -44,13 +44,24 @@ def row_args(row: IndexRow) -> tuple[Any, ...]:
     )
 
 
+_UPSERT_MANY = """
+INSERT INTO {s}.index_rows (id, name, status, tenant, created_at, updated_at, row)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[],
+    %s::float8[], %s::bytea[])
+ON CONFLICT (id) DO UPDATE SET name = excluded.name, status = excluded.status,
+    tenant = excluded.tenant, created_at = excluded.created_at,
+    updated_at = excluded.updated_at, row = excluded.row
+"""
+
+
 async def upsert(db: Database, conn: Conn, rows: Sequence[IndexRow]) -> None:
-    """Insert or replace ``rows`` on ``conn``."""
+    """Insert or replace ``rows`` on ``conn`` (of one id, the last): one statement."""
     if len(rows) == 1:
         await conn.execute(db.sql(_UPSERT), row_args(rows[0]))
         return
-    async with conn.cursor() as cur:
-        await cur.executemany(db.sql(_UPSERT), [row_args(row) for row in rows])
+    last = {row.id: row for row in rows}  # one statement may not change a row twice
+    columns = list(zip(*(row_args(row) for row in last.values()), strict=True))
+    await conn.execute(db.sql(_UPSERT_MANY), [list(column) for column in columns])
 
 
 class PostgresIndex:

@@ -44,6 +44,8 @@ WITH sent AS (
 )
 SELECT pg_notify(%(channel)s, %(queue)s)
 """
+#: The same, and a second notification on the channel (a batch's changes).
+_SEND_AND_NOTIFY = _SEND.rstrip() + ", pg_notify(%(channel)s, %(also)s)\n"
 
 _RECEIVE = """
 WITH overdue AS (
@@ -97,8 +99,11 @@ def _dead_letter(row: tuple[object, ...]) -> DeadLetter:
     return DeadLetter(str(q), str(i), bytes(b), int(n), str(r), t, key=_dead_key(seq, t))  # type: ignore[call-overload]
 
 
-async def send(db: Database, conn: Conn, op: SendOp, now: float, channel: str) -> None:
-    """Insert ``op``'s messages on ``conn`` and announce them on ``channel``."""
+async def send(
+    db: Database, conn: Conn, op: SendOp, now: float, channel: str, *, also: str | None = None
+) -> None:
+    """Insert ``op``'s messages on ``conn`` and announce them on ``channel`` (and
+    ``also`` there, in the same statement)."""
     args = {
         "queue": op.queue,
         "now": now,
@@ -107,7 +112,9 @@ async def send(db: Database, conn: Conn, op: SendOp, now: float, channel: str) -
         "delays": [float(m.delay_s) for m in op.messages],
         "channel": channel,
     }
-    await conn.execute(db.sql(_SEND), args)
+    if also is not None:
+        args["also"] = also
+    await conn.execute(db.sql(_SEND if also is None else _SEND_AND_NOTIFY), args)
 
 
 async def delete(db: Database, conn: Conn, queue: str, receipts: Sequence[str]) -> Cursor:

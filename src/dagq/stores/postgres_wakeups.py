@@ -11,6 +11,11 @@ the store falls back to polling (``wait`` sleeps its timeout) with a warning.
 A commit that writes documents or index rows notifies the same channel with
 :data:`CHANGES` and the topics it changed (:mod:`.changes`): the listener hands them
 to the store's change feed, so a server's streams wake when another process commits.
+
+Should the listening connection drop (a restarted server, a terminated backend), the
+listener connects and LISTENs again at once, then retries with backoff while that
+fails; once it listens again, it wakes every waiter and the change feed, since sends
+made meanwhile were not announced to it.
 """
 
 from __future__ import annotations
@@ -34,8 +39,11 @@ CHANGES = "\x02"
 #: The longest payload PostgreSQL takes is 8,000 bytes; more topics are sent as one
 #: broad change.
 MAX_PAYLOAD = 7_000
-#: After the listening connection failed, how long until the next attempt.
+#: After the listening connection could not be opened, how long until the next attempt.
 RETRY_AFTER_S = 5.0
+#: After the listening connection dropped: the first wait before listening again
+#: (doubling, up to :data:`RETRY_AFTER_S`, while that fails).
+RELISTEN_FIRST_S = 0.05
 
 
 class Listener:
@@ -78,15 +86,7 @@ class Listener:
 
     async def _listen(self) -> None:
         await self._db.pool()  # the schema exists, the URL works
-        conn = await psycopg.AsyncConnection.connect(
-            self._db.target.conninfo, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S)
-        )
-        self._conn = conn
-        try:
-            await conn.execute(f"LISTEN {_quote(self.channel)}")
-        except BaseException:
-            await self.close()
-            raise
+        conn = await self._connect()
         probe = f"\x01probe-{new_token()}"
         arrived = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._serve(conn, probe, arrived), name="dagq-pg-listen")
@@ -104,29 +104,66 @@ class Listener:
             )
             await self.close()
 
+    async def _connect(self) -> psycopg.AsyncConnection[object]:
+        """A new connection that LISTENs on the channel (it is ``self._conn`` then)."""
+        conn = await psycopg.AsyncConnection.connect(
+            self._db.target.conninfo, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S)
+        )
+        try:
+            await conn.execute(f"LISTEN {_quote(self.channel)}")
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+            raise
+        self._conn = conn
+        return conn
+
     async def _serve(
         self, conn: psycopg.AsyncConnection[object], probe: str, arrived: asyncio.Future[None]
     ) -> None:
-        try:
-            async for notify in conn.notifies():
-                if notify.payload == probe:
-                    if not arrived.done():
-                        arrived.set_result(None)
-                    continue
-                if notify.payload.startswith(CHANGES):
-                    topics = notify.payload[len(CHANGES) :].split("\n")
-                    if ANY in topics:
-                        self._changes.notify_all()
-                    else:
-                        self._changes.notify(topics)
-                    continue
-                self._wakeups.notify(notify.payload)
-        except psycopg.Error as exc:
-            log.warning("postgres store %s: LISTEN connection lost (%s)", self._db.url, exc)
-            self._retry_at = asyncio.get_running_loop().time() + RETRY_AFTER_S
-        finally:
-            with contextlib.suppress(psycopg.Error):
-                await conn.close()
+        """Relay notifications until closed; a dropped connection is replaced at once."""
+        while True:
+            try:
+                await self._relay(conn, probe, arrived)
+                log.warning("postgres store %s: LISTEN connection closed", self._db.url)
+            except psycopg.Error as exc:
+                log.warning("postgres store %s: LISTEN connection lost (%s)", self._db.url, exc)
+            finally:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.close()
+            conn = await self._relisten()
+            log.info("postgres store %s: listening again", self._db.url)
+            # Whatever was sent while nobody listened went unannounced: look again.
+            self._wakeups.notify_all()
+            self._changes.notify_all()
+
+    async def _relisten(self) -> psycopg.AsyncConnection[object]:
+        """LISTEN on a new connection: soon, then backing off while it fails."""
+        delay = RELISTEN_FIRST_S
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                return await self._connect()
+            except (psycopg.Error, OSError) as exc:
+                log.debug("postgres store %s: cannot LISTEN yet (%s)", self._db.url, exc)
+            delay = min(delay * 2, RETRY_AFTER_S)
+
+    async def _relay(
+        self, conn: psycopg.AsyncConnection[object], probe: str, arrived: asyncio.Future[None]
+    ) -> None:
+        async for notify in conn.notifies():
+            if notify.payload == probe:
+                if not arrived.done():
+                    arrived.set_result(None)
+                continue
+            if notify.payload.startswith(CHANGES):
+                topics = notify.payload[len(CHANGES) :].split("\n")
+                if ANY in topics:
+                    self._changes.notify_all()
+                else:
+                    self._changes.notify(topics)
+                continue
+            self._wakeups.notify(notify.payload)
 
     async def close(self) -> None:
         """Stop listening."""
@@ -141,12 +178,17 @@ class Listener:
                 await conn.close()
 
 
-async def notify_changes(conn: Conn, channel: str, topics: set[str]) -> None:
-    """Announce, when the transaction on ``conn`` commits, that it changed ``topics``."""
+def changes_payload(topics: set[str]) -> str:
+    """The notification that announces a change of ``topics``."""
     payload = CHANGES + "\n".join(sorted(topics))
     if len(payload.encode()) > MAX_PAYLOAD:
         payload = CHANGES + ANY
-    await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+    return payload
+
+
+async def notify_changes(conn: Conn, channel: str, topics: set[str]) -> None:
+    """Announce, when the transaction on ``conn`` commits, that it changed ``topics``."""
+    await conn.execute("SELECT pg_notify(%s, %s)", (channel, changes_payload(topics)))
 
 
 def _quote(channel: str) -> str:
