@@ -148,10 +148,15 @@ def alive(pid: int) -> bool:
 
 
 if __name__ == "__main__":
+    stops = {signal.SIGINT, signal.SIGTERM}
     cluster = start()
+    # Blocked (after the cluster's processes started, so they do not inherit the mask) for
+    # sigwait to receive them: a handler or the default action would otherwise take them
+    # first and leave the cluster running.
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     print(cluster.url, flush=True)
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        signal.sigwait(stops)
     finally:
         cluster.stop()
     sys.exit(0)
