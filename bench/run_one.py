@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.callbacks import SlowCallbacks
 from bench.loop_lag import LoopLag
 from bench.paths import check_outputs, client_inproc, dagq_run, settle
 from bench.stalls import StallWatch
@@ -104,6 +105,9 @@ async def inproc(
     watch = StallWatch(0.005) if stalls_ms else None
     if watch is not None:
         watch.start()
+    meter = SlowCallbacks.current
+    if meter is not None:
+        meter.armed = True
     async with LoopLag(0.005, on_tick=watch.beat if watch else None) as lag:
         pending = {wid for wid, _ in runs}
         while pending:
@@ -115,6 +119,8 @@ async def inproc(
                     await asyncio.wait_for(coordinator.changed.wait(), 0.2)
         wall = time.perf_counter() - started
         cpu = time.process_time() - cpu_started
+    if meter is not None:
+        meter.armed = False
     if watch is not None:
         watch.stop()
         watch.report(stalls_ms / 1000)
@@ -135,6 +141,8 @@ async def inproc(
     result["cpu_s"] = round(cpu, 4)
     result["loop_lag_max_ms"] = lag.max_ms
     result["loop_lag_p99_ms"] = lag.p99_ms
+    result["loop_lag_own_max_ms"] = lag.own_max_ms
+    result["loop_lag_worst"] = lag.worst()
     return result
 
 
@@ -317,6 +325,13 @@ def main() -> None:
         metavar="MS",
         help="in-process: print what the loop ran during each lag over MS (to stderr)",
     )
+    parser.add_argument(
+        "--slow-callbacks",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="print the callbacks that ran over MS of the loop thread's CPU (to stderr)",
+    )
     args = parser.parse_args()
     build, count = SIZES[args.workload][args.size]
     definition = build()
@@ -335,6 +350,12 @@ def main() -> None:
         if args.store != "sqlite":
             raise SystemExit("error: mode 'run' runs dagq run with its default store (sqlite)")
         result = dagq_run(args.workload, args.size)
+    elif args.slow_callbacks:
+        meter = SlowCallbacks(args.slow_callbacks / 1000)
+        with meter.installed():
+            result = _with_store(args, body, definition, count)
+        meter.report()
+        result["loop_cpu_max_ms"] = round(meter.iteration_cpu_max_s * 1000, 2)
     else:
         result = _with_store(args, body, definition, count)
     if sink is not None:
