@@ -53,7 +53,7 @@ from dagq.stores.postgres_queues import PostgresQueues
 from dagq.stores.postgres_queues import delete as delete_messages
 from dagq.stores.postgres_queues import send as send_messages
 from dagq.stores.postgres_schema import FAILED, VERSION
-from dagq.stores.postgres_wakeups import Listener, changes_payload
+from dagq.stores.postgres_wakeups import Listener, changes_payload, notify_changes
 
 __all__ = ["migrate_postgres_store", "open_postgres_store"]
 
@@ -176,13 +176,13 @@ class _Committer:
             await upsert(db, conn, rows)
         # What changed is announced when (if) the transaction commits: by the last
         # send's statement, if there is one.
-        changes = changes_payload(batch_topics(written, len(rows))) if written or rows else None
+        topics = batch_topics(written, len(rows)) if written or rows else None
         last = list(sends)[-1] if sends else None
         for queue, messages in sends.items():
-            also = changes if queue == last else None
+            also = changes_payload(topics) if topics is not None and queue == last else None
             await send_messages(db, conn, SendOp(queue, messages), now, self._channel, also=also)
-        if changes is not None and last is None:
-            await conn.execute("SELECT pg_notify(%s, %s)", (self._channel, changes))
+        if topics is not None and last is None:
+            await notify_changes(conn, self._channel, topics)
 
 
 async def migrate_postgres_store(url: str) -> tuple[int | None, int]:
