@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import msgspec
 from rich.console import Console
 
+from dagq.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from dagq.cli.connection import with_client
 from dagq.cli.display import duration, error_cell, state_text
 from dagq.cli.tables import Listing, print_json, printable, printable_json, when
@@ -21,9 +22,7 @@ from dagq.cli.terminal import out_console
 from dagq.client import Client, TaskInfo, WorkflowTask
 
 #: Names that moved to dagq.cli.tables and dagq.cli.connection, still taken from here.
-__all__ = ["print_json", "when", "with_client"]
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "print_json", "when", "with_client"]
 
 
 def console() -> Console:

@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from dagq.cli import EXIT_FAILED, EXIT_OK
 from dagq.cli.connection import with_client
 from dagq.cli.states import (
     counts_text,
@@ -40,7 +41,6 @@ from dagq.plan import Plan
 from dagq.state import UNSET, WORKFLOW_ACTIVE, RunState, TaskStatus
 from dagq.views import UNDO_LABELS, load_run
 
-EXIT_OK, EXIT_FAILED = 0, 1
 #: How many root-cause failures ``status`` lists before counting the rest.
 FAILED_SHOWN = 20
 #: How many waiting tasks ``status`` names.

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 
+from dagq.cli import EXIT_OK
 from dagq.cli.states import STYLES, error_cell
 from dagq.cli.styled import Styled
 from dagq.cli.tables import Listing, emit, print_json, when
 from dagq.listing import WorkflowSummary, list_workflows
 from dagq.stores import open_store
-
-EXIT_OK = 0
 
 
 def run_list(
