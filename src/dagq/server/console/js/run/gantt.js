@@ -48,6 +48,7 @@ export function drawGantt(container, items, open) {
   const list = h("ol", { class: "gantt", "aria-label": `Timeline from ${when(t0)}` });
   const all = [...rows.values()];
   for (const row of all.slice(0, MAX_ROWS)) {
+    const what = `${row.task}${row.iteration ? ` iteration ${row.iteration}` : ""}`;
     const track = h("div", { class: "track" });
     const told = [];
     for (const r of row.attempts) {
@@ -59,7 +60,7 @@ export function drawGantt(container, items, open) {
         wait != null ? `queue wait ${duration(wait)}` : null,
         ran != null ? `run ${duration(ran)}${r.finished_at == null ? " so far" : ""}` : "no start recorded"].filter(Boolean).join(", ");
       told.push(text);
-      const title = `${row.task}${row.iteration ? ` iteration ${row.iteration}` : ""} ${text}`;
+      const title = `${what} ${text}`;
       const retry = r !== row.attempts[0] ? " retry" : "";
       const data = { attempt: String(r.attempt), status: r.status ?? "" };
       if (r.enqueued_at != null) {
@@ -72,7 +73,6 @@ export function drawGantt(container, items, open) {
       }
     }
     const latest = row.attempts[row.attempts.length - 1];
-    const what = `${row.task}${row.iteration ? ` iteration ${row.iteration}` : ""}`;
     const task = row.task.replace(/\[\d+\]$/, ""); // an instance opens its foreach task
     const many = row.attempts.length > 1;
     const label = h("button", { type: "button", class: "link", "aria-label": `${what}: ${told.join("; ")}`, onclick: () => open(task) },
