@@ -8,6 +8,7 @@ import os
 import sqlite3
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from dagq.errors import StoreUnavailable, ValidationError
 from dagq.stores.base import OutgoingMessage, Store
 from dagq.stores.sqlite import open_sqlite_store, path_from_url
+from dagq.stores.sqlite_schema import SCHEMA_VERSION
 
 
 async def test_opening_creates_the_file_and_its_parent_directories(tmp_path: Path) -> None:
@@ -45,6 +47,42 @@ async def test_data_survives_closing_and_reopening(tmp_path: Path) -> None:
     await reopened.close()
     assert document is not None and (document.data, document.etag) == (b"kept", etag)
     assert message.body == b"queued"
+
+
+async def test_opening_a_store_does_not_wait_for_another_process_write(tmp_path: Path) -> None:
+    # A coordinator's long commit holds the write lock; `dagq status` opening the same
+    # file must not queue behind it (before the schema version was recorded, every
+    # open ran the schema script in BEGIN IMMEDIATE and failed here after the busy timeout).
+    path = tmp_path / "dagq.db"
+    store = open_sqlite_store(path)
+    await store.documents.put("a", b"kept")
+    await store.close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        reopened = open_sqlite_store(path, create=False)
+        document = await reopened.documents.get("a")
+        await reopened.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert document is not None and document.data == b"kept"
+
+
+async def test_a_store_made_before_the_schema_version_was_recorded_opens(tmp_path: Path) -> None:
+    path = tmp_path / "dagq.db"
+    store = open_sqlite_store(path)
+    await store.documents.put("a", b"kept")
+    await store.close()
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA user_version = 0")
+    reopened = open_sqlite_store(path, create=False)
+    document = await reopened.documents.get("a")
+    await reopened.close()
+    with closing(sqlite3.connect(path)) as conn:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+    assert document is not None and document.data == b"kept"
+    assert version == SCHEMA_VERSION
 
 
 async def test_two_stores_on_one_file_share_messages_without_duplicates(tmp_path: Path) -> None:

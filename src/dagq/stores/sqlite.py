@@ -74,7 +74,7 @@ from dagq.stores.common import (
     too_many_deliveries,
 )
 from dagq.stores.sqlite_changes import DataVersionWatch
-from dagq.stores.sqlite_schema import SCHEMA
+from dagq.stores.sqlite_schema import SCHEMA, SCHEMA_VERSION
 from dagq.stores.sqlite_wakeups import WakeChannel
 from dagq.stores.transfer import PendingMessage
 
@@ -155,7 +155,8 @@ def _connect(path: Path) -> sqlite3.Connection:
         _retry_while_locked(lambda: conn.execute("PRAGMA journal_mode = WAL"))
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.create_function("dead_letter_reason", 1, too_many_deliveries, deterministic=True)
-        _retry_while_locked(lambda: conn.executescript(SCHEMA))
+        if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            _retry_while_locked(lambda: conn.executescript(SCHEMA))
     except sqlite3.Error as exc:
         conn.close()
         raise StoreUnavailable(f"cannot open sqlite store {path}: {exc}; {hint}") from exc

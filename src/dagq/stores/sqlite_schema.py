@@ -1,10 +1,16 @@
 """The tables and indexes of a sqlite store, as the script that creates them.
 
-Every open runs it: it is idempotent (``IF NOT EXISTS``) and runs in one
-``BEGIN IMMEDIATE`` transaction, so processes opening the same file at once do not
-trip over each other. The queries in :mod:`dagq.stores.sqlite` use these names;
-``receive`` picks ``messages_overdue`` with ``INDEXED BY``.
+An open runs it when the file's ``user_version`` is below :data:`SCHEMA_VERSION` (a new
+file, or one made before the version was recorded): it is idempotent (``IF NOT EXISTS``)
+and runs in one ``BEGIN IMMEDIATE`` transaction, so processes opening the same file at
+once do not trip over each other. Opening a file that has it already takes no write
+lock, so ``dagq status`` never waits behind a coordinator's long commit. The queries
+in :mod:`dagq.stores.sqlite` use these names; ``receive`` picks ``messages_overdue``
+with ``INDEXED BY``.
 """
+
+#: Recorded in the file's ``user_version`` by the script below.
+SCHEMA_VERSION = 1
 
 SCHEMA = """
 BEGIN IMMEDIATE;
@@ -37,5 +43,6 @@ CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, owner TEXT NOT NULL, token TEXT NOT NULL,
     acquired_at REAL NOT NULL, expires_at REAL NOT NULL
 ) WITHOUT ROWID;
+PRAGMA user_version = 1;
 COMMIT;
 """
