@@ -48,3 +48,53 @@ async def test_a_background_child_holding_the_pipes_does_not_keep_the_task_runni
             break
         await asyncio.sleep(0.05)
     assert not _alive(child), "the child left running was not killed"
+
+
+@pytest.mark.timeout(60)
+async def test_a_task_ignoring_sigterm_is_killed_when_its_stop_is_cut_short(
+    tmp_path: Path,
+) -> None:
+    # A worker's drain cancels the task (SIGTERM, grace period), then a second Ctrl-C
+    # cancels that wait: the group must not be left running.
+    pids = tmp_path / "task.pid"
+    cmd = f"trap '' TERM; echo $$ > {pids}; while true; do sleep 0.1; done"
+    job = asyncio.create_task(
+        run_shell(TaskSpec(kind="shell", cmd=cmd), CTX, work_dir=str(tmp_path))
+    )
+    for _ in range(400):
+        if pids.exists() and pids.read_text().strip():
+            break
+        await asyncio.sleep(0.05)
+    pid = int(pids.read_text())
+    await asyncio.sleep(0.5)
+    job.cancel()  # the drain's cancel: SIGTERM, ignored; the grace period starts
+    await asyncio.sleep(0.3)
+    assert _alive(pid), "SIGTERM was expected to be ignored by the task"
+    job.cancel()  # stop now
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    for _ in range(100):
+        if not _alive(pid):
+            break
+        await asyncio.sleep(0.05)
+    assert not _alive(pid), "the task's process was left running"
+
+
+@pytest.mark.timeout(60)
+async def test_a_task_cancelled_as_soon_as_it_started_is_killed(tmp_path: Path) -> None:
+    pids = tmp_path / "task.pid"
+    cmd = f"trap '' TERM; echo $$ > {pids}; while true; do sleep 0.1; done"
+    job = asyncio.create_task(
+        run_shell(TaskSpec(kind="shell", cmd=cmd), CTX, work_dir=str(tmp_path))
+    )
+    while not (pids.exists() and pids.read_text().strip()):
+        await asyncio.sleep(0.001)
+    job.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    pid = int(pids.read_text())
+    for _ in range(200):
+        if not _alive(pid):
+            break
+        await asyncio.sleep(0.05)
+    assert not _alive(pid), "the task's process was left running"

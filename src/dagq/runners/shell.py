@@ -74,10 +74,15 @@ async def run_shell(
         finally:
             os.close(out_w)
             os.close(err_w)
+        try:
+            pipes = [await _read_end(out_r), await _read_end(err_r)]
+        except BaseException:  # cancelled before the wait began: the command must not outlive it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            raise
         if sync is not None:
             sync.start()
         stdout, stderr = Tail(live), Tail(live)
-        pipes = [await _read_end(out_r), await _read_end(err_r)]
         readers = asyncio.gather(_pump(pipes[0][0], stdout), _pump(pipes[1][0], stderr))
         try:
             return await _finish(
@@ -361,18 +366,27 @@ def _file_kind(mode: int) -> str:
 
 
 async def _kill_group(process: asyncio.subprocess.Process) -> None:
-    """SIGTERM the task's process group, then SIGKILL what is left after a grace period."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+    """SIGTERM the task's process group, then SIGKILL what is left after a grace period.
+
+    Cancelled during the grace period (a worker told to stop now, or a loop shutting
+    down), it SIGKILLs at once: a group that ignores SIGTERM is never left running.
+    """
+    try:
+        for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, sig)
+            try:
+                await asyncio.wait_for(asyncio.shield(process.wait()), wait)
+                if sig is signal.SIGTERM:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)  # stragglers in the group
+                return
+            except TimeoutError:
+                continue
+    except asyncio.CancelledError:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        try:
-            await asyncio.wait_for(asyncio.shield(process.wait()), wait)
-            if sig is signal.SIGTERM:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)  # stragglers in the group
-            return
-        except TimeoutError:
-            continue
+            os.killpg(process.pid, signal.SIGKILL)
+        raise
 
 
 async def _pump(stream: asyncio.StreamReader | None, sink: Tail) -> None:
