@@ -47,15 +47,7 @@ from dagq.state import (
 )
 from dagq.stores import open_store
 from dagq.stores.base import Store
-from dagq.submission import (
-    Submitted,
-    local_actor,
-    new_request_id,
-    request_cancel,
-    request_retry,
-    request_signal,
-    submit,
-)
+from dagq.submitted import Submitted
 from dagq.views import LayerSummary, PlanCache, layer_summary, load_run
 
 if TYPE_CHECKING:
@@ -263,6 +255,8 @@ class Client:
         ``actor`` names who submits, in the run's history (the audit trail); by
         default ``python:USER``, the OS user. So for cancel, retry and signal.
         """
+        from dagq.submission import submit  # the submit path, imported when first used
+
         result = await submit(
             self.store,
             as_definition(workflow),
@@ -666,6 +660,8 @@ class Client:
                 f"the {len(to_wait)} task(s) yet to wait for it ({', '.join(to_wait[:5])}); "
                 "another one would never be used"
             )
+        from dagq.submission import new_request_id, request_signal
+
         request_id = request_id or new_request_id()
         await request_signal(
             self.store, workflow_id, name, data, request_id=request_id, actor=_actor(actor)
@@ -687,6 +683,8 @@ class Client:
         status = await self.status(workflow_id)
         if status.terminal:
             raise UsageError(f"workflow {workflow_id} already {status.status}; nothing to cancel")
+        from dagq.submission import new_request_id, request_cancel
+
         request_id = request_id or new_request_id()
         await request_cancel(
             self.store, workflow_id, reason, request_id=request_id, actor=_actor(actor)
@@ -714,6 +712,8 @@ class Client:
         if st.status not in WORKFLOW_TERMINAL:
             raise UsageError(f"workflow {workflow_id} is still {st.status}; retry it once it ends")
         _check_retryable(plan, st, workflow_id, tasks)
+        from dagq.submission import new_request_id, request_retry
+
         request_id = request_id or new_request_id()
         await request_retry(
             self.store, workflow_id, tasks, request_id=request_id, actor=_actor(actor)
@@ -821,6 +821,8 @@ class SyncClient:
 
 def _actor(given: str | None) -> str:
     """Who acts: as given, or the OS user of this Python process."""
+    from dagq.submission import local_actor
+
     return local_actor("python") if given is None else given
 
 

@@ -71,7 +71,7 @@ from dagq.stores.base import (
     Store,
     wakes_across_processes,
 )
-from dagq.submission import decode_submitted
+from dagq.submitted import decode_submitted
 from dagq.supervision import BackgroundFailed, Supervisor
 
 __all__ = ["Coordinator", "CoordinatorOptions", "Entry", "Stats"]

@@ -29,7 +29,7 @@ from dagq.state import (
     TaskStatus,
 )
 from dagq.stores.base import Store
-from dagq.submission import Submitted, decode_document, require_submitted
+from dagq.submitted import Submitted, decode_document, require_submitted
 from dagq.validation import check_workflow_id
 
 

@@ -38,7 +38,7 @@ from dagq.plan import Plan
 from dagq.state import WORKFLOW_TERMINAL, RunState
 from dagq.stores import open_store
 from dagq.stores.base import Lease, Store
-from dagq.submission import Submitted
+from dagq.submitted import Submitted
 from dagq.views import RunView, load_run, load_view
 from tests.helpers import definition
 

@@ -105,6 +105,15 @@ def test_status_piped_loads_neither_rich_nor_what_reads_files(cli: DagqCli) -> N
     assert loaded(modules, "rich", *readers) == []
 
 
+def test_status_reads_the_definition_without_the_submit_path(cli: DagqCli) -> None:
+    assert cli.run("run", "small.yaml", "--id", "s", "--quiet").code == 0
+
+    modules = imported(cli, "status", "s")
+
+    assert "dagq.submitted" in modules  # the definition document is read
+    assert loaded(modules, "dagq.submission", "dagq.observability") == []
+
+
 def test_a_quiet_run_loads_no_rich_and_launches_the_zygote_before_the_runtime(
     cli: DagqCli,
 ) -> None:

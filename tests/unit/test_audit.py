@@ -14,7 +14,7 @@ from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.history import HistoryEntry, read_history
 from dagq.stores.base import Store
 from dagq.stores.memory import open_memory_store
-from dagq.submission import load_submitted
+from dagq.submitted import load_submitted
 from tests.conformance.conftest import FakeClock
 from tests.helpers import definition
 from tests.unit.test_containment import work

@@ -14,7 +14,7 @@ from dagq.definition import json_schema
 from dagq.errors import ValidationError
 from dagq.loading import load_data, load_file, load_text
 from dagq.plan import compile_plan, parse_param, resolve_params
-from dagq.submission import Submitted, decode_submitted
+from dagq.submitted import Submitted, decode_submitted
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

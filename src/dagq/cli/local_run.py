@@ -27,7 +27,8 @@ from dagq.local import INTERRUPTED, LocalRunner, Start
 from dagq.state import QUARANTINED, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
 from dagq.stores import open_store
 from dagq.stores.base import Store
-from dagq.submission import Submitted, request_cancel, require_submitted
+from dagq.submission import request_cancel
+from dagq.submitted import Submitted, require_submitted
 from dagq.views import load_view
 
 if TYPE_CHECKING:

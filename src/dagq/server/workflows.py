@@ -24,7 +24,7 @@ from dagq.server.problems import ProblemError
 from dagq.server.resources import Accepted, status_url
 from dagq.server.stream import history_events
 from dagq.state import UNSET, RunState, TaskStatus
-from dagq.submission import load_submitted, require_submitted
+from dagq.submitted import load_submitted, require_submitted
 from dagq.tokens import check_tenant
 from dagq.views import load_run
 
