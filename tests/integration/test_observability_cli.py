@@ -135,6 +135,9 @@ def test_the_server_logs_json_lines_and_samples_its_event_loop_lag(tmp_path: Pat
         )
         with urllib.request.urlopen(request, timeout=30) as response:
             assert response.status == 202
+        task_url = f"http://127.0.0.1:{port}/v1/workflows/logged-1/tasks/a"
+        with urllib.request.urlopen(task_url, timeout=30) as response:
+            assert response.status == 200
         finished = server.stop(timeout_s=30)
     assert finished.code == 0, finished.output
     assert loop_lag is not None and 0 < loop_lag < 5
@@ -143,7 +146,11 @@ def test_the_server_logs_json_lines_and_samples_its_event_loop_lag(tmp_path: Pat
     for line in lines:
         assert {"time", "level", "logger", "message"} <= line.keys(), line
     assert any(line["message"].startswith("dagq server: no token required") for line in lines)
-    (access,) = [line for line in lines if line["logger"] == "uvicorn.access"]
+    (access, task_access) = [line for line in lines if line["logger"] == "uvicorn.access"]
     assert access["method"] == "POST" and access["status"] == 202
     assert access["path"] == "/v1/workflows?id=logged-1"
+    # The access line names the run it concerns and its trace (a submit learns its id).
+    assert access["workflow_id"] == "logged-1"
+    assert access["trace_id"] == ids.trace_hex("logged-1")
+    assert (task_access["workflow_id"], task_access["task"]) == ("logged-1", "a")
     assert any("Uvicorn running on" in line["message"] for line in lines)

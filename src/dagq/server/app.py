@@ -27,6 +27,7 @@ from dagq.server import (
     workflows,
 )
 from dagq.server.access import Access, document_refusals
+from dagq.server.concern import Concerned
 from dagq.server.context import Api, Settings
 from dagq.server.idempotency import Keys
 from dagq.server.limits import BodyLimit
@@ -59,6 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(Concerned)  # outermost: it sees the routed scope as the answer starts
     # logs before workflows: its path would otherwise be read as a task's name
     for router in (
         logs.router,

@@ -18,6 +18,7 @@ from dagq.history import read_chunks
 from dagq.plan import Plan, compile_plan, resolve_params
 from dagq.server import bodies, idempotency, problems, resources
 from dagq.server.access import Caller, caller, while_allowed
+from dagq.server.concern import about
 from dagq.server.context import Api, actor, allow, answer, api_of, guard, json_schema
 from dagq.server.filters import RunFilter, run_filter
 from dagq.server.problems import ProblemError
@@ -97,6 +98,7 @@ async def submit_workflow(
             labels=found.labels,
             actor=actor(who),
         )
+        about(request, result.id)
         url = status_url(result.id)
         headers = {"Location": url, "Retry-After": str(api.settings.retry_after_s)}
         return answer(Accepted(id=result.id, created=result.created, status_url=url), 202, headers)
