@@ -90,3 +90,35 @@ def test_keys_are_read_as_structured_strings_or_bare_tokens() -> None:
 
 def test_the_same_key_of_two_tenants_is_two_records() -> None:
     assert document_key("a", "k") != document_key("b", "k")
+
+
+async def test_a_sweep_deletes_only_the_records_past_their_time(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("dagq.server.idempotency._SWEEP_PAGE", 2)  # several pages
+    clock = Clock()
+    keys = Keys(store, clock=clock)
+    old = [document_key("", f"old-{i}") for i in range(3)]
+    for doc in old:
+        claim = await keys.begin(doc, "print")
+        assert isinstance(claim, str)
+        await keys.finish(doc, claim, "print", Response(b"", status_code=202))
+    stuck = document_key("", "stuck")  # in flight, its server long gone
+    assert isinstance(await keys.begin(stuck, "print"), str)
+    damaged = document_key("", "damaged")
+    await store.documents.put(damaged, b"{not json")
+    await store.documents.put("unrelated", b"kept")
+    clock.now += KEEP_S + 1
+    fresh = document_key("", "fresh")
+    claim = await keys.begin(fresh, "print")
+    assert isinstance(claim, str)
+    await keys.finish(fresh, claim, "print", Response(b"", status_code=202))
+    in_flight = document_key("", "in-flight")
+    assert isinstance(await keys.begin(in_flight, "print"), str)
+
+    assert await keys.forget_expired() == 5
+
+    left = await store.documents.list("")
+    assert sorted(left) == sorted([fresh, in_flight, "unrelated"])
+    again = await keys.begin(fresh, "print")
+    assert isinstance(again, Record)  # the fresh response is still replayed

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -40,13 +42,18 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = Client(settings.store_url, create=True, plans=PlanCache())
-        app.state.api = Api(settings=settings, client=client, keys=Keys(client.store))
+        keys = Keys(client.store)
+        app.state.api = Api(settings=settings, client=client, keys=keys)
         app.state.access = Access(client.store, required=settings.auth)
+        sweeper = asyncio.create_task(keys.sweep_forever(), name="dagq-idempotency-sweep")
         try:
             # With --metrics-port: the sampled metrics, the event loop's lag among them.
             async with observability.watching(client.store):
                 yield
         finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
             await client.close()
 
     app = FastAPI(

@@ -9,11 +9,13 @@ so they hold across a restart and between any number of servers.
 
 A record in flight for longer than :data:`IN_FLIGHT_S` belonged to a server that died
 mid-request: the next request takes it over. A finished record is kept for
-:data:`KEEP_S`; after that the key may be used afresh.
+:data:`KEEP_S`; after that the key may be used afresh, and every server deletes such
+records (:meth:`Keys.forget_expired`, every :data:`SWEEP_S`), so they do not pile up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
@@ -36,6 +38,10 @@ IN_FLIGHT_S = 60.0
 #: How long a finished response is replayed for its key.
 KEEP_S = 24 * 3600.0
 MAX_KEY_CHARS = 255
+#: How often a server deletes the records past their time.
+SWEEP_S = 3600.0
+#: Records a sweep reads per page of the listing.
+_SWEEP_PAGE = 500
 
 
 class Record(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,10 +127,47 @@ class Keys:
                 )
             return record
 
-    def _expired(self, record: Record) -> bool:
+    async def forget_expired(self) -> int:
+        """Delete the records past their time (finished over :data:`KEEP_S` ago, or in
+        flight since long before that); returns how many. A record changed meanwhile
+        (a request took the key over) is left; one that cannot be read is deleted."""
+        forgotten = 0
+        after: str | None = None
+        while True:
+            page = await self._store.documents.list(PREFIX, start_after=after, limit=_SWEEP_PAGE)
+            for doc in page:
+                found = await self._store.documents.get(doc)
+                if found is None:
+                    continue
+                try:
+                    record: Record | None = _decoder.decode(found.data)
+                except msgspec.DecodeError:
+                    record = None
+                if record is not None and not self._expired(record, keep_s=KEEP_S):
+                    continue
+                with contextlib.suppress(ConflictError):
+                    forgotten += await self._store.documents.delete(doc, if_match=found.etag)
+            if len(page) < _SWEEP_PAGE:
+                return forgotten
+            after = page[-1]
+
+    async def sweep_forever(self) -> None:
+        """:meth:`forget_expired` every :data:`SWEEP_S` while the server runs; a store
+        error is logged and tried again at the next sweep."""
+        while True:
+            try:
+                forgotten = await self.forget_expired()
+            except Exception as exc:  # the store may be away; the records wait
+                log.warning("deleting expired idempotency records failed: %s", exc)
+            else:
+                if forgotten:
+                    log.info("deleted %d expired idempotency record(s)", forgotten)
+            await asyncio.sleep(SWEEP_S)
+
+    def _expired(self, record: Record, *, keep_s: float | None = None) -> bool:
         now = self._clock()
         if record.finished_at is None:
-            return now - record.started_at > IN_FLIGHT_S
+            return now - record.started_at > (IN_FLIGHT_S if keep_s is None else keep_s)
         return now - record.finished_at > KEEP_S
 
     async def finish(self, doc: str, etag: str, fingerprint: str, answer: Response) -> None:
