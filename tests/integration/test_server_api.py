@@ -48,7 +48,7 @@ class ApiServer:
         self.process = self.cli.start(
             "server", "--store", self.cli.store_url, "--port", str(self.port)
         )
-        wait_until(self._answers, timeout_s=20, what="the server to answer /healthz")
+        wait_until(self._answers, timeout_s=60, what="the server to answer /healthz")
 
     def _answers(self) -> bool:
         assert self.process is not None

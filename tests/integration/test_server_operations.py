@@ -422,6 +422,41 @@ def test_bulk_cancel_counts_in_a_dry_run_then_cancels_only_the_runs_matched(
     wait_for_end(http, locations[3])
 
 
+def test_a_bulk_retry_sent_again_under_its_idempotency_key_acts_once(http: httpx.Client) -> None:
+    failing = {"name": "api-bulk-fails", "tasks": [{"name": "boom", "cmd": "exit 3"}]}
+    locations = []
+    for n in range(2):
+        body = {"definition": failing, "id": f"api-bulk-r{n}", "labels": {"batch": "r1"}}
+        locations.append(http.post("/v1/workflows", json=body).headers["location"])
+    for location in locations:
+        assert wait_for_end(http, location)["status"] == "failed"
+    request = {"label": "batch=r1", "dry_run": False}
+    headers = {"Idempotency-Key": "bulk-retry-once"}
+
+    first = http.post("/v1/workflows/retry", json=request, headers=headers)
+    assert first.status_code == 200, first.text
+    assert first.json()["matched"] == 2 and first.json()["skipped"] == {}
+    for location in locations:
+        wait_until(
+            lambda location=location: (
+                http.get(f"{location}/tasks/boom").json()["attempt"] == 2
+                and http.get(location).json()["status"] == "failed"
+            ),
+            timeout_s=30,
+            what="the retried run to fail again",
+        )
+    again = http.post("/v1/workflows/retry", json=request, headers=headers)
+
+    assert again.status_code == 200
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    for location in locations:
+        attempts = http.get(f"{location}/tasks/boom").json()["attempts"]
+        assert [a["attempt"] for a in attempts] == [1, 2]
+    other = {"Idempotency-Key": "bulk-retry-other"}  # another key: a new request, it acts
+    assert http.post("/v1/workflows/retry", json=request, headers=other).json()["matched"] == 2
+
+
 def test_every_attempt_of_a_retried_task_has_its_start_on_the_timeline(
     http: httpx.Client, tmp_path: Path
 ) -> None:

@@ -6,10 +6,12 @@ action can apply to: unfinished runs for a cancel, failed or cancelled ones for 
 retry. ``dry_run`` (the default) only counts and names them; with ``"dry_run": false``
 each is sent the request as ``POST …/{id}/cancel|retry`` would, and a run that
 cannot take it any more (it ended, or was retried, meanwhile) is named in ``skipped``.
+A real run honours ``Idempotency-Key`` like every POST that acts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import replace
 from typing import Annotated, Literal
@@ -20,7 +22,7 @@ from starlette.responses import Response
 
 from dagq.client import WorkflowSummary
 from dagq.errors import UsageError, ValidationError
-from dagq.server import problems
+from dagq.server import idempotency, problems
 from dagq.server.access import Caller, caller
 from dagq.server.context import Api, actor, allow, answer, api_of, json_schema
 from dagq.server.filters import run_filter
@@ -88,22 +90,36 @@ async def _act(
 ) -> Response:
     body = _body(await request.body())
     allow(who, "viewer" if body.dry_run else "operator", f"{action} workflows")
-    runs = await _matching(api, who, body, APPLIES_TO[action])
-    skipped: dict[str, str] = {}
-    if not body.dry_run:
-        by = actor(who)
-        for run in runs:
-            try:
-                if action == "cancel":
-                    reason = body.reason or "cancelled by a bulk request"
-                    await api.client.cancel(run.id, reason, actor=by)
-                else:
-                    await api.client.retry(run.id, ack_timeout_s=0, actor=by)
-            except UsageError as exc:  # it ended, or changed, meanwhile
-                skipped[run.id] = str(exc)
-        log.info("%s requested %s of %d run(s)", by, action, len(runs))
-    ids = [run.id for run in runs]
-    return answer(Bulk(matched=len(ids), ids=ids, dry_run=body.dry_run, skipped=skipped))
+
+    async def run(request_id: str | None) -> Response:
+        runs = await _matching(api, who, body, APPLIES_TO[action])
+        skipped: dict[str, str] = {}
+        if not body.dry_run:
+            by = actor(who)
+            for found in runs:
+                # Under an Idempotency-Key each run's request id comes from it: a bulk
+                # request sent again (or taken over from a server that died) acts once.
+                one = None if request_id is None else _request_id_for(request_id, found.id)
+                try:
+                    if action == "cancel":
+                        reason = body.reason or "cancelled by a bulk request"
+                        await api.client.cancel(found.id, reason, request_id=one, actor=by)
+                    else:
+                        await api.client.retry(found.id, ack_timeout_s=0, request_id=one, actor=by)
+                except UsageError as exc:  # it ended, or changed, meanwhile
+                    skipped[found.id] = str(exc)
+            log.info("%s requested %s of %d run(s)", by, action, len(runs))
+        ids = [found.id for found in runs]
+        return answer(Bulk(matched=len(ids), ids=ids, dry_run=body.dry_run, skipped=skipped))
+
+    if body.dry_run:
+        return await run(None)
+    return await idempotency.once(api.keys, request, who.tenant, run, problems.render)
+
+
+def _request_id_for(request_id: str, workflow_id: str) -> str:
+    """The request id one run of a bulk request gets, derived from the request's."""
+    return hashlib.sha256(f"{request_id}\n{workflow_id}".encode()).hexdigest()[:16]
 
 
 async def _matching(
