@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +21,7 @@ from pathlib import Path
 import dagq.stores.sqlite
 from dagq.stores.base import OutgoingMessage, wakes_across_processes
 from dagq.stores.sqlite import open_sqlite_store
-from dagq.stores.sqlite_wakeups import wake_dir
+from dagq.stores.sqlite_wakeups import own_prefix, wake_dir
 
 SRC = Path(dagq.stores.sqlite.__file__).resolve().parents[2]
 QUEUE = "jobs"
@@ -169,7 +171,7 @@ async def test_a_closed_store_leaves_no_socket_behind(tmp_path: Path) -> None:
     db = tmp_path / "store.db"
     store = open_sqlite_store(db)
     await store.queues.wait(QUEUE, 0.001)
-    mine = [p for p in wake_dir(db).glob("*/*") if p.name.startswith(f"{os.getpid()}-")]
+    mine = [p for p in wake_dir(db).glob("*/*") if p.name.startswith(own_prefix())]
     assert len(mine) == 1
     await store.close()
     assert not mine[0].exists()
@@ -202,3 +204,29 @@ async def test_a_forked_child_leaves_its_parents_wake_ups_alone(tmp_path: Path) 
 
 if __name__ == "__main__":
     asyncio.run(_peer(sys.argv[1], sys.argv[2]))
+
+
+async def test_a_listener_with_this_pid_in_another_pid_namespace_is_rung() -> None:
+    # Containers sharing the file: another process may have this very pid. Its socket
+    # carries another process token, so a send here still rings it.
+    with tempfile.TemporaryDirectory(prefix="dq", dir="/tmp") as short:  # short socket paths
+        await _ring_a_twin(Path(short) / "store.db")
+
+
+async def _ring_a_twin(db: Path) -> None:
+    store = open_sqlite_store(db)
+    try:
+        await store.queues.wait(QUEUE, 0.001)  # makes the queue's folder
+        (folder,) = wake_dir(db).iterdir()
+        twin = folder / f"{os.getpid()}-0123abcd-twin"
+        assert not twin.name.startswith(own_prefix())
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            listener.bind(str(twin))
+            listener.settimeout(10)
+            await store.queues.send(QUEUE, [OutgoingMessage(b"x")])
+            assert await asyncio.to_thread(listener.recv, 64) == b"\x01"
+        finally:
+            listener.close()
+    finally:
+        await store.close()

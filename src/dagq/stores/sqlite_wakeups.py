@@ -3,7 +3,9 @@
 Processes sharing one sqlite file are on one host, so they can ring each other
 directly. A process that waits on a queue binds a Unix datagram socket in that
 queue's folder of ``<file>-wake/`` (one folder per queue, one socket per waiting
-store, named after its process); a store that commits a send to the queue lists the
+store, named ``PID-PROCESS-SOCKET``: its process id and a token drawn once per process,
+so processes of different PID namespaces — containers sharing the file — never take
+each other's sockets for their own); a store that commits a send to the queue lists the
 folder and sends each socket of another process one byte, from the writer thread,
 right after the commit. The receiver's event loop reads it and wakes the queue's
 waiters (:class:`~dagq.stores.common.Wakeups`), so a chain of tasks across processes
@@ -39,6 +41,19 @@ log = logging.getLogger("dagq.stores.sqlite")
 #: a longer one goes through ``/proc/self/fd`` (a descriptor of its folder).
 _MAX_PATH = 100
 _RING = b"\x01"
+
+
+#: The prefix of this process's socket names, by pid (a forked child draws its own).
+_OWN: dict[int, str] = {}
+
+
+def own_prefix() -> str:
+    """``PID-TOKEN-``: what the names of this process's sockets start with."""
+    pid = os.getpid()
+    found = _OWN.get(pid)
+    if found is None:
+        found = _OWN[pid] = f"{pid}-{new_token()[:8]}-"
+    return found
 
 
 def wake_dir(file: Path) -> Path:
@@ -99,7 +114,7 @@ class WakeChannel:
     def _bind(self, queue: str) -> tuple[socket.socket, Path]:
         folder = _queue_dir(self._root, queue)
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{os.getpid()}-{new_token()[:8]}"
+        path = folder / f"{own_prefix()}{new_token()[:8]}"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
@@ -140,7 +155,7 @@ class WakeChannel:
         """
         if self._closed:
             return
-        mine = f"{os.getpid()}-"
+        mine = own_prefix()
         for queue in queues:
             folder = _queue_dir(self._root, queue)
             try:
