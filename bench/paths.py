@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from bench.workloads import SHAPES, data, final
+from bench.workloads import data, final, shape
 from dagq import Client
 from dagq.coordinator import Coordinator
 from dagq.errors import UsageError
@@ -92,7 +92,7 @@ async def client_inproc(workload: str, size: str, workers: int, url: str) -> dic
     """``Client.submit`` every workflow, then ``Client.wait`` for each, with a coordinator
     and a ``workers``-slot worker in this process (the options ``dagq run`` uses)."""
     definition_data = data(workload, size)
-    _, count = SHAPES[workload][size]
+    _, count = shape(workload, size)
     store = open_store(url)
     coordinator = Coordinator(store, LOCAL_COORDINATOR)
     worker = Worker(

@@ -29,7 +29,7 @@ from bench.callbacks import SlowCallbacks
 from bench.loop_lag import LoopLag
 from bench.paths import check_outputs, client_inproc, dagq_run, settle
 from bench.stalls import StallWatch
-from bench.workloads import SIZES, final
+from bench.workloads import SIZES, final, sized
 from dagq import keys, observability
 from dagq.client import Client
 from dagq.coordinator import Coordinator
@@ -53,10 +53,15 @@ ROOT = Path(__file__).resolve().parent.parent
 MODES = ["run", "client", "multiproc", "inproc"]
 
 
-async def _submit_all(store: Store, definition: WorkflowDef, count: int) -> list[tuple[str, Plan]]:
+async def _submit_all(
+    store: Store, definition: WorkflowDef, count: int, coordinator: Coordinator
+) -> list[tuple[str, Plan]]:
     submitted = []
     for i in range(count):
-        result = await submit(store, definition, workflow_id=f"bench-{i}")
+        # The coordinator is given the plan, as `dagq run` gives it (no second copy).
+        result = await submit(
+            store, definition, workflow_id=f"bench-{i}", compiled=coordinator.remember_plan
+        )
         submitted.append((result.workflow_id, result.plan))
     return submitted
 
@@ -100,7 +105,7 @@ async def inproc(
     await sampling.__aenter__()
     started = time.perf_counter()
     cpu_started = time.process_time()
-    runs = await _submit_all(store, definition, count)
+    runs = await _submit_all(store, definition, count, coordinator)
     # The run's loop lag: submitting (validating, compiling in the client) is not the run.
     watch = StallWatch(0.005) if stalls_ms else None
     if watch is not None:
@@ -333,7 +338,10 @@ def main() -> None:
         help="print the callbacks that ran over MS of the loop thread's CPU (to stderr)",
     )
     args = parser.parse_args()
-    build, count = SIZES[args.workload][args.size]
+    try:
+        build, count = sized(args.workload, args.size)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     definition = build()
     sink = _telemetry() if args.telemetry else None
     where = {"workload": args.workload, "size": args.size}
