@@ -176,7 +176,8 @@ def _all(args: argparse.Namespace, summaries: list[Any]) -> None:
             try:
                 shape(workload, size)
             except ValueError as e:
-                raise SystemExit(f"error: {e}") from None
+                print(f"error: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
             for store in args.stores.split(","):
                 for mode in args.modes.split(","):
                     why = NOT_MEASURED.get((workload, mode))

@@ -347,7 +347,8 @@ def main() -> None:
     try:
         build, count = sized(args.workload, args.size)
     except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     definition = build()
     sink = _telemetry() if args.telemetry else None
     where = {"workload": args.workload, "size": args.size}
