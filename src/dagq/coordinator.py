@@ -71,7 +71,7 @@ from dagq.stores.base import (
     Store,
     wakes_across_processes,
 )
-from dagq.submission import decode_outline, decode_tasks
+from dagq.submission import decode_outline, decode_outlined
 from dagq.supervision import BackgroundFailed, Supervisor
 
 __all__ = ["Coordinator", "CoordinatorOptions", "Entry", "Stats"]
@@ -1198,7 +1198,7 @@ def _compile(data: bytes, known: Callable[[str], Plan | None]) -> _Compiled:
     plan = known(outline.fingerprint)
     new = plan is None
     if plan is None:  # its tasks are decoded only to be compiled
-        submitted = decode_tasks(outline)
+        submitted = decode_outlined(outline)
         plan = compile_plan(submitted.definition, submitted.params)
     return _Compiled(
         outline.definition.name,

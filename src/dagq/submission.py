@@ -93,7 +93,7 @@ def decode_submitted(data: bytes) -> Submitted:
     have the GIL in between. Accepts and refuses exactly what
     ``msgspec.json.decode(data, type=Submitted)`` does.
     """
-    return decode_tasks(decode_outline(data))
+    return decode_outlined(decode_outline(data))
 
 
 def decode_outline(data: bytes) -> Any:
@@ -104,7 +104,7 @@ def decode_outline(data: bytes) -> Any:
     return _submitted_outline.decode(data)
 
 
-def decode_tasks(outline: Any) -> Submitted:
+def decode_outlined(outline: Any) -> Submitted:
     """The whole definition document from a :func:`decode_outline` outline."""
     definition_outline = outline.definition
     tasks = []
