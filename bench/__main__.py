@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import peers
-from bench.workloads import SIZES
+from bench.workloads import shape
 
 #: How each mode is labelled in the table.
 LABELS = {"run": "dagq run", "client": "Client", "multiproc": "cluster", "inproc": "internal"}
@@ -104,7 +104,9 @@ def main() -> None:
     )
     parser.add_argument("--workloads", default="W1,W2,W3,W4")
     parser.add_argument(
-        "--sizes", default="small", help="tiny, small, full, huge (comma-separated)"
+        "--sizes",
+        default="small",
+        help="tiny, small, full, huge, scale, or n=COUNT (W1, W2, W4; comma-separated)",
     )
     parser.add_argument(
         "--modes",
@@ -171,8 +173,11 @@ def main() -> None:
 def _all(args: argparse.Namespace, summaries: list[Any]) -> None:
     for workload in args.workloads.split(","):
         for size in args.sizes.split(","):
-            if size not in SIZES[workload]:
-                raise SystemExit(f"unknown size {size!r} for {workload}: {sorted(SIZES[workload])}")
+            try:
+                shape(workload, size)
+            except ValueError as e:
+                print(f"error: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
             for store in args.stores.split(","):
                 for mode in args.modes.split(","):
                     why = NOT_MEASURED.get((workload, mode))

@@ -29,7 +29,7 @@ from bench.callbacks import SlowCallbacks
 from bench.loop_lag import LoopLag
 from bench.paths import check_outputs, client_inproc, dagq_run, settle
 from bench.stalls import StallWatch
-from bench.workloads import SIZES, final
+from bench.workloads import SIZES, final, sized
 from dagq import keys, observability
 from dagq.client import Client
 from dagq.coordinator import Coordinator
@@ -53,10 +53,15 @@ ROOT = Path(__file__).resolve().parent.parent
 MODES = ["run", "client", "multiproc", "inproc"]
 
 
-async def _submit_all(store: Store, definition: WorkflowDef, count: int) -> list[tuple[str, Plan]]:
+async def _submit_all(
+    store: Store, definition: WorkflowDef, count: int, coordinator: Coordinator
+) -> list[tuple[str, Plan]]:
     submitted = []
     for i in range(count):
-        result = await submit(store, definition, workflow_id=f"bench-{i}")
+        # The coordinator is given the plan, as `dagq run` gives it (no second copy).
+        result = await submit(
+            store, definition, workflow_id=f"bench-{i}", compiled=coordinator.remember_plan
+        )
         submitted.append((result.workflow_id, result.plan))
     return submitted
 
@@ -100,7 +105,7 @@ async def inproc(
     await sampling.__aenter__()
     started = time.perf_counter()
     cpu_started = time.process_time()
-    runs = await _submit_all(store, definition, count)
+    runs = await _submit_all(store, definition, count, coordinator)
     # The run's loop lag: submitting (validating, compiling in the client) is not the run.
     watch = StallWatch(0.005) if stalls_ms else None
     if watch is not None:
@@ -119,6 +124,7 @@ async def inproc(
                     await asyncio.wait_for(coordinator.changed.wait(), 0.2)
         wall = time.perf_counter() - started
         cpu = time.process_time() - cpu_started
+    run_peak = _peak_rss_mb(os.getpid())  # the checks below read every state again
     if meter is not None:
         meter.armed = False
     if watch is not None:
@@ -133,16 +139,21 @@ async def inproc(
     size = len((await store.documents.get(keys.state(runs[0][0]))).data)  # type: ignore[union-attr]
     checked = await check_outputs(store, [w for w, _ in runs], *check) if check else {}
     await store.close()
-    rss = {"process": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    result = _result(states, wall, size, rss, ops=ops, transactions=transactions) | checked
+    peak = {
+        "peak_rss_checked_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    }
+    result = _result(states, wall, size, {"process": run_peak}, ops=ops, transactions=transactions)
+    result |= checked | peak
     # The loop that runs the coordinator and the workers: how long it went without yielding.
     # CPU time of this process (coordinator, worker, exporter threads) over the run:
     # steadier than wall time on a shared machine.
-    result["cpu_s"] = round(cpu, 4)
-    result["loop_lag_max_ms"] = lag.max_ms
-    result["loop_lag_p99_ms"] = lag.p99_ms
-    result["loop_lag_own_max_ms"] = lag.own_max_ms
-    result["loop_lag_worst"] = lag.worst()
+    result |= {
+        "cpu_s": round(cpu, 4),
+        "loop_lag_max_ms": lag.max_ms,
+        "loop_lag_p99_ms": lag.p99_ms,
+        "loop_lag_own_max_ms": lag.own_max_ms,
+        "loop_lag_worst": lag.worst(),
+    }
     return result
 
 
@@ -333,7 +344,11 @@ def main() -> None:
         help="print the callbacks that ran over MS of the loop thread's CPU (to stderr)",
     )
     args = parser.parse_args()
-    build, count = SIZES[args.workload][args.size]
+    try:
+        build, count = sized(args.workload, args.size)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     definition = build()
     sink = _telemetry() if args.telemetry else None
     where = {"workload": args.workload, "size": args.size}

@@ -19,13 +19,14 @@ TASKS = "bench.tasks"
 
 def fan_out_data(n: int, module: str = TASKS) -> dict[str, Any]:
     """W1: 1 root -> n parallel ``root + 1`` -> 1 join (their sum)."""
+    # Each name, and the mids' parents and call, made once and shared (as a definition
+    # read from a file shares nothing, the run itself never depends on it): at
+    # n=1,000,000 the benchmark's own copies would weigh tens of MB.
+    names = [f"t{i}" for i in range(n)]
+    call, parents = f"{module}:add_one", ["root"]
     tasks: list[dict[str, Any]] = [{"name": "root", "call": f"{module}:one"}]
-    tasks += [
-        {"name": f"t{i}", "call": f"{module}:add_one", "depends_on": ["root"]} for i in range(n)
-    ]
-    tasks.append(
-        {"name": "join", "call": f"{module}:total", "depends_on": [f"t{i}" for i in range(n)]}
-    )
+    tasks += [{"name": name, "call": call, "depends_on": parents} for name in names]
+    tasks.append({"name": "join", "call": f"{module}:total", "depends_on": names})
     return {"name": f"w1-fan-out-{n}", "tasks": tasks}
 
 
@@ -80,6 +81,7 @@ SHAPES: dict[str, dict[str, tuple[tuple[int, ...], int]]] = {
         "small": ((1_000,), 1),
         "full": ((10_000,), 1),
         "huge": ((100_000,), 1),
+        "scale": ((1_000_000,), 1),
     },
     "W2": {"tiny": ((20,), 1), "small": ((200,), 1), "full": ((200,), 1), "huge": ((200,), 1)},
     "W3": {
@@ -88,33 +90,72 @@ SHAPES: dict[str, dict[str, tuple[tuple[int, ...], int]]] = {
         "full": ((10, 100), 1),
         "huge": ((10, 100), 1),
     },
-    "W4": {"tiny": ((5,), 10), "small": ((5,), 200), "full": ((5,), 200), "huge": ((5,), 200)},
+    "W4": {
+        "tiny": ((5,), 10),
+        "small": ((5,), 200),
+        "full": ((5,), 200),
+        "huge": ((5,), 200),
+        "scale": ((5,), 100_000),  # W4 x 500
+    },
 }
+#: The workloads whose size may also be given as ``n=COUNT``: W1's fan-out width, W2's
+#: chain length, W4's number of workflows.
+COUNTED = ("W1", "W2", "W4")
+
+
+def shape(workload: str, size: str) -> tuple[tuple[int, ...], int]:
+    """The shape and number of workflows of ``workload`` at ``size``: a label of
+    :data:`SHAPES`, or ``n=COUNT`` (W1 ``n=50000``: a fan-out of 50,000; W4 ``n=10000``:
+    10,000 workflows). ValueError names what is wrong."""
+    sizes = SHAPES[workload]
+    if size in sizes:
+        return sizes[size]
+    key, sep, value = size.partition("=")
+    if workload not in COUNTED or key != "n" or not sep:
+        labels = ", ".join(sorted(sizes))
+        counted = " or n=COUNT" if workload in COUNTED else ""
+        raise ValueError(f"unknown size {size!r} for {workload}: {labels}{counted}")
+    try:
+        n = int(value.replace("_", "").replace(",", ""))
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"size {size!r} for {workload}: COUNT must be a whole number >= 1")
+    if workload == "W4":
+        return (5,), n
+    return (n,), 1
 
 
 def data(workload: str, size: str, module: str = TASKS) -> dict[str, Any]:
     """The definition of one workflow of ``workload``, as a file would hold it."""
-    shape, _ = SHAPES[workload][size]
+    (*dims,), _ = shape(workload, size)
     if workload == "W1":
-        return fan_out_data(shape[0], module)
+        return fan_out_data(dims[0], module)
     if workload == "W3":
-        return layered_data(shape[0], shape[1], module)
-    return chain_data(shape[0], module, name="w2-chain" if workload == "W2" else "w4-chain")
+        return layered_data(dims[0], dims[1], module)
+    return chain_data(dims[0], module, name="w2-chain" if workload == "W2" else "w4-chain")
 
 
 def final(workload: str, size: str) -> tuple[str, int]:
     """The task whose output proves the data flowed, and the value it must have."""
-    shape, _ = SHAPES[workload][size]
+    dims, _ = shape(workload, size)
     if workload == "W1":
-        return "join", 2 * shape[0]  # n mids of root (1) + 1
+        return "join", 2 * dims[0]  # n mids of root (1) + 1
     if workload == "W3":
-        layers, width = shape
+        layers, width = dims
         return f"l{layers - 1}-0", width ** (layers - 1)
-    return f"s{shape[0] - 1}", shape[0]  # W2, W4: 1, then + 1 per step
+    return f"s{dims[0] - 1}", dims[0]  # W2, W4: 1, then + 1 per step
 
 
 def _builder(workload: str, size: str) -> Callable[[], WorkflowDef]:
     return lambda: load_data(data(workload, size), source=workload)
+
+
+def sized(workload: str, size: str) -> tuple[Callable[[], WorkflowDef], int]:
+    """The definition builder and number of workflows of ``workload`` at ``size`` (a
+    label or ``n=COUNT``, :func:`shape`)."""
+    _, count = shape(workload, size)
+    return _builder(workload, size), count
 
 
 #: name -> (size label -> (definition builder, number of workflows))

@@ -71,7 +71,7 @@ from dagq.stores.base import (
     Store,
     wakes_across_processes,
 )
-from dagq.submitted import decode_submitted
+from dagq.submitted import decode_outline, decode_outlined
 from dagq.supervision import BackgroundFailed, Supervisor
 
 __all__ = ["Coordinator", "CoordinatorOptions", "Entry", "Stats"]
@@ -1194,17 +1194,18 @@ def _compile(data: bytes, known: Callable[[str], Plan | None]) -> _Compiled:
     objects in a large one) is garbage when it returns, wherever it runs, so no
     collection ever walks it.
     """
-    submitted = decode_submitted(data)
-    plan = known(submitted.fingerprint)
+    outline = decode_outline(data)
+    plan = known(outline.fingerprint)
     new = plan is None
-    if plan is None:
+    if plan is None:  # its tasks are decoded only to be compiled
+        submitted = decode_outlined(outline)
         plan = compile_plan(submitted.definition, submitted.params)
     return _Compiled(
-        submitted.definition.name,
-        submitted.tenant,
-        submitted.labels,
-        submitted.submitted_by,
-        submitted.fingerprint,
+        outline.definition.name,
+        outline.tenant,
+        outline.labels,
+        outline.submitted_by,
+        outline.fingerprint,
         plan,
         new,
     )

@@ -16,6 +16,7 @@ from dagq.history import HistoryEntry
 from dagq.plan import POLICY_ALL, POLICY_ALL_SETTLED, POLICY_ANY, Plan, PlanTask
 from dagq.registry import EXPIRY_BEATS, HEARTBEAT_S
 from dagq.state import BAD, TERMINAL, UNSET, RunState, TaskStatus
+from dagq.transitions import DISPATCH_WINDOW
 
 #: How long a sent task may wait unstarted before explain suspects no worker serves its
 #: queue (the same threshold as ``dagq doctor``'s oldest-message check).
@@ -434,11 +435,16 @@ def _ready_waits(ctx: _Context) -> list[Wait]:
     sent = st.dispatched_at[i]
     limit = ctx.plan.max_parallelism
     if sent == UNSET:
+        if limit is None or limit > DISPATCH_WINDOW:
+            what = f"the dispatch window ({DISPATCH_WINDOW} attempts of a run at once)"
+            limit = DISPATCH_WINDOW
+        else:
+            what = "the workflow's max_parallelism"
         return [
             Wait(
                 kind="parallelism",
-                detail=f"held by the workflow's max_parallelism: {st.in_flight} of {limit} "
-                "slots in use; it is sent when one frees up",
+                detail=f"held by {what}: {st.in_flight} of {limit} slots in use; it is sent "
+                "when one frees up",
             )
         ]
     if sent > now:
@@ -509,12 +515,15 @@ def _running_waits(ctx: _Context) -> list[Wait]:
                 f"'{task.queue}'",
             )
         ]
-        if task.max_parallel is not None and group.unsent and group.sent >= task.max_parallel:
+        limit = min(task.max_parallel or group.n, DISPATCH_WINDOW)
+        if group.unsent and group.sent >= limit:
+            held_by = (
+                f"max_parallel={task.max_parallel}"
+                if task.max_parallel is not None and task.max_parallel <= DISPATCH_WINDOW
+                else f"the dispatch window ({DISPATCH_WINDOW} at once)"
+            )
             waits.append(
-                Wait(
-                    kind="max_parallel",
-                    detail=f"{len(group.unsent)} items held by max_parallel={task.max_parallel}",
-                )
+                Wait(kind="max_parallel", detail=f"{len(group.unsent)} items held by {held_by}")
             )
         return waits
     started = st.started_at[i]

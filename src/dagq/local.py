@@ -156,9 +156,12 @@ class LocalRunner:
     ) -> SubmitResult:
         """Store the workflow, or find the existing one with this id and definition."""
         self.submitted = await submit(
-            self.store, definition, params=params, workflow_id=workflow_id
+            self.store,
+            definition,
+            params=params,
+            workflow_id=workflow_id,
+            compiled=self.coordinator.remember_plan,
         )
-        self.coordinator.remember_plan(self.submitted.fingerprint, self.submitted.plan)
         return self.submitted
 
     async def current_state(self) -> RunState:

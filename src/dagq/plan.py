@@ -166,6 +166,9 @@ def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:
     # the same children, and each distinct tuple is an object for the garbage collector
     # to walk once (the first collection after a large plan is built).
     edges: dict[_Edge, _Edge] = {}
+    # Equal specs are shared too: a fan-out's 100,000 tasks run the same call with the
+    # same args, and a spec (with its dicts) weighs more than the task around it.
+    specs: dict[bytes, TaskSpec] = {}
     tasks = tuple(
         _compile_task(
             definition,
@@ -175,6 +178,7 @@ def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:
             children=_shared(edges, tuple(children[i])),
             env=env,
             jobq=rules.jobq,
+            specs=specs,
         )
         for i, task in enumerate(definition.tasks)
     )
@@ -207,6 +211,31 @@ def _shared(
     return edges.setdefault(edge, edge)
 
 
+def _shared_spec(specs: dict[bytes, TaskSpec], spec: TaskSpec) -> TaskSpec:
+    """One spec object for every task whose spec is equal to ``spec``: equal as
+    encoded (as it travels in a task message), with the types of its values beside
+    (so ``1`` and ``1.0``, a list and a tuple, are never taken for each other)."""
+    try:
+        key = _spec_encoder.encode((spec, _types([spec.args, spec.params, spec.cmd])))
+    except (TypeError, ValueError):  # a value msgpack cannot hold: kept apart
+        return spec
+    return specs.setdefault(key, spec)
+
+
+def _types(value: Any) -> Any:
+    """The types in a value, as far as an encoding would blur them (for a key)."""
+    if isinstance(value, bool | int | float | str) or value is None:
+        return type(value).__name__
+    if isinstance(value, dict):
+        return [type(value).__name__, [[_types(k), _types(v)] for k, v in value.items()]]
+    if isinstance(value, list | tuple):
+        return [type(value).__name__, [_types(v) for v in value]]
+    return type(value).__qualname__
+
+
+_spec_encoder = msgspec.msgpack.Encoder()
+
+
 def _compile_task(
     definition: WorkflowDef,
     task: TaskDef,
@@ -216,6 +245,7 @@ def _compile_task(
     children: tuple[int, ...],
     env: Mapping[str, Any],
     jobq: bool,
+    specs: dict[bytes, TaskSpec] | None = None,
 ) -> PlanTask:
     defaults = definition.defaults
     queue = task.queue or (defaults.queue if defaults else None) or definition.default_queue
@@ -234,6 +264,8 @@ def _compile_task(
             task.condition, where=f"task '{task.name}': condition", names=_CONDITION_ROOTS
         )
     spec = _spec(task, env, timeout, retry, jobq=jobq)
+    if specs is not None:
+        spec = _shared_spec(specs, spec)
     sleep: float | expression.Expr | None = None
     if isinstance(task.sleep_s, str):
         sleep = expression.parse(

@@ -14,7 +14,7 @@ import getpass
 import hashlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -79,10 +79,13 @@ async def submit(
     labels: Mapping[str, str] | None = None,
     actor: str = "",
     clock: Any = time.time,
+    compiled: Callable[[str, Plan], None] | None = None,
 ) -> SubmitResult:
     """Store a workflow and wake the coordinator; repeat-safe for the same id (the
     first submission's labels stay). ``actor`` (who submits) is recorded with its
-    ``submitted`` event.
+    ``submitted`` event. ``compiled(fingerprint, plan)`` is called with the plan before
+    anything is stored: a coordinator in this process is given it (``remember_plan``)
+    before it can load the workflow, and never compiles a second copy.
 
     A new workflow's trace begins here: its ``submit`` span (:mod:`dagq.observability`).
     """
@@ -111,6 +114,8 @@ async def submit(
             f"bytes as JSON, over the limit of {payloads.MAX_DEFINITION_BYTES} bytes"
         )
     plan = compile_plan(definition, resolved)  # bounded first: it renders every task
+    if compiled is not None:
+        compiled(submitted.fingerprint, plan)
     existing = await load_submitted(store, workflow_id)
     if existing is not None:
         if existing.fingerprint != submitted.fingerprint:

@@ -216,6 +216,20 @@ def upstream_error(failed: list[str]) -> str:
     return f"{len(failed)} parent tasks did not succeed: {shown}"
 
 
+#: At most this many attempts of one workflow (and instances of one foreach task) are
+#: sent and unfinished at once, whatever ``max_parallelism`` allows: the others wait,
+#: ready, and go out as these finish. A fan-out of 1,000,000 so never builds a million
+#: task messages in one step (nor holds them in memory, nor queues them at once), and
+#: the workers, which run far fewer at a time, never go without.
+DISPATCH_WINDOW = 10_000
+
+
+def in_flight_limit(plan: Plan) -> int:
+    """How many attempts of a workflow may be in flight at once (docs/architecture.md)."""
+    limit = plan.max_parallelism
+    return DISPATCH_WINDOW if limit is None else min(limit, DISPATCH_WINDOW)
+
+
 def start(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskStatus | None:
     """Begin a task whose turn has come: dispatch it, or wait (signal, timer)."""
     task = plan.tasks[i]
@@ -224,8 +238,7 @@ def start(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> TaskS
     if task.kind == "sleep":
         return _sleep(plan, state, i, now, fx)
     if task.foreach is not None:
-        limit = plan.max_parallelism
-        if limit is not None and state.in_flight >= limit:  # it takes a slot once expanded
+        if state.in_flight >= in_flight_limit(plan):  # it takes a slot once expanded
             state.set_status(i, TaskStatus.READY)
             state.held.append(i)
             return None
@@ -371,12 +384,12 @@ def output_of(plan: Plan, state: RunState, i: int) -> Any:
 def make_ready(
     plan: Plan, state: RunState, i: int, now: float, fx: Effects, *, delay: float = 0.0
 ) -> None:
-    """A new attempt: dispatch it, or hold it while the workflow is at max_parallelism."""
+    """A new attempt: dispatch it, or hold it while the workflow is at its in-flight
+    limit (``max_parallelism``, the dispatch window)."""
     state.attempt[i] += 1
     state.set_status(i, TaskStatus.READY)
     state.dispatched_at[i] = state.started_at[i] = state.task_finished_at[i] = UNSET
-    limit = plan.max_parallelism
-    if limit is not None and state.in_flight >= limit:
+    if state.in_flight >= in_flight_limit(plan):
         state.held.append(i)
         return
     dispatch(plan, state, i, now, fx, delay=delay)
@@ -433,8 +446,8 @@ def finish(
 
 def settle(plan: Plan, state: RunState, now: float, fx: Effects) -> None:
     """Refill free parallelism slots, then end the run if every task is terminal."""
-    limit = plan.max_parallelism
-    while state.held and (limit is None or state.in_flight < limit):
+    limit = in_flight_limit(plan)
+    while state.held and state.in_flight < limit:
         i = state.held.popleft()
         if state.task_status[i] == TaskStatus.READY and state.dispatched_at[i] == UNSET:
             if plan.tasks[i].foreach is not None:
@@ -594,7 +607,7 @@ def expand(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> Task
 def fill_group(plan: Plan, state: RunState, i: int, now: float, fx: Effects) -> None:
     """Send instances while the group's ``max_parallel`` allows."""
     group = state.groups[i]
-    limit = plan.tasks[i].max_parallel or group.n
+    limit = min(plan.tasks[i].max_parallel or group.n, DISPATCH_WINDOW)
     while group.unsent and group.sent < limit:
         k = group.unsent.popleft()
         if group.status[k] == TaskStatus.PENDING:

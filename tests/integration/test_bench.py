@@ -70,6 +70,38 @@ def test_benchmark_suite_runs_every_workload_in_every_mode_and_checks_the_data_f
 
 
 @pytest.mark.timeout(120)
+def test_a_size_may_be_given_as_a_count() -> None:
+    """``n=COUNT``: W4's number of workflows (W1's width, W2's length); the final value
+    of each is checked as for a named size. A count where none applies is refused."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.run_one", "W4", "n=3", "inproc"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = json.loads(done.stdout.splitlines()[-1])
+    assert (line["workflows"], line["tasks"], line["result_ok"]) == (3, 15, True)
+    assert line["peak_rss_mb"]["process"] <= line["peak_rss_checked_mb"]
+    for workload, size, why in [
+        ("W3", "n=5", "unknown size 'n=5' for W3: full, huge, small, tiny"),
+        ("W1", "n=0", "size 'n=0' for W1: COUNT must be a whole number >= 1"),
+    ]:
+        refused = subprocess.run(
+            [sys.executable, "-m", "bench", "--workloads", workload, "--sizes", size],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=50,
+            check=False,
+        )
+        assert refused.returncode == 2
+        assert refused.stderr.strip() == f"error: {why}"
+
+
+@pytest.mark.timeout(120)
 def test_a_run_whose_data_did_not_flow_fails_the_suite(tmp_path: Path) -> None:
     """The check can fail: with tasks that ignore their inputs, the final value is wrong
     and the suite says so (exit != 0), naming the value it got and the one it expected."""
