@@ -14,7 +14,7 @@ it), and claimed messages are held like received ones — if nobody takes them f
 here (the receiver stopped), they are released when the store closes, and at worst
 come back after their visibility timeout, as when a receiver dies. A claim is made
 only for a receiver waiting at the time of the commit, for at most as many messages
-as its last receive asked for. See docs/architecture.md, "Wake-ups".
+as its last receive asked for. See docs/architecture.md, "Wake-ups across processes".
 """
 
 from __future__ import annotations
