@@ -165,3 +165,43 @@ async def test_a_commit_waits_out_another_connections_lock(tmp_path: Path) -> No
         assert (await store.queues.depth(QUEUE)).visible == 1
     finally:
         await store.close()
+
+
+async def test_a_chain_in_one_process_never_waits_for_a_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Coordinator and worker on one store object (as in ``dagq run``), every poll and
+    sweep 30 s away: each step is carried by wake-ups and claims alone, so a lost one
+    would stall the chain far past the test's patience."""
+    import dagq.coordinator as coordinator_module
+    import dagq.worker as worker_module
+    from dagq.coordinator import Coordinator, CoordinatorOptions
+    from dagq.persistence import read_state
+    from dagq.submission import submit
+    from dagq.worker import Worker, WorkerOptions
+    from tests.helpers import definition
+
+    for module in (coordinator_module, worker_module):
+        monkeypatch.setattr(module, "_WOKEN_FIRST_POLL_S", 30.0)
+    steps = 30
+    tasks = [{"name": "t0", "call": "tests.sample_tasks:echo"}] + [
+        {"name": f"t{i}", "call": "tests.sample_tasks:echo", "depends_on": [f"t{i - 1}"]}
+        for i in range(1, steps)
+    ]
+    store = open_sqlite_store(tmp_path / "s.db")
+    stop = asyncio.Event()
+    coord = Coordinator(store, CoordinatorOptions(poll_interval_s=30, sweep_interval_s=30))
+    worker = Worker(store, WorkerOptions(isolation="thread", poll_interval_s=30))
+    try:
+        submitted = await submit(store, definition(tasks), workflow_id="chain")
+        running = [asyncio.create_task(coord.run(stop)), asyncio.create_task(worker.run(stop))]
+        began = time.monotonic()
+        while coord.stats.finished_workflows == 0:
+            assert time.monotonic() - began < 20, f"stalled after {coord.stats.dispatched} steps"
+            await asyncio.sleep(0.02)
+        found = await read_state(store, "chain", submitted.plan)
+        assert found is not None and found[0].status == "completed"
+    finally:
+        stop.set()
+        await asyncio.gather(*running, return_exceptions=True)
+        await store.close()
