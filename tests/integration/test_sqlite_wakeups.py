@@ -111,6 +111,24 @@ async def test_a_send_in_another_process_wakes_a_waiter_long_before_its_poll(
         await store.close()
 
 
+async def test_a_listener_that_comes_after_sends_is_rung_too(tmp_path: Path) -> None:
+    """A sender keeps the listing of a queue's sockets while the folder is unchanged:
+    one bound after its first sends is seen at the next (its folder changed)."""
+    db = tmp_path / "store.db"
+    store = open_sqlite_store(db)
+    try:
+        await store.queues.wait(QUEUE, 0.001)  # the queue's folder exists, with ours only
+        for _ in range(3):  # nobody else listens: the listing is kept
+            await store.queues.send(QUEUE, [OutgoingMessage(b"before")])
+        channel = store.queues._channel  # type: ignore[attr-defined]
+        assert channel.rung == 0
+        with peer("listen", db):
+            await store.queues.send(QUEUE, [OutgoingMessage(b"after")])
+            assert channel.rung == 1  # the new listener was rung at once
+    finally:
+        await store.close()
+
+
 async def test_without_the_channel_polling_still_delivers(tmp_path: Path) -> None:
     db = tmp_path / "store.db"
     wake_dir(db).write_text("not a folder")  # the sockets' folder cannot be made

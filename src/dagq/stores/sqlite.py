@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import re
 import sqlite3
@@ -74,6 +75,7 @@ from dagq.stores.common import (
     too_many_deliveries,
 )
 from dagq.stores.sqlite_changes import DataVersionWatch
+from dagq.stores.sqlite_claims import Ask, Claims
 from dagq.stores.sqlite_schema import SCHEMA, SCHEMA_VERSION
 from dagq.stores.sqlite_wakeups import WakeChannel
 from dagq.stores.transfer import PendingMessage
@@ -131,14 +133,15 @@ def open_sqlite_store(
             changes = _CHANGES[file.resolve()] = ChangeFeed(complete=True, source=watch)
     # Other processes on this file are woken through sockets beside it.
     channel = WakeChannel(file.resolve(), wakeups)
+    queues = SqliteQueues(db, wakeups, channel, max_deliveries)
     return Store(
         url=f"sqlite:///{file}",
         documents=SqliteDocuments(db),
-        queues=SqliteQueues(db, wakeups, channel, max_deliveries),
+        queues=queues,
         index=SqliteIndex(db, changes),
         leases=SqliteLeases(db),
-        closers=[channel.close, db.close],
-        committer=_Committer(db, wakeups, channel),
+        closers=[channel.close, db.close, queues.release_claims],
+        committer=_Committer(db, wakeups, channel, queues),
         changes=changes,
     )
 
@@ -157,6 +160,7 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn.create_function("dead_letter_reason", 1, too_many_deliveries, deterministic=True)
         if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
             _retry_while_locked(lambda: conn.executescript(SCHEMA))
+        conn.execute("PRAGMA busy_timeout = 0")  # waits in _patiently, in shorter pauses
     except sqlite3.Error as exc:
         conn.close()
         raise StoreUnavailable(f"cannot open sqlite store {path}: {exc}; {hint}") from exc
@@ -327,12 +331,51 @@ def _run(
     try:
         if conn is None:
             conn = connect()
-        result = work(conn)
+        result = _patiently(work, conn)
     except BaseException as exc:
         _settle(future, loop, None, exc)
     else:
         _settle(future, loop, result, None)
     return conn
+
+
+def _patiently(work: Callable[[sqlite3.Connection], _T], conn: sqlite3.Connection) -> _T:
+    """Run ``work``; while another process holds the write lock, try it again soon.
+
+    The writer's connection does not wait for a lock itself (``busy_timeout`` 0):
+    SQLite's own wait sleeps a whole millisecond first, then 2, 5 and more, while a
+    chain step's transactions hold the lock a tenth of that. Here the pauses start at
+    0.1 ms and double up to 2 ms, for up to ``BUSY_TIMEOUT_S`` in all. Trying again is
+    safe: the lock is taken by a transaction's first statement (``BEGIN IMMEDIATE``)
+    or by a lone statement, before anything was written.
+    """
+    pause = _FIRST_PAUSE_S
+    deadline = 0.0
+    while True:
+        try:
+            return work(conn)
+        except sqlite3.OperationalError as exc:
+            if not _busy(exc) or conn.in_transaction:
+                raise
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + BUSY_TIMEOUT_S
+            elif now >= deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, _LAST_PAUSE_S)
+
+
+#: The pauses of :func:`_patiently`.
+_FIRST_PAUSE_S = 0.0001
+_LAST_PAUSE_S = 0.002
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Did a statement fail because another connection holds the lock it needs?"""
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY or (
+        "database is locked" in str(exc)
+    )
 
 
 def _settle(
@@ -500,12 +543,19 @@ def _apply(c: sqlite3.Connection, op: BatchOp, now: float, etags: list[str]) -> 
 
 
 class _Committer:
-    """Commits a whole batch in one ``BEGIN IMMEDIATE`` transaction: all or nothing."""
+    """Commits a whole batch in one ``BEGIN IMMEDIATE`` transaction: all or nothing.
 
-    def __init__(self, db: _Database, wakeups: Wakeups, channel: WakeChannel) -> None:
+    A batch that sends to a queue on which a receive of this store waits claims the
+    messages for it in the same transaction (:mod:`dagq.stores.sqlite_claims`).
+    """
+
+    def __init__(
+        self, db: _Database, wakeups: Wakeups, channel: WakeChannel, queues: SqliteQueues
+    ) -> None:
         self._db = db
         self._wakeups = wakeups
         self._channel = channel
+        self._queues = queues
 
     async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
         now = self._db.clock()
@@ -517,6 +567,9 @@ class _Committer:
             with _immediate(c):
                 for op in ops:
                     _apply(c, op, now, etags)
+                claimed = self._queues.claim(c, queues, now) if queues else ()
+            for keep in claimed:  # committed: the waiting receives find them
+                keep()
             if queues:  # committed: ring other processes from here, not after the hop back
                 self._channel.ring(queues)
             return etags
@@ -552,6 +605,24 @@ RETURNING seq, id, body, receipt, dequeue_count, enqueued_at
 """
 
 
+def _take(
+    c: sqlite3.Connection, queue: str, now: float, *, vt: float, limit: int, most: int
+) -> list[Any]:
+    """A receive's statements, in the caller's transaction: messages delivered ``most``
+    times and due again are dead-lettered; up to ``limit`` visible ones are taken."""
+    if c.execute(_DEAD_LETTER_OVERDUE, (now, queue, most, now)).rowcount > 0:
+        c.execute(
+            "DELETE FROM messages INDEXED BY messages_overdue "
+            "WHERE queue = ? AND dequeue_count >= ? AND visible_at <= ?",
+            (queue, most, now),
+        )
+    return c.execute(_TAKE_VISIBLE, (now + vt, queue, now, limit)).fetchall()
+
+
+def _messages(queue: str, rows: list[Any]) -> list[Message]:
+    return [Message(queue, row[1], row[2], row[3], row[4], row[5]) for row in sorted(rows)]
+
+
 class SqliteQueues:
     """Messages in the ``messages`` table; a receive claims rows in one transaction."""
 
@@ -566,6 +637,9 @@ class SqliteQueues:
         self._channel = channel
         self._seen: dict[str, int] = {}
         self._max_deliveries = max_deliveries
+        #: What the last receive of each queue asked for (a claim asks the same).
+        self._asked: dict[str, Ask] = {}
+        self.claims = Claims()
 
     @property
     def wakes(self) -> bool:
@@ -591,24 +665,54 @@ class SqliteQueues:
         self, queue: str, *, max_messages: int, visibility_timeout_s: float
     ) -> list[Message]:
         check_receive(max_messages, visibility_timeout_s)
+        self._asked[queue] = Ask(max_messages, visibility_timeout_s)
+        claimed = self.claims.take(queue, max_messages)
+        if claimed is not None:  # a commit received them for this store already
+            messages, seen, again = claimed
+            self._seen[queue] = -1 if again else seen  # again: the next wait returns at once
+            return messages
         self._seen[queue] = self._wakeups.sends(queue)
         now = self._db.clock()
         most = self._max_deliveries
-        overdue = (now, queue, most, now)
-        take = (now + visibility_timeout_s, queue, now, max_messages)
 
         def work(c: sqlite3.Connection) -> list[Any]:
             with _immediate(c):
-                if c.execute(_DEAD_LETTER_OVERDUE, overdue).rowcount > 0:
-                    c.execute(
-                        "DELETE FROM messages INDEXED BY messages_overdue "
-                        "WHERE queue = ? AND dequeue_count >= ? AND visible_at <= ?",
-                        (queue, most, now),
-                    )
-                return c.execute(_TAKE_VISIBLE, take).fetchall()
+                return _take(c, queue, now, vt=visibility_timeout_s, limit=max_messages, most=most)
 
-        rows = sorted(await self._db.write(work))
-        return [Message(queue, row[1], row[2], row[3], row[4], row[5]) for row in rows]
+        rows = await self._db.write(work)
+        return _messages(queue, rows)
+
+    def claim(
+        self, c: sqlite3.Connection, queues: set[str], now: float
+    ) -> list[Callable[[], None]]:
+        """In a transaction that sends to ``queues``: receive for the receives of this
+        store waiting on them; what keeps the messages once it has committed."""
+        kept: list[Callable[[], None]] = []
+        for queue, asks in self.claims.waiting(queues).items():
+            wanted = sum(a.max_messages for a in asks)
+            vt = min(a.visibility_timeout_s for a in asks)
+            rows = _take(c, queue, now, vt=vt, limit=wanted, most=self._max_deliveries)
+            if rows:
+                seen = self._wakeups.sends(queue) + 1  # once this commit has announced it
+                messages = _messages(queue, rows)
+                capped = len(rows) >= wanted
+                kept.append(
+                    functools.partial(
+                        self.claims.keep, queue, messages, seen=seen, capped=capped, vt=vt
+                    )
+                )
+        return kept
+
+    async def release_claims(self) -> None:
+        """Make the messages claimed for receives that never took them visible again."""
+        kept = self.claims.release()
+        if not kept:
+            return
+        now = self._db.clock()
+        sql = "UPDATE messages SET visible_at = ? WHERE queue = ? AND receipt = ?"
+        rows = [(now, queue, receipt) for queue, receipt in kept]
+        with contextlib.suppress(StoreUnavailable):
+            await self._db.write(lambda c: c.executemany(sql, rows))
 
     async def delete(self, queue: str, receipts: Sequence[str]) -> int:
         def work(c: sqlite3.Connection) -> int:
@@ -709,7 +813,15 @@ class SqliteQueues:
         # A send from another process rings this process's socket for the queue: from
         # the first wait on, so one made before that is found by the next poll.
         self._channel.listen(queue)
-        await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
+        ask = self._asked.get(queue)
+        if ask is None or timeout_s <= 0:
+            await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
+            return
+        self.claims.ask(queue, ask)  # a send this store commits meanwhile receives for it
+        try:
+            await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
+        finally:
+            self.claims.withdraw(queue, ask)
 
     async def pending(self, *, after: int, limit: int) -> list[tuple[int, PendingMessage]]:
         """Queued messages of every queue after row ``after``, read without receiving
