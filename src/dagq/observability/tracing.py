@@ -280,6 +280,8 @@ def emit(
     finished = _on.finished
     if finished is None:
         return
+    start_ns = int(start_s * 1e9)
+    end_ns = int(end_s * 1e9)
     finished.put(
         (
             name,
@@ -289,8 +291,8 @@ def emit(
             kind,
             attributes,
             links,
-            int(start_s * 1e9),
-            int(max(end_s, start_s) * 1e9),
+            start_ns,
+            end_ns if end_ns > start_ns else start_ns,
             error,
         )
     )
