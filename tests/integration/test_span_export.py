@@ -86,3 +86,32 @@ def test_spans_go_out_through_the_helper_process_flushed_and_at_exit() -> None:
     assert send.kind == 4  # SPAN_KIND_PRODUCER
     (timer,) = [s for s in receiver.snapshot() if s.name == "wait timer"]
     assert timer.trace_id == run.trace_id and timer.parent_id == run.span_id
+
+
+_CONSOLE_PROBE = """
+import time
+from dagq.observability import spans, tracing
+
+assert tracing.configure("dagq-probe", forward=True)
+now = time.time()
+spans.run_ended("console-1", "probe", epoch=0, status="completed", start_s=now - 1, end_s=now)
+tracing.flush()
+tracing.shutdown()
+"""
+
+
+def test_the_console_exporter_still_gets_sdk_spans_from_the_helper() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_TRACES_EXPORTER"] = "console"
+    done = subprocess.run(
+        [sys.executable, "-c", _CONSOLE_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # The helper (its stdout is the probe's) printed the SDK's JSON of the span.
+    assert '"name": "run"' in done.stdout, done.stdout + done.stderr
+    assert f"0x{ids.trace_id('console-1'):032x}" in done.stdout

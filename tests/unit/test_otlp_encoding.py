@@ -5,6 +5,7 @@ generated ones."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dagq import embedded
-from dagq.observability import ids, otlp, spans, tracing
+from dagq.observability import exporting, ids, otlp, spans, tracing
 from dagq.observability.tracing import Record
 from dagq.stores.memory import open_memory_store
 from tests.helpers import definition
@@ -180,3 +181,23 @@ _records = st.tuples(
 @given(st.lists(_records, min_size=1, max_size=8))
 def test_any_records_encode_as_the_sdk_encodes_them(records: list[Any]) -> None:
     assert_same_as_the_sdk(records)
+
+
+def test_the_helper_encodes_itself_for_otlp_and_leaves_the_console_to_the_sdk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in [k for k in os.environ if k.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    direct = exporting.Direct.made("dagq-test")
+    assert direct is not None  # the exporter still has a client that posts bytes
+    try:
+        record: Record = ("one", 5, 6, None, "internal", None, (), 1, 2, None)
+        request = ExportTraceServiceRequest.FromString(direct.encoder.request([record]))
+        attributes = {a.key: a.value for a in request.resource_spans[0].resource.attributes}
+        assert attributes["service.name"].string_value == "dagq-test"
+        assert "telemetry.sdk.version" in attributes  # the SDK's own resource detection
+    finally:
+        direct.shutdown()
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    assert exporting.Direct.made("dagq-test") is None
