@@ -9,19 +9,22 @@ of its stdin exports what it has and exits.
 With the OTLP exporter (the default), the records are encoded straight into the
 request's protobuf (:mod:`dagq.observability.otlp`) and posted by the standard
 exporter's HTTP client (its endpoint, headers, compression, timeout, TLS and retries,
-all from the environment), as many as the pipe holds at once, up to
-``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` a request. Otherwise (the console exporter, or an
-exporter without that client) each record becomes an SDK span for a
+all from the environment) in a thread of its own, as many as wait, up to
+``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` a request; past ``OTEL_BSP_MAX_QUEUE_SIZE`` waiting
+spans (default :data:`QUEUE_SIZE`), new ones are dropped, so a slow collector never
+stops this process reading (nor the traced process writing). Otherwise (the console
+exporter, or an exporter without that client) each record becomes an SDK span for a
 BatchSpanProcessor.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import pickle
-import select
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -97,23 +100,78 @@ def main(argv: list[str]) -> int:
     direct = Direct.made(service)
     if direct is None:
         return _through_the_sdk(service, acks)
-    stdin = sys.stdin.buffer
-    pending: list[Record] = []
-    for message in _messages(stdin):
+    limit = _setting("OTEL_BSP_MAX_QUEUE_SIZE", QUEUE_SIZE)
+    sending = Sending(direct, acks, limit)
+    thread = threading.Thread(target=sending.run, name="dagq-span-export", daemon=True)
+    thread.start()
+    for message in _messages(sys.stdin.buffer):
         if message[0] == "spans":
-            pending += message[1]
-            # More already waiting in the pipe joins this request (up to a batch).
-            if len(pending) < direct.batch_size and select.select([stdin], [], [], 0)[0]:
-                continue
-            direct.export(pending)
-            pending = []
+            sending.add(message[1])
         elif message[0] == "flush":
-            direct.export(pending)
-            pending = []
-            os.write(acks, b".")
-    direct.export(pending)
+            sending.flush()
+    sending.end()
+    thread.join()
     direct.shutdown()
     return 0
+
+
+class Sending:
+    """Records waiting for the export thread. Reading the pipe never waits for an
+    export (a slow or unreachable collector): past ``limit`` waiting spans, the new
+    ones are dropped (said once), as the SDK's batch processor drops them."""
+
+    def __init__(self, direct: Direct, acks: int, limit: int) -> None:
+        self.direct, self.acks, self.limit = direct, acks, limit
+        #: Records, and flush marks (None) to answer once what came before is sent.
+        self.queue: collections.deque[Record | None] = collections.deque()
+        self.waiting = 0
+        self.ended = False
+        self.dropped = 0
+        self.ready = threading.Condition()
+
+    def add(self, records: list[Record]) -> None:
+        with self.ready:
+            if self.waiting + len(records) > self.limit:
+                if not self.dropped:
+                    log.warning("spans come faster than they are exported: dropping some")
+                self.dropped += len(records)
+                return
+            self.queue.extend(records)
+            self.waiting += len(records)
+            self.ready.notify()
+
+    def flush(self) -> None:
+        with self.ready:
+            self.queue.append(None)
+            self.ready.notify()
+
+    def end(self) -> None:
+        with self.ready:
+            self.ended = True
+            self.ready.notify()
+
+    def run(self) -> None:
+        """Export what waits, as many records a request as wait (up to a batch)."""
+        size = self.direct.batch_size
+        while True:
+            with self.ready:
+                while not self.queue and not self.ended:
+                    self.ready.wait()
+                if not self.queue:
+                    return
+                batch: list[Record] = []
+                flush = False
+                while self.queue and len(batch) < size:
+                    item = self.queue.popleft()
+                    if item is None:
+                        flush = True
+                        break
+                    batch.append(item)
+                self.waiting -= len(batch)
+            if batch:
+                self.direct.export(batch)
+            if flush:
+                os.write(self.acks, b".")
 
 
 def _through_the_sdk(service: str, acks: int) -> int:
