@@ -86,6 +86,9 @@ def median_of(results: list[dict[str, Any]]) -> dict[str, Any]:
         "loop_lag_max_ms",
         "loop_lag_p99_ms",
         "cpu_s",
+        "helper_cpu_s",
+        "tree_cpu_s",
+        "tree_cpu_us_per_task",
         "startup_s",
         "run_s",
         "waited_s",
@@ -242,6 +245,7 @@ def _table(summaries: list[dict[str, Any]], runs: int, notes: list[str]) -> None
         "ops/task",
         "tx/task",
         "lag max/p99 ms",
+        "CPU µs/task†",
     )
     rows = [_row(s, summaries) for s in summaries]
     # A column no run has a figure for (telemetry all off, no peer, ...) is left out.
@@ -261,6 +265,10 @@ def _table(summaries: list[dict[str, Any]], runs: int, notes: list[str]) -> None
     console.print(
         "* client, internal: the one process; dagq run: its largest process;"
         " cluster: coordinator/worker-1/worker-2"
+    )
+    console.print(
+        "† CPU of every process of the run (the benchmark, dagq run or the cluster's"
+        " processes, pool processes, span-exporting helpers), start-up included, per task"
     )
     for note in notes:
         print(note)
@@ -296,6 +304,7 @@ def _row(s: dict[str, Any], summaries: list[dict[str, Any]]) -> tuple[str, ...]:
         str(s.get("ops_per_task", "-")),
         str(s.get("transactions_per_task", "-")),
         lag,
+        f"{s['tree_cpu_us_per_task']:,.0f}" if "tree_cpu_us_per_task" in s else "-",
     )
 
 

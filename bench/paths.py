@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 TASKS_FILE = Path(__file__).with_name("tasks.py")
 
 
-def dagq_run(workload: str, size: str, timeout_s: float = 1800) -> dict[str, Any]:
-    """``dagq run w.yaml`` in a fresh directory, default options; timed from launch."""
+def dagq_run(
+    workload: str, size: str, timeout_s: float = 1800, options: Sequence[str] = ()
+) -> dict[str, Any]:
+    """``dagq run w.yaml`` in a fresh directory, default options (and ``options``);
+    timed from launch."""
     dagq = str(Path(sys.executable).with_name("dagq"))
     with tempfile.TemporaryDirectory(prefix="dagq-bench-run-") as tmp:
         directory = Path(tmp)
@@ -55,7 +59,7 @@ def dagq_run(workload: str, size: str, timeout_s: float = 1800) -> dict[str, Any
         env = {k: v for k, v in os.environ.items() if not k.startswith("DAGQ_")}
         launched = time.time()
         done = subprocess.run(
-            [dagq, "run", "w.yaml"],
+            [dagq, "run", "w.yaml", *options],
             cwd=directory,
             env=env,
             capture_output=True,

@@ -165,11 +165,10 @@ async def multiproc(
     dagq = str(Path(sys.executable).with_name("dagq"))
     env = {**os.environ, "DAGQ_STORE": url}
     per_worker = max(1, workers // 2)
-    commands = {
-        "coordinator": [dagq, "coordinator", "--log-interval", "3600"],
-        "worker-1": [dagq, "worker", "-c", str(per_worker), "--import-path", str(ROOT)],
-        "worker-2": [dagq, "worker", "-c", str(per_worker), "--import-path", str(ROOT)],
-    }
+    commands = {"coordinator": [dagq, "coordinator", "--log-interval", "3600", *metrics_options()]}
+    for name in ("worker-1", "worker-2"):
+        commands[name] = [dagq, "worker", "-c", str(per_worker), "--import-path", str(ROOT)]
+        commands[name] += metrics_options()
     processes = {
         name: subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
         for name, cmd in commands.items()
@@ -219,6 +218,47 @@ async def _cluster_ready(
     raise SystemExit("the coordinator and workers did not start within 120 s")
 
 
+def _closed(
+    result: dict[str, Any], sink: subprocess.Popen[bytes] | None, tree_started: float
+) -> None:
+    """Telemetry stopped (what is still buffered goes out, not timed) and the sink with it;
+    the CPU figures of the processes in ``result``."""
+    if sink is not None:
+        helper = _helper_cpu()
+        observability.stop()
+        if helper is not None:
+            result["helper_cpu_s"] = round(helper, 4)
+    # This process and every process it waited for (dagq run and its pool processes,
+    # a cluster's processes, the span-exporting helpers), start-up included; not the sink.
+    result["tree_cpu_s"] = round(_tree_cpu() - tree_started, 4)
+    result["tree_cpu_us_per_task"] = round(result["tree_cpu_s"] / result["tasks"] * 1e6, 1)
+    if sink is not None:
+        sink.kill()
+        sink.wait()
+
+
+def _tree_cpu() -> float:
+    """CPU seconds of this process and of the children it has waited for."""
+    own, children = (
+        resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _helper_cpu() -> float | None:
+    """CPU seconds of this process's span-exporting helper so far, once it has exported
+    what it was given (None without one)."""
+    from dagq.observability import tracing
+
+    forwarder = tracing._on.forwarder
+    helper = getattr(forwarder, "_helper", None)
+    if helper is None:
+        return None
+    tracing.flush()
+    fields = Path(f"/proc/{helper.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -264,20 +304,34 @@ def _step_gaps(st: RunState) -> list[float]:
     return [starts[i + 1] - ends[i] for i in range(len(ends) - 1) if starts[i + 1] >= ends[i] >= 0]
 
 
-def _telemetry() -> subprocess.Popen[bytes]:
+def _telemetry(here: bool) -> subprocess.Popen[bytes]:
     """Turn traces and metrics on, as ``OTEL_EXPORTER_OTLP_ENDPOINT`` and
-    ``--metrics-port`` would (child processes inherit the endpoint); the sink."""
+    ``--metrics-port`` would (child processes inherit the endpoint; the ``dagq``
+    processes get a ``--metrics-port`` each); in this process too if ``here`` (it runs
+    the coordinator and worker, or submits). The sink."""
     sink = subprocess.Popen(
         [sys.executable, "-m", "bench.otlp_sink"], cwd=ROOT, stdout=subprocess.PIPE
     )
     assert sink.stdout is not None
     port = int(sink.stdout.readline())
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
+    if here:
+        observability.start("bench", free_port())
+    return sink
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        metrics_port = s.getsockname()[1]
-    observability.start("bench", metrics_port)
-    return sink
+        return int(s.getsockname()[1])
+
+
+def metrics_options() -> list[str]:
+    """``--metrics-port PORT`` for a ``dagq`` process when telemetry is on, else none."""
+    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return []
+    return ["--metrics-port", str(free_port())]
 
 
 @contextlib.contextmanager
@@ -350,7 +404,8 @@ def main() -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     definition = build()
-    sink = _telemetry() if args.telemetry else None
+    tree_started = _tree_cpu()
+    sink = _telemetry(args.mode != "run") if args.telemetry else None
     where = {"workload": args.workload, "size": args.size}
     if args.mode == "inproc":
         check = final(args.workload, args.size)
@@ -364,7 +419,7 @@ def main() -> None:
     if args.mode == "run":
         if args.store != "sqlite":
             raise SystemExit("error: mode 'run' runs dagq run with its default store (sqlite)")
-        result = dagq_run(args.workload, args.size)
+        result = dagq_run(args.workload, args.size, options=metrics_options())
     elif args.slow_callbacks:
         meter = SlowCallbacks(args.slow_callbacks / 1000)
         with meter.installed():
@@ -373,10 +428,7 @@ def main() -> None:
         result["loop_cpu_max_ms"] = round(meter.iteration_cpu_max_s * 1000, 2)
     else:
         result = _with_store(args, body, definition, count)
-    if sink is not None:
-        observability.stop()  # what is still buffered goes out (not timed)
-        sink.kill()
-        sink.wait()
+    _closed(result, sink, tree_started)
     result.setdefault("slots", args.workers)
     chain = args.workload == "W2"
     if not chain:

@@ -228,6 +228,18 @@ def test_benchmark_runs_with_telemetry_off_and_on() -> None:
         (w, t) for w in ("W1", "W2") for t in (False, True)
     }
     assert all(r["status"] == ["completed"] and r["cpu_s"] > 0 for r in lines)
+    assert all(r["tree_cpu_s"] >= r["cpu_s"] for r in lines)  # the helper's CPU is in it
+    assert all(r["helper_cpu_s"] > 0 for r in lines if r["telemetry"])
+
+
+@pytest.mark.timeout(240)
+def test_dagq_run_and_the_cluster_run_with_telemetry_on() -> None:
+    _, lines = _bench(
+        "--workloads", "W1", "--telemetry", "on", "--modes", "run,multiproc", timeout=230
+    )
+    assert {(r["mode"], r["telemetry"]) for r in lines} == {("run", True), ("multiproc", True)}
+    assert all(r["status"] == ["completed"] and r["result_ok"] for r in lines)
+    assert all(r["tree_cpu_us_per_task"] > 0 for r in lines)
 
 
 @pytest.mark.timeout(180)

@@ -9,8 +9,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from dagq.observability import ids
 from tests.integration.cli_harness import wait_until
@@ -86,3 +90,91 @@ def test_spans_go_out_through_the_helper_process_flushed_and_at_exit() -> None:
     assert send.kind == 4  # SPAN_KIND_PRODUCER
     (timer,) = [s for s in receiver.snapshot() if s.name == "wait timer"]
     assert timer.trace_id == run.trace_id and timer.parent_id == run.span_id
+
+
+_CONSOLE_PROBE = """
+import time
+from dagq.observability import spans, tracing
+
+assert tracing.configure("dagq-probe", forward=True)
+now = time.time()
+spans.run_ended("console-1", "probe", epoch=0, status="completed", start_s=now - 1, end_s=now)
+tracing.flush()
+tracing.shutdown()
+"""
+
+
+def test_the_console_exporter_still_gets_sdk_spans_from_the_helper() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_TRACES_EXPORTER"] = "console"
+    done = subprocess.run(
+        [sys.executable, "-c", _CONSOLE_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # The helper (its stdout is the probe's) printed the SDK's JSON of the span.
+    assert '"name": "run"' in done.stdout, done.stdout + done.stderr
+    assert f"0x{ids.trace_id('console-1'):032x}" in done.stdout
+
+
+_BUSY_PROBE = """
+import time
+from dagq.observability import spans, tracing
+
+assert tracing.configure("dagq-probe", forward=True)
+now = time.time()
+for i in range(3000):
+    spans.waited("timer", workflow_id=f"busy-{i}", workflow_name="probe", epoch=0,
+                 start_s=now, end_s=now)
+started = time.monotonic()
+tracing.shutdown()  # what was taken is exported; the rest was dropped, not waited for
+print(round(time.monotonic() - started, 2), flush=True)
+"""
+
+
+def test_a_slow_collector_makes_the_helper_drop_spans_not_the_process_wait() -> None:
+    received: list[int] = []
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            request = ExportTraceServiceRequest.FromString(body)
+            time.sleep(0.5)  # a collector answering slowly
+            received.append(
+                sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+            )
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{server.server_port}"
+    env["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"] = "100"
+    env["OTEL_BSP_MAX_QUEUE_SIZE"] = "500"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _BUSY_PROBE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stderr
+    # Waiting for all 3,000 at 100 a request would take 15 s; 500 wait at most (2.5 s).
+    assert float(done.stdout.strip()) < 8, done.stderr
+    assert "dropping some" in done.stderr
+    assert 0 < sum(received) < 3000
+    assert max(received) <= 100

@@ -3,12 +3,42 @@ and the task metrics (docs/architecture.md §7)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from dagq import keys
 from dagq.messages import TaskMessage
 from dagq.observability import ids, metrics, spans, tracing
 from dagq.observability.tracing import SpanRef
+
+
+@dataclass(frozen=True, slots=True)
+class _OnQueue:
+    """What every traced attempt of one run's epoch on one queue shares, made once."""
+
+    trace: int
+    #: ``00-TRACE-``: a traceparent of this trace up to its span id.
+    trace_part: str
+    run_span: int
+    wait_name: str
+    process_name: str
+    #: The ``process`` span's attributes but the attempt's own (copied, never changed).
+    common: dict[str, str | int | float | bool]
+
+
+@functools.lru_cache(maxsize=1024)
+def _on_queue(
+    store_url: str, queue: str, workflow_id: str, workflow_name: str, epoch: int
+) -> _OnQueue:
+    trace = ids.trace_id(workflow_id)
+    return _OnQueue(
+        trace=trace,
+        trace_part=ids.traceparent(trace, 0)[:36],
+        run_span=ids.run_span_id(workflow_id, epoch),
+        wait_name=f"wait {queue}",
+        process_name=f"process {queue}",
+        common=spans.attempt_common(store_url, "process", queue, workflow_id, workflow_name),
+    )
 
 
 @dataclass(slots=True)
@@ -28,6 +58,7 @@ class Attempt:
     started_at: float = 0.0
     attributes: dict[str, str | int | float | bool] = field(default_factory=dict)
     links: tuple[SpanRef, ...] = ()
+    on_queue: _OnQueue | None = None
 
 
 def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now: float) -> Attempt:
@@ -40,33 +71,33 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
         recorder.waited(queue, received_at - task.due_at, task.workflow_id)
     if not tracing.enabled():
         return attempt
-    trace = ids.trace_id(task.workflow_id)
+    shared = _on_queue(store_url, queue, task.workflow_id, task.workflow_name, task.epoch)
+    trace = shared.trace
     sent: SpanRef | None = None
-    if task.traceparent:  # as the coordinator makes it (a quick check), or any other
-        span = ids.span_in(task.traceparent, trace)
-        sent = (trace, span) if span else ids.parse_traceparent(task.traceparent)
+    traceparent = task.traceparent
+    if traceparent:  # as the coordinator makes it (a quick check), or any other
+        span = 0
+        if len(traceparent) == 55 and traceparent.startswith(shared.trace_part):
+            try:
+                span = int(traceparent[36:52], 16)
+            except ValueError:
+                span = 0
+        sent = (trace, span) if span else ids.parse_traceparent(traceparent)
     if sent is not None and task.due_at:
         tracing.emit(
-            f"wait {queue}",
+            shared.wait_name,
             trace=trace,
             parent=sent[1],
             start_s=task.due_at,
             end_s=received_at,
             attributes={"dagq.task.name": name, "dagq.attempt": task.attempt},
         )
-    attempt.span_id = ids.new_span_id()
-    attempt.traceparent = ids.traceparent(trace, attempt.span_id)
+    span_id = attempt.span_id = ids.new_span_id()
+    attempt.traceparent = f"{shared.trace_part}{span_id:016x}-01"
     attempt.started_at = now
-    attempt.attributes = spans.attempt_attributes(
-        store_url=store_url,
-        operation="process",
-        queue=queue,
-        workflow_id=task.workflow_id,
-        workflow_name=task.workflow_name,
-        task=name,
-        attempt=task.attempt,
-    )
+    attempt.attributes = {**shared.common, "dagq.task.name": name, "dagq.attempt": task.attempt}
     attempt.links = () if sent is None else (sent,)
+    attempt.on_queue = shared
     return attempt
 
 
@@ -77,13 +108,13 @@ def end(
     recorder = metrics.current()
     if recorder is not None:
         recorder.task_finished(attempt.queue, ok, duration_s, attempt.task.workflow_id)
-    if attempt.span_id and tracing.enabled():
-        task = attempt.task
+    shared = attempt.on_queue
+    if attempt.span_id and shared is not None and tracing.enabled():
         tracing.emit(
-            f"process {attempt.queue}",
-            trace=ids.trace_id(task.workflow_id),
+            shared.process_name,
+            trace=shared.trace,
             span_id=attempt.span_id,
-            parent=ids.run_span_id(task.workflow_id, task.epoch),
+            parent=shared.run_span,
             kind="consumer",
             start_s=attempt.started_at,
             end_s=end_s,

@@ -2,21 +2,36 @@
 exports the spans of a dagq process (:mod:`dagq.observability.forwarding`).
 
 It reads length-prefixed pickled messages from its stdin — ``("spans", [record, ...])``
-and ``("flush",)`` — turns each record into an SDK span for a provider configured by
-the ``OTEL_*`` environment (a BatchSpanProcessor and the OTLP exporter), answers a
-flush with a byte on ``ACK_FD`` once everything is exported, and at the end of its
-stdin exports what it has and exits.
+and ``("flush",)`` — and exports the records to where the ``OTEL_*`` environment says,
+answers a flush with a byte on ``ACK_FD`` once everything is exported, and at the end
+of its stdin exports what it has and exits.
+
+With the OTLP exporter (the default), the records are encoded straight into the
+request's protobuf (:mod:`dagq.observability.otlp`) and posted by the standard
+exporter's HTTP client (its endpoint, headers, compression, timeout, TLS and retries,
+all from the environment) in a thread of its own, as many as wait, up to
+``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` a request; past ``OTEL_BSP_MAX_QUEUE_SIZE`` waiting
+spans (default :data:`QUEUE_SIZE`), new ones are dropped, so a slow collector never
+stops this process reading (nor the traced process writing). Otherwise (the console
+exporter, or an exporter without that client) each record becomes an SDK span for a
+BatchSpanProcessor.
 """
 
 from __future__ import annotations
 
+import collections
+import logging
 import os
 import pickle
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from dagq.observability import tracing
+from dagq.observability import otlp, tracing
+from dagq.observability.tracing import Record
+
+log = logging.getLogger("dagq.observability")
 
 #: The batch processor's queue when ``OTEL_BSP_MAX_QUEUE_SIZE`` does not say: larger
 #: than the SDK's 2,048, since spans arrive here by the batch, as fast as they are read.
@@ -32,8 +47,134 @@ def _messages(stream: IO[bytes]) -> Iterator[tuple[Any, ...]]:
         yield pickle.loads(body)  # from the process that started this one
 
 
+class Direct:
+    """Encodes records into OTLP requests itself and posts them with the standard
+    exporter's HTTP client."""
+
+    def __init__(self, encoder: otlp.Encoder, post: Callable[[bytes], Any], exporter: Any) -> None:
+        self.encoder = encoder
+        self.post = post
+        self.exporter = exporter
+        self.batch_size = max(1, _setting("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
+
+    @classmethod
+    def made(cls, service: str) -> Direct | None:
+        """One for this environment, or None if the exporter is not OTLP/HTTP (or has no
+        client to post bytes with: another version of it)."""
+        if tracing.exporter_kind() != "otlp":
+            return None
+        exporter = tracing.span_exporter()
+        post = getattr(getattr(exporter, "_client", None), "export", None)
+        if not callable(post):
+            exporter.shutdown()
+            return None
+        resource = tracing.resource(service)
+        encoder = otlp.Encoder(resource.attributes, resource_schema_url=resource.schema_url or "")
+        return cls(encoder, post, exporter)
+
+    def export(self, records: list[Record]) -> None:
+        size = self.batch_size
+        for i in range(0, len(records), size):
+            try:
+                data = self.encoder.request(records[i : i + size])
+            except Exception as exc:  # as the SDK's exporter: the batch is lost, said so
+                log.error("cannot encode %d spans: %s", len(records[i : i + size]), exc)
+                continue
+            result = self.post(data)  # the client logs a failure itself
+            if not getattr(result, "success", True):
+                log.debug("an export of %d spans failed", len(records[i : i + size]))
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+
+def _setting(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
 def main(argv: list[str]) -> int:
     service, acks = argv[0], int(argv[1])
+    direct = Direct.made(service)
+    if direct is None:
+        return _through_the_sdk(service, acks)
+    limit = _setting("OTEL_BSP_MAX_QUEUE_SIZE", QUEUE_SIZE)
+    sending = Sending(direct, acks, limit)
+    thread = threading.Thread(target=sending.run, name="dagq-span-export", daemon=True)
+    thread.start()
+    for message in _messages(sys.stdin.buffer):
+        if message[0] == "spans":
+            sending.add(message[1])
+        elif message[0] == "flush":
+            sending.flush()
+    sending.end()
+    thread.join()
+    direct.shutdown()
+    return 0
+
+
+class Sending:
+    """Records waiting for the export thread. Reading the pipe never waits for an
+    export (a slow or unreachable collector): past ``limit`` waiting spans, the new
+    ones are dropped (said once), as the SDK's batch processor drops them."""
+
+    def __init__(self, direct: Direct, acks: int, limit: int) -> None:
+        self.direct, self.acks, self.limit = direct, acks, limit
+        #: Records, and flush marks (None) to answer once what came before is sent.
+        self.queue: collections.deque[Record | None] = collections.deque()
+        self.waiting = 0
+        self.ended = False
+        self.dropped = 0
+        self.ready = threading.Condition()
+
+    def add(self, records: list[Record]) -> None:
+        with self.ready:
+            if self.waiting + len(records) > self.limit:
+                if not self.dropped:
+                    log.warning("spans come faster than they are exported: dropping some")
+                self.dropped += len(records)
+                return
+            self.queue.extend(records)
+            self.waiting += len(records)
+            self.ready.notify()
+
+    def flush(self) -> None:
+        with self.ready:
+            self.queue.append(None)
+            self.ready.notify()
+
+    def end(self) -> None:
+        with self.ready:
+            self.ended = True
+            self.ready.notify()
+
+    def run(self) -> None:
+        """Export what waits, as many records a request as wait (up to a batch)."""
+        size = self.direct.batch_size
+        while True:
+            with self.ready:
+                while not self.queue and not self.ended:
+                    self.ready.wait()
+                if not self.queue:
+                    return
+                batch: list[Record] = []
+                flush = False
+                while self.queue and len(batch) < size:
+                    item = self.queue.popleft()
+                    if item is None:
+                        flush = True
+                        break
+                    batch.append(item)
+                self.waiting -= len(batch)
+            if batch:
+                self.direct.export(batch)
+            if flush:
+                os.write(self.acks, b".")
+
+
+def _through_the_sdk(service: str, acks: int) -> int:
     queue_size = None if os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") else QUEUE_SIZE
     provider = tracing.exporting_provider(service, max_queue_size=queue_size)
     finished = tracing.Finished(provider)

@@ -51,15 +51,16 @@ def attempt_attributes(
     attempt: int,
 ) -> dict[str, str | int | float | bool]:
     """Attributes of an attempt's ``process`` span."""
-    common = _attempt_common(store_url, operation, queue, workflow_id, workflow_name)
+    common = attempt_common(store_url, operation, queue, workflow_id, workflow_name)
     return {**common, "dagq.task.name": task, "dagq.attempt": attempt}
 
 
 @functools.lru_cache(maxsize=1024)
-def _attempt_common(
+def attempt_common(
     store_url: str, operation: str, queue: str, workflow_id: str, workflow_name: str
 ) -> dict[str, str | int | float | bool]:
-    # What the attempts of a run on a queue share, made once (copied, never changed).
+    """What the attempts of a run on a queue share, made once (copy it: never change
+    it)."""
     out = run_attributes(workflow_id, workflow_name)
     out.update(
         {
@@ -136,15 +137,7 @@ def sent(
         return
     trace = ids.trace_id(workflow_id)
     parent = ids.run_span_id(workflow_id, epoch)
-    span_name = f"send {queue}"
-    # Spans made by the thousand carry what tells them apart; the run's span and the
-    # process spans carry the rest (workflow id and name, dagq.queue). Each attribute
-    # costs the OTLP exporter ~15 µs a span to encode (README "Observability").
-    common = {
-        "messaging.system": system(store_url),
-        "messaging.operation.type": "send",
-        "messaging.destination.name": queue,
-    }
+    span_name, common = _send_common(store_url, queue)
     for span_id, name, attempt, _message_id in sends:
         if not span_id:
             continue
@@ -162,6 +155,18 @@ def sent(
                 "dagq.attempt": attempt,
             },
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _send_common(store_url: str, queue: str) -> tuple[str, dict[str, str | int | float | bool]]:
+    # Spans made by the thousand carry what tells them apart; the run's span and the
+    # process spans carry the rest (workflow id and name, dagq.queue). Made once per
+    # queue (copied, never changed).
+    return f"send {queue}", {
+        "messaging.system": system(store_url),
+        "messaging.operation.type": "send",
+        "messaging.destination.name": queue,
+    }
 
 
 def waited(

@@ -116,17 +116,33 @@ def exporting_provider(
     """A provider exporting by the ``OTEL_*`` environment through a BatchSpanProcessor
     (made with the first span if ``lazily``); ``service``: the default ``service.name``
     (``OTEL_SERVICE_NAME`` wins)."""
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service}
-    provider = TracerProvider(resource=Resource.create(attributes))
+    provider = TracerProvider(resource=resource(service))
     if lazily:
         provider.add_span_processor(_on_first_span())
     else:
-        provider.add_span_processor(BatchSpanProcessor(_exporter(), max_queue_size=max_queue_size))
+        provider.add_span_processor(
+            BatchSpanProcessor(span_exporter(), max_queue_size=max_queue_size)
+        )
     return provider
+
+
+def resource(service: str) -> Any:
+    """The SDK's resource for this process, by the ``OTEL_*`` environment (``service``:
+    the default ``service.name``; ``OTEL_SERVICE_NAME`` wins)."""
+    from opentelemetry.sdk.resources import Resource
+
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service}
+    return Resource.create(attributes)
+
+
+def exporter_kind() -> str:
+    """``OTEL_TRACES_EXPORTER``: ``otlp`` (the default, and what dagq uses for any it
+    does not support) or ``console``."""
+    kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
+    return "console" if kind == "console" else "otlp"
 
 
 def _on_first_span() -> Any:
@@ -145,7 +161,7 @@ def _on_first_span() -> Any:
         def batch(self) -> BatchSpanProcessor:
             with self.lock:
                 if self.made is None:
-                    self.made = BatchSpanProcessor(_exporter())
+                    self.made = BatchSpanProcessor(span_exporter())
                 return self.made
 
         def on_start(self, span: Any, parent_context: Any = None) -> None:
@@ -164,9 +180,10 @@ def _on_first_span() -> Any:
     return OnFirstSpan()
 
 
-def _exporter() -> Any:
+def span_exporter() -> Any:
+    """The span exporter the ``OTEL_*`` environment asks for (OTLP/HTTP or the console)."""
     kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
-    if kind == "console":
+    if exporter_kind() == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
@@ -263,6 +280,8 @@ def emit(
     finished = _on.finished
     if finished is None:
         return
+    start_ns = int(start_s * 1e9)
+    end_ns = int(end_s * 1e9)
     finished.put(
         (
             name,
@@ -272,8 +291,8 @@ def emit(
             kind,
             attributes,
             links,
-            int(start_s * 1e9),
-            int(max(end_s, start_s) * 1e9),
+            start_ns,
+            end_ns if end_ns > start_ns else start_ns,
             error,
         )
     )

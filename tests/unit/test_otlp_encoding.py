@@ -1,0 +1,203 @@
+"""The span-exporting helper's own OTLP encoder (:mod:`dagq.observability.otlp`) writes
+the very request the SDK's exporter writes for the same spans: both are decoded with
+the ``opentelemetry-proto`` classes and compared, for a real run's spans and for
+generated ones."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from dagq import embedded
+from dagq.observability import exporting, ids, otlp, spans, tracing
+from dagq.observability.tracing import Record
+from dagq.stores.memory import open_memory_store
+from tests.helpers import definition
+
+pytestmark = pytest.mark.timeout(60)
+
+RESOURCE = Resource.create({"service.name": "dagq-test", "deployment.environment": "ci"})
+
+
+def through_the_sdk(records: Sequence[Record], resource: Resource = RESOURCE) -> list[ReadableSpan]:
+    """The SDK spans the records make (as the helper made them before it encoded)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    finished = tracing.Finished(provider)
+    for record in records:
+        finished.put(record)
+    return list(exporter.get_finished_spans())
+
+
+def decoded(records: Sequence[Record], resource: Resource = RESOURCE) -> ExportTraceServiceRequest:
+    encoder = otlp.Encoder(resource.attributes, resource_schema_url=resource.schema_url)
+    return ExportTraceServiceRequest.FromString(encoder.request(records))
+
+
+def assert_same_as_the_sdk(records: Sequence[Record], resource: Resource = RESOURCE) -> None:
+    expected = encode_spans(through_the_sdk(records, resource))
+    found = decoded(records, resource)
+    assert len(found.resource_spans[0].scope_spans[0].spans) == len(records)
+    # Compared span by span first, so a difference names its span.
+    for want, got in zip(
+        expected.resource_spans[0].scope_spans[0].spans,
+        found.resource_spans[0].scope_spans[0].spans,
+        strict=True,
+    ):
+        assert got == want
+    assert found == expected
+
+
+class Recording:
+    """Keeps the records dagq emits (and hands them on)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.records: list[Record] = []
+
+    def put(self, record: Record) -> None:
+        self.records.append(record)
+        self.inner.put(record)
+
+
+@pytest.fixture
+def recording() -> Iterator[Recording]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    tracing.install(provider)
+    tee = Recording(tracing._on.finished)
+    tracing._on.finished = tee
+    try:
+        yield tee
+    finally:
+        tracing.install(None)
+
+
+async def test_a_runs_spans_encode_as_the_sdk_encodes_them(recording: Recording) -> None:
+    result = await embedded.run_async(
+        definition(
+            [
+                {"name": "a", "cmd": "true"},
+                {"name": "b", "cmd": "exit 3", "depends_on": ["a"]},
+            ]
+        ),
+        store=open_memory_store(),
+        workers=2,
+    )
+    assert result.status == "failed"
+    now = time.time()
+    spans.batch("sqlite:///x.db", 3, workflow_ids=["w-1", "w-2"], start_s=now, end_s=now)
+    spans.waited("timer", workflow_id="w-1", workflow_name="w", epoch=0, start_s=now, end_s=now)
+    names = {r[0] for r in recording.records}
+    assert {"submit", "run", "send default", "wait default", "process default"} <= names
+    assert {"process _completions", "wait timer"} <= names
+    assert any(r[9] for r in recording.records)  # a failure (status, error.type)
+    assert any(r[6] for r in recording.records)  # links
+    assert_same_as_the_sdk(recording.records)
+
+
+def test_lengths_over_one_byte_and_every_kind_of_value() -> None:
+    trace = ids.trace_id("long")
+    long_text = "é" * 300  # 600 bytes: a two-byte length
+    records: list[Record] = [
+        (
+            "x" * 200,
+            trace,
+            0xFFFFFFFFFFFFFFFF,
+            None,
+            kind,
+            {
+                "text": long_text,
+                "empty": "",
+                "zero": 0,
+                "negative": -5,
+                "big": 2**63 - 1,
+                "most negative": -(2**63),
+                "yes": True,
+                "no": False,
+                "float": -0.25,
+                "float zero": 0.0,
+            },
+            [(trace, 1), (ids.trace_id("other"), 2**64 - 1)],
+            0,
+            2**64 - 1,
+            "boom" if kind == "client" else None,
+        )
+        for kind in ("internal", "server", "client", "producer", "consumer")
+    ]
+    records.append(("bare", trace, 7, 9, "internal", None, (), 1, 2, None))
+    records.append(("empty attributes", trace, 8, 9, "internal", {}, (), 1, 2, "failed"))
+    # A request over 2**14 bytes: a three-byte length around the whole.
+    assert_same_as_the_sdk(records * 20)
+
+
+def test_the_resource_and_its_schema_are_the_ones_configured() -> None:
+    resource = Resource(
+        {"service.name": "s", "host.cores": 2, "tags": ("a", "b"), "ratio": 0.5, "on": True},
+        schema_url="https://opentelemetry.io/schemas/1.21.0",
+    )
+    record: Record = ("one", 5, 6, None, "internal", {"k": "v"}, (), 1, 2, None)
+    assert_same_as_the_sdk([record], resource)
+    found = decoded([record], resource)
+    assert found.resource_spans[0].schema_url == "https://opentelemetry.io/schemas/1.21.0"
+    assert found.resource_spans[0].scope_spans[0].scope.name == "dagq"
+
+
+_ids = st.integers(min_value=1, max_value=2**64 - 1)
+_values = (
+    st.text(max_size=40)
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False)
+)
+_records = st.tuples(
+    st.text(min_size=1, max_size=30),
+    st.integers(min_value=1, max_value=2**128 - 1),
+    _ids,
+    st.none() | _ids,
+    st.sampled_from(["internal", "server", "client", "producer", "consumer"]),
+    st.none() | st.dictionaries(st.text(min_size=1, max_size=12), _values, max_size=6),
+    st.lists(st.tuples(st.integers(min_value=1, max_value=2**128 - 1), _ids), max_size=3),
+    st.integers(min_value=0, max_value=2**63),
+    st.integers(min_value=0, max_value=2**63),
+    st.none() | st.text(min_size=1, max_size=20),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_records, min_size=1, max_size=8))
+def test_any_records_encode_as_the_sdk_encodes_them(records: list[Any]) -> None:
+    assert_same_as_the_sdk(records)
+
+
+def test_the_helper_encodes_itself_for_otlp_and_leaves_the_console_to_the_sdk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in [k for k in os.environ if k.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    direct = exporting.Direct.made("dagq-test")
+    assert direct is not None  # the exporter still has a client that posts bytes
+    try:
+        record: Record = ("one", 5, 6, None, "internal", None, (), 1, 2, None)
+        request = ExportTraceServiceRequest.FromString(direct.encoder.request([record]))
+        attributes = {a.key: a.value for a in request.resource_spans[0].resource.attributes}
+        assert attributes["service.name"].string_value == "dagq-test"
+        assert "telemetry.sdk.version" in attributes  # the SDK's own resource detection
+    finally:
+        direct.shutdown()
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    assert exporting.Direct.made("dagq-test") is None
