@@ -107,6 +107,12 @@ class CoordinatorOptions:
     poll_interval_s: float = 0.5
     rescan_interval_s: float = 30.0
     repair_grace_s: float = 5.0
+    #: How long after its sends went out a state that lists them as unconfirmed is
+    #: rewritten by a sweep to say they went out, when no event of the workflow has
+    #: rewritten it meanwhile. Only a restart within it re-sends them (a duplicate the
+    #: workers run as any redelivery); on a store that bills each write, a chain's
+    #: steps and many small workflows do not pay a second state write per task.
+    confirm_after_s: float = 5.0
     timeout_grace_s: float = 30.0
     cancel_grace_s: float = 30.0
     abandoned_submit_s: float = 600.0
@@ -569,7 +575,11 @@ class Coordinator:
         st.unconfirmed = _unconfirmed(entry, fx.dispatch)
         staged = stage_state(batch, st, entry.stored)
         sent_at = self.clock() if self.telemetry.on() else None
-        outgoing = [task_message(entry.plan, st, d, sent_at=sent_at) for d in fx.dispatch]
+        now = self.clock()
+        outgoing = [
+            task_message(entry.plan, st, d, sent_at=sent_at, dispatched_at=now)
+            for d in fx.dispatch
+        ]
         documents = {key: data for o in outgoing for key, data in o.documents}
         for key, data in documents.items():
             batch.put(key, data)
@@ -626,6 +636,7 @@ class Coordinator:
         entry.stored = await settle_state(self.store, st, flush.staged, etags)
         st.dirty = False
         entry.confirm_owed = flush.dispatched > 0  # sent now; the stored state says not
+        entry.confirm_at = self.clock() + self.options.confirm_after_s
         if flush.indexed:
             self._indexed(entry)
         else:
@@ -668,6 +679,7 @@ class Coordinator:
                 name = entry.plan.name
                 self.telemetry.committed(name, entry.state, outgoing, started, self.clock())
             entry.confirm_owed = True
+            entry.confirm_at = self.clock() + self.options.confirm_after_s
         except TransientError as exc:
             log.warning("sending %d task(s) failed, will retry: %s", len(outgoing), exc)
             entry.unsent.extend(pending)
@@ -848,6 +860,8 @@ class Coordinator:
             times.append(float("-inf"))
         if entry.index_owed:
             times.append(entry.indexed_at + options.index_interval_s)
+        if entry.confirm_owed:
+            times.append(entry.confirm_at)
         if plan.deadline_s and st.status == "running":
             times.append(st.created_at + plan.deadline_s)
         if st.status == "cancelling":
@@ -1099,8 +1113,8 @@ class Coordinator:
             machine.wake(plan, st, now, fx, task=i)
         if st.status == "cancelling" and now > st.cancelled_at + self.options.cancel_grace_s:
             machine.abandon_running(plan, st, now, fx)
-        if entry.confirm_owed:  # its sends went out: the stored state may say so now
-            st.dirty = True
+        if entry.confirm_owed and now >= entry.confirm_at:
+            st.dirty = True  # its sends went out a while ago: the stored state says so now
         _track_timers(entry, fx.timers)
         self.telemetry.applied(plan.name, st, before, fx, now)
         return self._stage(batch, entry, fx)
@@ -1114,7 +1128,9 @@ class Coordinator:
             _, _, dispatch = heapq.heappop(entry.repairs)
             if _still_sent(st, dispatch):
                 sent_at = self.clock() if self.telemetry.on() else None
-                message = task_message(entry.plan, st, dispatch, sent_at=sent_at)
+                message = task_message(
+                    entry.plan, st, dispatch, sent_at=sent_at, dispatched_at=self.clock()
+                )
                 pending.append((dispatch, message))
         return pending
 

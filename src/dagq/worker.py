@@ -985,11 +985,20 @@ class Worker:
     async def _stop_reason(self, task: TaskMessage) -> str | None:
         """Why this attempt must stop (its workflow was cancelled, or it lost a race), if so.
 
-        The workflow's control document is read at most once a second per workflow.
+        The workflow's control document is read at most once a second per workflow
+        (``cancel_check_s``), and not for an attempt dispatched less than that ago: the
+        coordinator knew the workflow to be running then, so what is known is as fresh
+        as a read a moment before would be (clocks of coordinator and worker assumed to
+        agree within ``cancel_check_s``). A chain's steps and many small workflows do
+        not pay a read per task.
         """
         now = self.clock()
+        check = self.options.cancel_check_s
         cached = self._controls.get(task.workflow_id)
-        if cached is None or now - cached[0] >= self.options.cancel_check_s:
+        if task.dispatched_at and abs(now - task.dispatched_at) < check:
+            if cached is None or cached[0] < task.dispatched_at:
+                cached = (task.dispatched_at, _Control())  # not kept: nothing was read
+        elif cached is None or now - cached[0] >= check:
             try:
                 doc = await self.store.documents.get(keys.control(task.workflow_id))
                 control = _Control() if doc is None else _read_control(doc.data)
