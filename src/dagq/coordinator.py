@@ -215,6 +215,10 @@ class Coordinator:
         supervisor.start("lease-keeper", self.lease.keep, restart=False)
         self.offload.start()
         garbage.settle()
+        # The last wait ended before its poll was due: a send in this process announced
+        # what the step after it found, and the polls (for sends elsewhere) need not
+        # quicken for it (on a store that bills receives, they found nothing mostly).
+        announced = False
         try:
             while not stop.is_set():
                 supervisor.check()
@@ -225,11 +229,11 @@ class Coordinator:
                 if handled >= self.options.batch_size:
                     self._poll_delay = self._first_poll()
                     continue  # a full batch: there may be more waiting
-                # The wait returns at once if an event arrived since the receive.
-                await self._idle(stop)
-                if handled:
+                if handled and not announced:
                     self._poll_delay = self._first_poll()
-                else:
+                # The wait returns at once if an event arrived since the receive.
+                announced = await self._idle(stop)
+                if not handled and not announced:
                     self._poll_delay = min(self._poll_delay * 2, self.options.poll_interval_s)
         finally:
             self.offload.close()
@@ -264,13 +268,18 @@ class Coordinator:
             self._backoff = _FIRST_BACKOFF_S
         return int(result or 0)
 
-    async def _idle(self, stop: asyncio.Event) -> None:
+    async def _idle(self, stop: asyncio.Event) -> bool:
+        """Wait for an event, a stop, the next poll or sweep; whether it ended well
+        before its time (a send in this process, most likely)."""
         timeout = max(0.0, min(self._next_sweep - self.clock(), self._poll_delay))
+        loop = asyncio.get_running_loop()
+        due = loop.time() + 0.9 * timeout
         waiter = asyncio.ensure_future(self.store.queues.wait(keys.COMPLETIONS_QUEUE, timeout))
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         for pending in (waiter, stopper):
             pending.cancel()
+        return loop.time() < due
 
     async def _commit(self, batch: Batch) -> list[str]:
         """Commit a batch, fenced by the lease: checked here, and inside the commit
@@ -577,8 +586,7 @@ class Coordinator:
         sent_at = self.clock() if self.telemetry.on() else None
         now = self.clock()
         outgoing = [
-            task_message(entry.plan, st, d, sent_at=sent_at, dispatched_at=now)
-            for d in fx.dispatch
+            task_message(entry.plan, st, d, sent_at=sent_at, dispatched_at=now) for d in fx.dispatch
         ]
         documents = {key: data for o in outgoing for key, data in o.documents}
         for key, data in documents.items():

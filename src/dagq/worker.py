@@ -297,6 +297,15 @@ class Worker:
         idle_since = self.clock()
         queue_index = 0
         poll = self._first_poll()
+        loop = asyncio.get_running_loop()
+        #: The queues ran dry at the last receive: until then (the next poll) only a
+        #: send brings more, not a slot that frees (on a store that bills receives, a
+        #: receive per finished task found nothing most of the time).
+        dry_until: float | None = None
+        #: The last wait for the queues ended before its poll was due: a send in this
+        #: process announced what the receive after it finds, and the polls (for sends
+        #: elsewhere) need not quicken for it.
+        announced = False
         while not stop.is_set():
             self._start_backlog()
             wanted = self._wanted()
@@ -304,19 +313,19 @@ class Worker:
                 self._slot_freed.clear()
                 await _first(self._slot_freed.wait(), stop.wait())
                 continue
-            got = asked = 0
-            for offset in range(len(self.options.queues)):
-                queue = self.options.queues[(queue_index + offset) % len(self.options.queues)]
-                want = min(wanted - got, self.options.batch_size)
-                asked += want
-                got += await self._take(queue, want)
-                if got >= wanted:
+            if dry_until is not None:
+                announced = await self._wait_queues(dry_until, stop) or announced
+                dry_until = None
+                if stop.is_set():
                     break
+            got, asked = await self._take_all(wanted, queue_index)
             queue_index += 1
             if got or self._running:
                 idle_since = self.clock()
             if got:
-                poll = self._first_poll()
+                if not announced:  # found by a poll, or by a receive that went first
+                    poll = self._first_poll()
+                announced = False
                 if got >= asked:  # there may be more; otherwise wait (no send is missed)
                     continue
             idle = self.options.idle_timeout_s
@@ -330,11 +339,39 @@ class Worker:
                 self._slot_freed.clear()
                 if self._busy < self.options.concurrency:
                     continue  # a slot came free meanwhile
-            waits: list[Any] = [self.store.queues.wait(q, poll) for q in self.options.queues]
-            if self._backlog:
-                waits.append(self._slot_freed.wait())
-            await _first(*waits, stop.wait())
-            poll = min(poll * 2, self.options.poll_interval_s)
+            dry_until = loop.time() + poll
+            announced = await self._wait_queues(dry_until - 0.1 * poll, stop, poll)
+            if not announced:
+                poll = min(poll * 2, self.options.poll_interval_s)
+
+    async def _wait_queues(
+        self, until: float, stop: asyncio.Event, timeout_s: float | None = None
+    ) -> bool:
+        """Wait for a send to one of the queues (one since the last receive returns at
+        once), a stop, or a slot for the backlog, for ``timeout_s`` (None: until
+        ``until``, loop time); whether it ended before ``until``."""
+        loop = asyncio.get_running_loop()
+        left = until - loop.time() if timeout_s is None else timeout_s
+        if left <= 0:
+            return False
+        waits: list[Any] = [self.store.queues.wait(q, left) for q in self.options.queues]
+        if self._backlog:
+            waits.append(self._slot_freed.wait())
+        await _first(*waits, stop.wait())
+        return loop.time() < until
+
+    async def _take_all(self, wanted: int, first: int) -> tuple[int, int]:
+        """Take up to ``wanted`` tasks from the queues in turn (from the ``first``th):
+        how many were taken, and how many asked for."""
+        queues = self.options.queues
+        got = asked = 0
+        for offset in range(len(queues)):
+            want = min(wanted - got, self.options.batch_size)
+            asked += want
+            got += await self._take(queues[(first + offset) % len(queues)], want)
+            if got >= wanted:
+                break
+        return got, asked
 
     def _wanted(self) -> int:
         """How many tasks to receive now: one per free slot, plus as many ahead as
