@@ -44,7 +44,7 @@ def recording() -> tuple[Store, Counter[str]]:
 async def run_chain(store: Store) -> None:
     """A chain of CHAIN quick tasks, driven by a coordinator and a one-slot worker
     that polls rarely (so the receives counted are the ones the work asked for)."""
-    steps = [{"name": "s0", "call": "tests.sample_tasks:echo"}]
+    steps: list[dict[str, Any]] = [{"name": "s0", "call": "tests.sample_tasks:echo"}]
     steps += [
         {"name": f"s{i}", "call": "tests.sample_tasks:echo", "depends_on": [f"s{i - 1}"]}
         for i in range(1, CHAIN)
