@@ -199,6 +199,7 @@ class Worker:
         else:
             self._pool = TaskPool(self.options.concurrency)
         self._controls: dict[str, tuple[float, _Control]] = {}
+        self._control_reads: dict[str, asyncio.Future[_Control]] = {}
         #: Immutable documents (items, outputs, inputs) lately decoded, by key.
         self._documents: dict[str, Any] = {}
         #: Immutable documents lately read, as stored (inputs for pool processes).
@@ -1036,11 +1037,7 @@ class Worker:
             if cached is None or cached[0] < task.dispatched_at:
                 cached = (task.dispatched_at, _Control())  # not kept: nothing was read
         elif cached is None or now - cached[0] >= check:
-            try:
-                doc = await self.store.documents.get(keys.control(task.workflow_id))
-                control = _Control() if doc is None else _read_control(doc.data)
-            except DagqError:
-                control = _Control()
+            control = await self._control_of(task.workflow_id)
             if len(self._controls) > 10_000:
                 self._controls.clear()
             cached = self._controls[task.workflow_id] = (now, control)
@@ -1052,6 +1049,23 @@ class Worker:
         if control.tasks.get(str(task.task)) == task.attempt:
             return "it lost a race (another branch won)"
         return None
+
+    async def _control_of(self, workflow_id: str) -> _Control:
+        """A workflow's control document, read once for every task that asks at once
+        (the tasks of a bundle start together)."""
+        reading = self._control_reads.get(workflow_id)
+        if reading is None:
+            reading = asyncio.ensure_future(self._read_control_document(workflow_id))
+            self._control_reads[workflow_id] = reading
+            reading.add_done_callback(lambda _: self._control_reads.pop(workflow_id, None))
+        return await asyncio.shield(reading)
+
+    async def _read_control_document(self, workflow_id: str) -> _Control:
+        try:
+            doc = await self.store.documents.get(keys.control(workflow_id))
+        except DagqError:
+            return _Control()
+        return _Control() if doc is None else _read_control(doc.data)
 
 
 class _Control(msgspec.Struct, frozen=True):

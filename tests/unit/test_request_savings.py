@@ -36,6 +36,7 @@ def recording() -> tuple[Store, Counter[str]]:
             seen[f"receive {args[0]}"] += 1
         elif operation == "documents.get":
             seen[f"get {args[0]}"] += 1
+            await asyncio.sleep(0)  # a read takes a round trip: others run meanwhile
         return await call()
 
     return intercepted(open_memory_store(), hook, rebind=False), seen
@@ -107,3 +108,31 @@ async def test_an_attempt_dispatched_long_ago_reads_the_control_document_first()
         await serving
     [report] = [e for m in found for e in decode_events(m.body)]
     assert getattr(report, "error", "") == "not run: the workflow was cancelled or has ended"
+
+
+async def test_tasks_of_one_workflow_starting_together_read_its_control_document_once() -> None:
+    store, seen = recording()
+    stale = [
+        TaskMessage(
+            workflow_id="w",
+            task=i,
+            name=f"t{i}",
+            attempt=1,
+            spec=TaskSpec(kind="python", call="tests.sample_tasks:echo"),
+            dispatched_at=time.time() - 60,
+        )
+        for i in range(8)
+    ]
+    await store.queues.send("default", [OutgoingMessage(encode_task(t)) for t in stale])
+    worker = Worker(store, WorkerOptions(concurrency=8, isolation="thread"))
+    stop = asyncio.Event()
+    serving = asyncio.create_task(worker.run(stop))
+    try:
+        deadline = time.monotonic() + 10
+        while worker.completed < len(stale):
+            assert time.monotonic() < deadline, "the tasks did not run"
+            await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await serving
+    assert seen[f"get {keys.control('w')}"] == 1
