@@ -39,8 +39,10 @@ class Entry:
     timers: list[tuple[float, int]] = field(default_factory=list)
     unsent: list[tuple[machine.Dispatch, Outgoing]] = field(default_factory=list)
     #: The stored state lists dispatches as unconfirmed that have been sent since: the
-    #: next flush (or a sweep) writes it without them.
+    #: next flush (or a sweep, from ``confirm_at``) writes it without them.
     confirm_owed: bool = False
+    #: When a sweep writes the state only to confirm those sends (coordinator clock).
+    confirm_at: float = 0.0
     #: The status and time of the last index write, and whether counts changed since.
     indexed_status: str = ""
     indexed_at: float = float("-inf")

@@ -107,6 +107,12 @@ class CoordinatorOptions:
     poll_interval_s: float = 0.5
     rescan_interval_s: float = 30.0
     repair_grace_s: float = 5.0
+    #: How long after its sends went out a state that lists them as unconfirmed is
+    #: rewritten by a sweep to say they went out, when no event of the workflow has
+    #: rewritten it meanwhile. Only a restart within it re-sends them (a duplicate the
+    #: workers run as any redelivery); on a store that bills each write, a chain's
+    #: steps and many small workflows do not pay a second state write per task.
+    confirm_after_s: float = 5.0
     timeout_grace_s: float = 30.0
     cancel_grace_s: float = 30.0
     abandoned_submit_s: float = 600.0
@@ -209,6 +215,10 @@ class Coordinator:
         supervisor.start("lease-keeper", self.lease.keep, restart=False)
         self.offload.start()
         garbage.settle()
+        # The last wait ended before its poll was due: a send in this process announced
+        # what the step after it found, and the polls (for sends elsewhere) need not
+        # quicken for it (on a store that bills receives, they found nothing mostly).
+        announced = False
         try:
             while not stop.is_set():
                 supervisor.check()
@@ -219,11 +229,11 @@ class Coordinator:
                 if handled >= self.options.batch_size:
                     self._poll_delay = self._first_poll()
                     continue  # a full batch: there may be more waiting
-                # The wait returns at once if an event arrived since the receive.
-                await self._idle(stop)
-                if handled:
+                if handled and not announced:
                     self._poll_delay = self._first_poll()
-                else:
+                # The wait returns at once if an event arrived since the receive.
+                announced = await self._idle(stop)
+                if not handled and not announced:
                     self._poll_delay = min(self._poll_delay * 2, self.options.poll_interval_s)
         finally:
             self.offload.close()
@@ -258,13 +268,18 @@ class Coordinator:
             self._backoff = _FIRST_BACKOFF_S
         return int(result or 0)
 
-    async def _idle(self, stop: asyncio.Event) -> None:
+    async def _idle(self, stop: asyncio.Event) -> bool:
+        """Wait for an event, a stop, the next poll or sweep; whether it ended well
+        before its time (a send in this process, most likely)."""
         timeout = max(0.0, min(self._next_sweep - self.clock(), self._poll_delay))
+        loop = asyncio.get_running_loop()
+        due = loop.time() + 0.9 * timeout
         waiter = asyncio.ensure_future(self.store.queues.wait(keys.COMPLETIONS_QUEUE, timeout))
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         for pending in (waiter, stopper):
             pending.cancel()
+        return loop.time() < due
 
     async def _commit(self, batch: Batch) -> list[str]:
         """Commit a batch, fenced by the lease: checked here, and inside the commit
@@ -569,7 +584,10 @@ class Coordinator:
         st.unconfirmed = _unconfirmed(entry, fx.dispatch)
         staged = stage_state(batch, st, entry.stored)
         sent_at = self.clock() if self.telemetry.on() else None
-        outgoing = [task_message(entry.plan, st, d, sent_at=sent_at) for d in fx.dispatch]
+        now = self.clock()
+        outgoing = [
+            task_message(entry.plan, st, d, sent_at=sent_at, dispatched_at=now) for d in fx.dispatch
+        ]
         documents = {key: data for o in outgoing for key, data in o.documents}
         for key, data in documents.items():
             batch.put(key, data)
@@ -626,6 +644,7 @@ class Coordinator:
         entry.stored = await settle_state(self.store, st, flush.staged, etags)
         st.dirty = False
         entry.confirm_owed = flush.dispatched > 0  # sent now; the stored state says not
+        entry.confirm_at = self.clock() + self.options.confirm_after_s
         if flush.indexed:
             self._indexed(entry)
         else:
@@ -668,6 +687,7 @@ class Coordinator:
                 name = entry.plan.name
                 self.telemetry.committed(name, entry.state, outgoing, started, self.clock())
             entry.confirm_owed = True
+            entry.confirm_at = self.clock() + self.options.confirm_after_s
         except TransientError as exc:
             log.warning("sending %d task(s) failed, will retry: %s", len(outgoing), exc)
             entry.unsent.extend(pending)
@@ -848,6 +868,8 @@ class Coordinator:
             times.append(float("-inf"))
         if entry.index_owed:
             times.append(entry.indexed_at + options.index_interval_s)
+        if entry.confirm_owed:
+            times.append(entry.confirm_at)
         if plan.deadline_s and st.status == "running":
             times.append(st.created_at + plan.deadline_s)
         if st.status == "cancelling":
@@ -1099,8 +1121,8 @@ class Coordinator:
             machine.wake(plan, st, now, fx, task=i)
         if st.status == "cancelling" and now > st.cancelled_at + self.options.cancel_grace_s:
             machine.abandon_running(plan, st, now, fx)
-        if entry.confirm_owed:  # its sends went out: the stored state may say so now
-            st.dirty = True
+        if entry.confirm_owed and now >= entry.confirm_at:
+            st.dirty = True  # its sends went out a while ago: the stored state says so now
         _track_timers(entry, fx.timers)
         self.telemetry.applied(plan.name, st, before, fx, now)
         return self._stage(batch, entry, fx)
@@ -1114,7 +1136,9 @@ class Coordinator:
             _, _, dispatch = heapq.heappop(entry.repairs)
             if _still_sent(st, dispatch):
                 sent_at = self.clock() if self.telemetry.on() else None
-                message = task_message(entry.plan, st, dispatch, sent_at=sent_at)
+                message = task_message(
+                    entry.plan, st, dispatch, sent_at=sent_at, dispatched_at=self.clock()
+                )
                 pending.append((dispatch, message))
         return pending
 

@@ -56,12 +56,19 @@ def send_span_ids(workflow_id: str) -> tuple[int, int]:
 
 
 def task_message(
-    plan: Plan, state: RunState, dispatch: Dispatch, *, sent_at: float | None = None
+    plan: Plan,
+    state: RunState,
+    dispatch: Dispatch,
+    *,
+    sent_at: float | None = None,
+    dispatched_at: float = 0.0,
 ) -> Outgoing:
     """Build the message for one dispatched attempt (of a task, or of its undo).
 
     With ``sent_at`` (telemetry is on), the message names its ``send`` span (a W3C
     traceparent) and when it is due, for the worker's queue-wait span and metric.
+    ``dispatched_at`` is when the coordinator decided to send it (see the worker's
+    control checks).
     """
     task = plan.tasks[dispatch.task]
     workflow_id = state.workflow_id
@@ -122,6 +129,7 @@ def task_message(
         traceparent=traceparent,
         due_at=due_at,
         workflow_name=workflow_name,
+        dispatched_at=dispatched_at,
     )
     body = encode_task(message)
     if len(body) > TASK_MESSAGE_INLINE_BYTES:
@@ -171,6 +179,7 @@ def _by_reference(message: TaskMessage, body: bytes, documents: list[tuple[str, 
         traceparent=message.traceparent,
         due_at=message.due_at,
         workflow_name=message.workflow_name,
+        dispatched_at=message.dispatched_at,
     )
     return encode_task(stub)
 

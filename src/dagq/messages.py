@@ -91,6 +91,10 @@ class TaskMessage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True)
     due_at: float = 0.0
     #: The workflow's name, for the worker's spans (telemetry on only).
     workflow_name: str = ""
+    #: When the coordinator dispatched this attempt (its clock; 0: not said, as in
+    #: messages written before it was added): the workflow was running then, so a
+    #: worker that starts the attempt soon after need not read its control document.
+    dispatched_at: float = 0.0
 
 
 # --- events to the coordinator ----------------------------------------------

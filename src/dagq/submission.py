@@ -1,8 +1,9 @@
 """Submitting a workflow: the client's side of the loop, safe to repeat after a crash.
 
-Order of writes, each idempotent: index row (``pending``, so a sweep can always find
-the workflow) → definition (create-only) → runtime state (create-only; the commit
-point) → a ``submit`` event to wake the coordinator. Submitting the same id and
+Order of writes, each idempotent: definition (create-only: a new id costs no read) →
+index row (``pending``, so a sweep can always find the workflow before it starts) →
+runtime state (create-only; the commit point) → a ``submit`` event to wake the
+coordinator. Submitting the same id and
 definition again completes whatever a crashed submit left undone and returns the
 existing workflow; the same id with a different definition is refused.
 """
@@ -116,22 +117,14 @@ async def submit(
     plan = compile_plan(definition, resolved)  # bounded first: it renders every task
     if compiled is not None:
         compiled(submitted.fingerprint, plan)
-    existing = await load_submitted(store, workflow_id)
-    if existing is not None:
-        if existing.fingerprint != submitted.fingerprint:
-            raise WorkflowExists(
-                f"workflow '{workflow_id}' exists already with a different definition or "
-                "params; choose another id"
-            )
-        submitted = existing
-    created = existing is None
-    row = await store.index.get(workflow_id)
-    if row is None:
-        await store.index.upsert(_pending_row(submitted, plan))
-    if created:
-        try:
-            await store.documents.put(keys.definition(workflow_id), document, if_none_match=True)
-        except ConflictError:  # a concurrent submit of the same id won the race
+    # The definition first, create-only: a new id (the usual case) costs no read. Then
+    # the index row, then the state: a submit cut short anywhere completes when repeated.
+    try:
+        await store.documents.put(keys.definition(workflow_id), document, if_none_match=True)
+        created = True
+    except ConflictError:  # submitted before (or by a concurrent submit of the same id)
+        existing = await load_submitted(store, workflow_id)
+        if existing is None:  # purged meanwhile: as new
             return await submit(
                 store,
                 definition,
@@ -141,6 +134,15 @@ async def submit(
                 labels=labels,
                 actor=actor,
             )
+        if existing.fingerprint != submitted.fingerprint:
+            raise WorkflowExists(
+                f"workflow '{workflow_id}' exists already with a different definition or "
+                "params; choose another id"
+            ) from None
+        submitted, created = existing, False
+    row = await store.index.get(workflow_id)
+    if row is None:
+        await store.index.upsert(_pending_row(submitted, plan))
     initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
     with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
         await create_state(store, initial)

@@ -199,6 +199,7 @@ class Worker:
         else:
             self._pool = TaskPool(self.options.concurrency)
         self._controls: dict[str, tuple[float, _Control]] = {}
+        self._control_reads: dict[str, asyncio.Future[_Control]] = {}
         #: Immutable documents (items, outputs, inputs) lately decoded, by key.
         self._documents: dict[str, Any] = {}
         #: Immutable documents lately read, as stored (inputs for pool processes).
@@ -297,6 +298,15 @@ class Worker:
         idle_since = self.clock()
         queue_index = 0
         poll = self._first_poll()
+        loop = asyncio.get_running_loop()
+        #: The queues ran dry at the last receive: until then (the next poll) only a
+        #: send brings more, not a slot that frees (on a store that bills receives, a
+        #: receive per finished task found nothing most of the time).
+        dry_until: float | None = None
+        #: The last wait for the queues ended before its poll was due: a send in this
+        #: process announced what the receive after it finds, and the polls (for sends
+        #: elsewhere) need not quicken for it.
+        announced = False
         while not stop.is_set():
             self._start_backlog()
             wanted = self._wanted()
@@ -304,19 +314,19 @@ class Worker:
                 self._slot_freed.clear()
                 await _first(self._slot_freed.wait(), stop.wait())
                 continue
-            got = asked = 0
-            for offset in range(len(self.options.queues)):
-                queue = self.options.queues[(queue_index + offset) % len(self.options.queues)]
-                want = min(wanted - got, self.options.batch_size)
-                asked += want
-                got += await self._take(queue, want)
-                if got >= wanted:
+            if dry_until is not None:
+                announced = await self._wait_queues(dry_until, stop) or announced
+                dry_until = None
+                if stop.is_set():
                     break
+            got, asked = await self._take_all(wanted, queue_index)
             queue_index += 1
             if got or self._running:
                 idle_since = self.clock()
             if got:
-                poll = self._first_poll()
+                if not announced:  # found by a poll, or by a receive that went first
+                    poll = self._first_poll()
+                announced = False
                 if got >= asked:  # there may be more; otherwise wait (no send is missed)
                     continue
             idle = self.options.idle_timeout_s
@@ -330,11 +340,39 @@ class Worker:
                 self._slot_freed.clear()
                 if self._busy < self.options.concurrency:
                     continue  # a slot came free meanwhile
-            waits: list[Any] = [self.store.queues.wait(q, poll) for q in self.options.queues]
-            if self._backlog:
-                waits.append(self._slot_freed.wait())
-            await _first(*waits, stop.wait())
-            poll = min(poll * 2, self.options.poll_interval_s)
+            dry_until = loop.time() + poll
+            announced = await self._wait_queues(dry_until - 0.1 * poll, stop, poll)
+            if not announced:
+                poll = min(poll * 2, self.options.poll_interval_s)
+
+    async def _wait_queues(
+        self, until: float, stop: asyncio.Event, timeout_s: float | None = None
+    ) -> bool:
+        """Wait for a send to one of the queues (one since the last receive returns at
+        once), a stop, or a slot for the backlog, for ``timeout_s`` (None: until
+        ``until``, loop time); whether it ended before ``until``."""
+        loop = asyncio.get_running_loop()
+        left = until - loop.time() if timeout_s is None else timeout_s
+        if left <= 0:
+            return False
+        waits: list[Any] = [self.store.queues.wait(q, left) for q in self.options.queues]
+        if self._backlog:
+            waits.append(self._slot_freed.wait())
+        await _first(*waits, stop.wait())
+        return loop.time() < until
+
+    async def _take_all(self, wanted: int, first: int) -> tuple[int, int]:
+        """Take up to ``wanted`` tasks from the queues in turn (from the ``first``th):
+        how many were taken, and how many asked for."""
+        queues = self.options.queues
+        got = asked = 0
+        for offset in range(len(queues)):
+            want = min(wanted - got, self.options.batch_size)
+            asked += want
+            got += await self._take(queues[(first + offset) % len(queues)], want)
+            if got >= wanted:
+                break
+        return got, asked
 
     def _wanted(self) -> int:
         """How many tasks to receive now: one per free slot, plus as many ahead as
@@ -985,16 +1023,21 @@ class Worker:
     async def _stop_reason(self, task: TaskMessage) -> str | None:
         """Why this attempt must stop (its workflow was cancelled, or it lost a race), if so.
 
-        The workflow's control document is read at most once a second per workflow.
+        The workflow's control document is read at most once a second per workflow
+        (``cancel_check_s``), and not for an attempt dispatched less than that ago: the
+        coordinator knew the workflow to be running then, so what is known is as fresh
+        as a read a moment before would be (clocks of coordinator and worker assumed to
+        agree within ``cancel_check_s``). A chain's steps and many small workflows do
+        not pay a read per task.
         """
         now = self.clock()
+        check = self.options.cancel_check_s
         cached = self._controls.get(task.workflow_id)
-        if cached is None or now - cached[0] >= self.options.cancel_check_s:
-            try:
-                doc = await self.store.documents.get(keys.control(task.workflow_id))
-                control = _Control() if doc is None else _read_control(doc.data)
-            except DagqError:
-                control = _Control()
+        if task.dispatched_at and abs(now - task.dispatched_at) < check:
+            if cached is None or cached[0] < task.dispatched_at:
+                cached = (task.dispatched_at, _Control())  # not kept: nothing was read
+        elif cached is None or now - cached[0] >= check:
+            control = await self._control_of(task.workflow_id)
             if len(self._controls) > 10_000:
                 self._controls.clear()
             cached = self._controls[task.workflow_id] = (now, control)
@@ -1006,6 +1049,23 @@ class Worker:
         if control.tasks.get(str(task.task)) == task.attempt:
             return "it lost a race (another branch won)"
         return None
+
+    async def _control_of(self, workflow_id: str) -> _Control:
+        """A workflow's control document, read once for every task that asks at once
+        (the tasks of a bundle start together)."""
+        reading = self._control_reads.get(workflow_id)
+        if reading is None:
+            reading = asyncio.ensure_future(self._read_control_document(workflow_id))
+            self._control_reads[workflow_id] = reading
+            reading.add_done_callback(lambda _: self._control_reads.pop(workflow_id, None))
+        return await asyncio.shield(reading)
+
+    async def _read_control_document(self, workflow_id: str) -> _Control:
+        try:
+            doc = await self.store.documents.get(keys.control(workflow_id))
+        except DagqError:
+            return _Control()
+        return _Control() if doc is None else _read_control(doc.data)
 
 
 class _Control(msgspec.Struct, frozen=True):

@@ -243,8 +243,12 @@ async def test_a_restarted_coordinator_re_sends_only_what_may_not_have_gone_out(
     [root] = await take_tasks(store)
     await post(store, finished(root, clock))
     await first.step()  # the 20 go out after the state that dispatched them
+    etag = (await store.documents.get(keys.state("w"))).etag  # type: ignore[union-attr]
     if confirmed:
-        await first.sweep()  # and the state says so
+        await first.sweep()  # too soon: no write only to say they went out
+        assert (await store.documents.get(keys.state("w"))).etag == etag  # type: ignore[union-attr]
+        clock.advance(first.options.confirm_after_s)
+        await first.sweep()  # and now the state says so
     fresh = coordinator(store, clock)  # the first one died
     await fresh.rescan()
     clock.advance(30)  # past the repair delay; the root's message is still hidden

@@ -36,7 +36,7 @@ from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from azure.core.exceptions import ResourceNotFoundError
+from azure.core.exceptions import ResourceNotFoundError, ServiceRequestError
 from azure.data.tables import UpdateMode
 
 from dagq.errors import ValidationError
@@ -410,7 +410,12 @@ class AzureIndex:
                 [("upsert", entity, {"mode": UpdateMode.REPLACE}) for entity in entities]
             )
 
-        await self._service.call("table.batch", submit)
+        try:
+            await self._service.call("table.batch", submit, expect=(ServiceRequestError,))
+        except ServiceRequestError:
+            # A kept-alive connection the service had closed (the SDK does not send a
+            # transaction's body twice): upserts are idempotent, so once more.
+            await self._service.call("table.batch", submit)
 
     async def _read(
         self, pk: str, rk: str, *, select: list[str] | None = None

@@ -1,0 +1,138 @@
+"""What a chain costs in store requests: no control read for an attempt dispatched a
+moment ago, no receive per finished task once the queue ran dry (on a store that
+bills each request, these were most of a chain's requests)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from dagq import keys
+from dagq.coordinator import Coordinator, CoordinatorOptions
+from dagq.maintenance import STOP_EVERYTHING
+from dagq.messages import TaskMessage, TaskSpec, decode_events, encode_task
+from dagq.state import WORKFLOW_TERMINAL
+from dagq.stores.base import OutgoingMessage, Store
+from dagq.stores.intercepting import intercepted
+from dagq.stores.memory import open_memory_store
+from dagq.submission import submit
+from dagq.worker import Worker, WorkerOptions
+from tests.helpers import definition
+
+CHAIN = 20
+
+
+def recording() -> tuple[Store, Counter[str]]:
+    """A memory store that counts receives by queue and document reads by key."""
+    seen: Counter[str] = Counter()
+
+    async def hook(
+        operation: str, args: tuple[Any, ...], call: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        if operation == "queues.receive":
+            seen[f"receive {args[0]}"] += 1
+        elif operation == "documents.get":
+            seen[f"get {args[0]}"] += 1
+            await asyncio.sleep(0)  # a read takes a round trip: others run meanwhile
+        return await call()
+
+    return intercepted(open_memory_store(), hook, rebind=False), seen
+
+
+async def run_chain(store: Store) -> None:
+    """A chain of CHAIN quick tasks, driven by a coordinator and a one-slot worker
+    that polls rarely (so the receives counted are the ones the work asked for)."""
+    steps: list[dict[str, Any]] = [{"name": "s0", "call": "tests.sample_tasks:echo"}]
+    steps += [
+        {"name": f"s{i}", "call": "tests.sample_tasks:echo", "depends_on": [f"s{i - 1}"]}
+        for i in range(1, CHAIN)
+    ]
+    coordinator = Coordinator(store, CoordinatorOptions(poll_interval_s=10.0))
+    worker = Worker(store, WorkerOptions(concurrency=1, poll_interval_s=10.0, isolation="thread"))
+    stop = asyncio.Event()
+    running = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(worker.run(stop))]
+    try:
+        await submit(store, definition(steps), workflow_id="w")
+        deadline = time.monotonic() + 30
+        while True:
+            st = await coordinator.settled_state("w")
+            if st is not None and st.status in WORKFLOW_TERMINAL:
+                break
+            assert time.monotonic() < deadline, "the chain did not finish"
+            coordinator.changed.clear()
+            await asyncio.wait_for(coordinator.changed.wait(), 5)
+        assert st.status == "completed"
+    finally:
+        stop.set()
+        await asyncio.gather(*running)
+
+
+async def test_a_chain_reads_no_control_document_and_receives_about_once_a_step() -> None:
+    store, seen = recording()
+    await run_chain(store)
+    assert seen[f"get {keys.control('w')}"] == 0
+    # One receive finds each step; a finished step's freed slot adds none (that was
+    # two a step), and the polls, rare here, add a few.
+    assert seen["receive default"] <= CHAIN + 8, seen
+
+
+async def test_an_attempt_dispatched_long_ago_reads_the_control_document_first() -> None:
+    store = open_memory_store()
+    await store.documents.put(keys.control("w"), STOP_EVERYTHING)  # a purged run's marker
+    stale = TaskMessage(
+        workflow_id="w",
+        task=0,
+        name="t",
+        attempt=1,
+        spec=TaskSpec(kind="python", call="tests.sample_tasks:echo"),
+        dispatched_at=time.time() - 60,
+    )
+    await store.queues.send("default", [OutgoingMessage(encode_task(stale))])
+    worker = Worker(store, WorkerOptions(concurrency=1, isolation="thread"))
+    stop = asyncio.Event()
+    serving = asyncio.create_task(worker.run(stop))
+    try:
+        deadline = time.monotonic() + 10
+        while not (
+            found := await store.queues.receive(
+                keys.COMPLETIONS_QUEUE, max_messages=10, visibility_timeout_s=30
+            )
+        ):
+            assert time.monotonic() < deadline, "no report came"
+            await store.queues.wait(keys.COMPLETIONS_QUEUE, 0.5)
+    finally:
+        stop.set()
+        await serving
+    [report] = [e for m in found for e in decode_events(m.body)]
+    assert getattr(report, "error", "") == "not run: the workflow was cancelled or has ended"
+
+
+async def test_tasks_of_one_workflow_starting_together_read_its_control_document_once() -> None:
+    store, seen = recording()
+    stale = [
+        TaskMessage(
+            workflow_id="w",
+            task=i,
+            name=f"t{i}",
+            attempt=1,
+            spec=TaskSpec(kind="python", call="tests.sample_tasks:echo"),
+            dispatched_at=time.time() - 60,
+        )
+        for i in range(8)
+    ]
+    await store.queues.send("default", [OutgoingMessage(encode_task(t)) for t in stale])
+    worker = Worker(store, WorkerOptions(concurrency=8, isolation="thread"))
+    stop = asyncio.Event()
+    serving = asyncio.create_task(worker.run(stop))
+    try:
+        deadline = time.monotonic() + 10
+        while worker.completed < len(stale):
+            assert time.monotonic() < deadline, "the tasks did not run"
+            await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await serving
+    assert seen[f"get {keys.control('w')}"] == 1
