@@ -134,6 +134,11 @@ class PostgresQueues:
 
     deduplicates = True
     bundle_size = 1
+    #: A worker's completion waits up to this long for its other running tasks' (a
+    #: commit is a round trip to the server, a NOTIFY, and a receive for the
+    #: coordinator): W1 N=10,000 went from ~1.9 to ~1.4 ms of CPU a task, all
+    #: processes and the server together. A lone task (a chain) never waits.
+    report_linger_s = 0.005
 
     def __init__(
         self, db: Database, wakeups: Wakeups, listener: Listener, max_deliveries: int
