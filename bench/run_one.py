@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench import process_cpu
 from bench.callbacks import SlowCallbacks
 from bench.loop_lag import LoopLag
 from bench.paths import check_outputs, client_inproc, dagq_run, settle
@@ -158,19 +159,39 @@ async def inproc(
 
 
 async def multiproc(
-    definition: WorkflowDef, count: int, workers: int, url: str, *, workload: str, size: str
+    definition: WorkflowDef,
+    count: int,
+    workers: int,
+    url: str,
+    *,
+    workload: str,
+    size: str,
+    profile: str = "",
 ) -> dict[str, Any]:
     """``dagq coordinator`` and two ``dagq worker`` processes; this process submits and
-    waits through the public ``Client``, then checks the final value (:func:`settle`)."""
-    dagq = str(Path(sys.executable).with_name("dagq"))
+    waits through the public ``Client``, then checks the final value (:func:`settle`).
+
+    ``profile``: a directory where each process writes its cProfile statistics
+    (``coordinator.prof``, ``worker-1.prof``, ...; CPU time of the whole process,
+    start-up included; :mod:`bench.profiled`).
+    """
+    dagq = [str(Path(sys.executable).with_name("dagq"))]
     env = {**os.environ, "DAGQ_STORE": url}
     per_worker = max(1, workers // 2)
-    commands = {"coordinator": [dagq, "coordinator", "--log-interval", "3600", *metrics_options()]}
+    commands = {"coordinator": ["coordinator", "--log-interval", "3600", *metrics_options()]}
     for name in ("worker-1", "worker-2"):
-        commands[name] = [dagq, "worker", "-c", str(per_worker), "--import-path", str(ROOT)]
+        commands[name] = ["worker", "-c", str(per_worker), "--import-path", str(ROOT)]
         commands[name] += metrics_options()
+    if profile:
+        Path(profile).mkdir(parents=True, exist_ok=True)
     processes = {
-        name: subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+        name: subprocess.Popen(
+            [sys.executable, "-m", "bench.profiled", f"{profile}/{name}.prof", "dagq", *cmd]
+            if profile
+            else dagq + cmd,
+            env=env,
+            stderr=subprocess.DEVNULL,
+        )
         for name, cmd in commands.items()
     }
     store = open_store(url)
@@ -178,11 +199,14 @@ async def multiproc(
     try:
         launched = time.time()
         await _cluster_ready(store, workers=len(processes) - 1, processes=processes)
+        server = _server_pids(url)
+        cpu_before = _cpu_reading(processes, server)
         started = time.time()
         ids = [(await client.submit(definition, workflow_id=f"bench-{i}")).id for i in range(count)]
         for workflow_id in ids:
             await client.wait(workflow_id, timeout_s=1800)
         waited = time.time()
+        cpu_after = _cpu_reading(processes, server | _server_pids(url))
         rss = {name: _peak_rss_mb(p.pid) for name, p in processes.items()}
         result = await settle(store, ids, workload, size, started=started)
         size_bytes = len((await store.documents.get(keys.state(ids[0]))).data)  # type: ignore[union-attr]
@@ -197,7 +221,35 @@ async def multiproc(
     result["state_bytes"] = size_bytes
     result["peak_rss_mb"] = {k: round(v, 1) for k, v in rss.items()}
     result["slots"] = per_worker * 2
+    cpu = {k: round(process_cpu.spent(cpu_before[k], v), 3) for k, v in cpu_after.items()}
+    result["cpu_s"] = cpu
+    result["cpu_ms_per_task"] = round(sum(cpu.values()) * 1000 / result["tasks"], 3)
     return result
+
+
+def _server_pids(url: str) -> set[int]:
+    """The PostgreSQL server's processes (none for another store)."""
+    if not url.startswith("postgres"):
+        return set()
+    import psycopg
+
+    from dagq.stores.postgres_database import parse_postgres_url
+
+    with psycopg.connect(parse_postgres_url(url).conninfo) as conn:
+        return {pid for (pid,) in conn.execute("SELECT pid FROM pg_stat_activity")}
+
+
+def _cpu_reading(
+    processes: dict[str, subprocess.Popen[bytes]], server: set[int]
+) -> dict[str, dict[int, float]]:
+    """CPU seconds by PID: of each process (with its descendants), of this one (the
+    benchmark: submitting, waiting), and of the database server's processes."""
+    table = process_cpu.cpu_by_pid()
+    reading = {name: process_cpu.tree_cpu(p.pid, table) for name, p in processes.items()}
+    reading["bench"] = process_cpu.pids_cpu([os.getpid()], table)
+    if server:
+        reading["postgres"] = process_cpu.pids_cpu(server, table)
+    return reading
 
 
 async def _cluster_ready(
@@ -379,6 +431,12 @@ def main() -> None:
         help="postgres: keep a transaction (and its snapshot) open elsewhere for the whole run",
     )
     parser.add_argument(
+        "--profile",
+        default="",
+        metavar="DIR",
+        help="multiproc: each process writes its cProfile statistics to DIR/NAME.prof",
+    )
+    parser.add_argument(
         "--telemetry",
         action="store_true",
         help="traces (OTLP/HTTP to a sink on 127.0.0.1) and metrics (/metrics) on",
@@ -415,7 +473,7 @@ def main() -> None:
             args.workload, args.size, workers, url
         )
     else:
-        body = functools.partial(multiproc, **where)
+        body = functools.partial(multiproc, **where, profile=args.profile)
     if args.mode == "run":
         if args.store != "sqlite":
             raise SystemExit("error: mode 'run' runs dagq run with its default store (sqlite)")

@@ -51,7 +51,7 @@ from dagq.runners.child import describe
 from dagq.runners.pool import TaskPool
 from dagq.runners.python import add_import_paths, run_python
 from dagq.runners.shell import run_shell
-from dagq.stores.base import Message, Store, wakes_across_processes
+from dagq.stores.base import Message, Store, report_linger, wakes_across_processes
 from dagq.supervision import Supervisor
 from dagq.version import VERSION
 
@@ -114,7 +114,8 @@ class WorkerOptions:
     backlog: int | None = None
     backlog_wait_s: float = 1.0
     #: How long a completion may wait for others to share its message (None: 20 ms on
-    #: a store that bundles task messages, else 0).
+    #: a store that bundles task messages, else the store's ``report_linger_s``: 5 ms
+    #: on postgres, 0 elsewhere).
     report_linger_s: float | None = None
     work_dir: str | None = None
     name: str = field(default_factory=default_owner)
@@ -186,7 +187,7 @@ class Worker:
         self._slot_freed = asyncio.Event()
         linger = self.options.report_linger_s
         if linger is None:
-            linger = 0.02 if self._bundle_size > 1 else 0.0
+            linger = 0.02 if self._bundle_size > 1 else report_linger(self.store.queues)
         self._outbox = Outbox(
             store, keys.COMPLETIONS_QUEUE, linger_s=linger, expecting=lambda: self._busy > 0
         )

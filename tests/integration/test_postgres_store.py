@@ -315,3 +315,26 @@ def _traced(store: Store, trace: Path) -> Iterator[None]:
         yield
     finally:
         db.connection = pooled
+
+
+async def test_overdue_messages_first_in_line_do_not_shorten_a_receive(
+    postgres_cluster: Cluster,
+) -> None:
+    # A receive walks the queue once: the overdue messages it meets go to the dead
+    # letters and take places in its limit, so it looks again for the rest.
+    now = [1_700_000_000.0]
+    store = open_store(postgres_url(postgres_cluster), clock=lambda: now[0], max_deliveries=1)
+    try:
+        for i in range(2):
+            await store.queues.send("q", [OutgoingMessage(b"%d" % i, id=f"m{i}")])
+        first = await store.queues.receive("q", max_messages=2, visibility_timeout_s=1)
+        assert [m.id for m in first] == ["m0", "m1"]
+        now[0] += 2  # m0 and m1 are visible again, delivered once (the limit) ...
+        for i in range(2, 4):  # ... and first in line, before these
+            await store.queues.send("q", [OutgoingMessage(b"%d" % i, id=f"m{i}")])
+        got = await store.queues.receive("q", max_messages=2, visibility_timeout_s=30)
+        assert [m.id for m in got] == ["m2", "m3"]
+        assert sorted(d.id for d in await store.queues.dead_letters("q")) == ["m0", "m1"]
+        assert await store.queues.receive("q", max_messages=2, visibility_timeout_s=30) == []
+    finally:
+        await store.close()

@@ -203,6 +203,13 @@ def wakes_across_processes(queues: Queues) -> bool:
     return bool(getattr(queues, "wakes", False))
 
 
+def report_linger(queues: Queues) -> float:
+    """How long a worker's completion may wait for those of its other running tasks,
+    to go out in the same commit (a backend's optional ``report_linger_s``; 0 where
+    it has none: there a commit costs little)."""
+    return float(getattr(queues, "report_linger_s", 0.0))
+
+
 # --- index ------------------------------------------------------------------
 
 

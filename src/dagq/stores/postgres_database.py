@@ -157,7 +157,12 @@ class Database:
             self.target.conninfo,
             min_size=1,
             max_size=POOL_SIZE,
-            kwargs={"autocommit": True, "connect_timeout": int(CONNECT_TIMEOUT_S)},
+            # Statements are prepared on first use: a few dozen texts, run again and again.
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": int(CONNECT_TIMEOUT_S),
+                "prepare_threshold": 0,
+            },
             timeout=CONNECT_TIMEOUT_S,
             open=False,
             name=f"dagq-{self.target.schema}",
