@@ -52,7 +52,8 @@ from dagq.observability.runs import RunTelemetry
 from dagq.offload import Offload, heavy
 from dagq.persistence import OFF_LOOP_BYTES, Staged, off_loop, read_state, stage_state
 from dagq.persistence import settle as settle_state
-from dagq.plan import Plan, compile_plan
+from dagq.compiled import PLANS
+from dagq.plan import Plan
 from dagq.state import (
     UNDO_SENT,
     UNSET,
@@ -1197,8 +1198,8 @@ def _compile(data: bytes, known: Callable[[str], Plan | None]) -> _Compiled:
     submitted = decode_submitted(data)
     plan = known(submitted.fingerprint)
     new = plan is None
-    if plan is None:
-        plan = compile_plan(submitted.definition, submitted.params)
+    if plan is None:  # compiled by this process's client or a reader, or compiled now
+        plan = PLANS.plan(submitted.definition, submitted.params, submitted.fingerprint)
     return _Compiled(
         submitted.definition.name,
         submitted.tenant,

@@ -10,6 +10,7 @@ existing workflow; the same id with a different definition is refused.
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import hashlib
 import os
@@ -40,7 +41,8 @@ from dagq.messages import (
 from dagq.observability import spans
 from dagq.payloads import echo
 from dagq.persistence import create_state
-from dagq.plan import Plan, compile_plan, resolve_params
+from dagq.compiled import plan_of
+from dagq.plan import Plan, resolve_params
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
 from dagq.submitted import Submitted, load_submitted, require_submitted
 from dagq.validation import check_values, check_workflow_id
@@ -110,7 +112,8 @@ async def submit(
             f"the definition of '{echo(definition.name)}' with its params is {len(document)} "
             f"bytes as JSON, over the limit of {payloads.MAX_DEFINITION_BYTES} bytes"
         )
-    plan = compile_plan(definition, resolved)  # bounded first: it renders every task
+    # Bounded first: it renders every task. Kept for the coordinator and the readers.
+    plan = plan_of(definition, resolved, submitted.fingerprint)
     existing = await load_submitted(store, workflow_id)
     if existing is not None:
         if existing.fingerprint != submitted.fingerprint:
@@ -150,11 +153,17 @@ async def submit(
 
 def local_actor(via: str) -> str:
     """Who acts from this machine, for the audit trail: ``VIA:USER`` (the OS user)."""
+    return f"{via}:{_os_user()}"
+
+
+@functools.cache
+def _os_user() -> str:
+    """The OS user of this process, looked up once (the password database each time
+    cost more than the rest of a small workflow's submit)."""
     try:
-        user = getpass.getuser()
+        return getpass.getuser()
     except (OSError, KeyError):  # no name for this uid (a container's user)
-        user = f"uid{os.getuid()}"
-    return f"{via}:{user}"
+        return f"uid{os.getuid()}"
 
 
 def check_bounds(definition: WorkflowDef, params: Mapping[str, Any]) -> None:

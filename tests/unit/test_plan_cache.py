@@ -6,6 +6,7 @@ import pytest
 
 from dagq import keys
 from dagq.client import Client
+from dagq.compiled import PLANS
 from dagq.stores import open_store
 from dagq.views import PlanCache, load_run
 from tests.helpers import definition
@@ -26,6 +27,7 @@ async def test_a_run_read_twice_is_compiled_once_and_the_oldest_plans_make_room(
         assert again is first
         assert (await client.status("a")).total == 3  # the client reads through it too
         await load_run(store, "b", plans=plans)  # 6 tasks > 5: a's plan goes
+        PLANS.clear()  # and this process's shared plans do not have it either
         _, recompiled, _ = await load_run(store, "a", plans=plans)
         assert recompiled is not first and recompiled == first
     finally:
