@@ -33,6 +33,7 @@ import msgspec
 
 from dagq import garbage, keys, machine, payloads, quarantine
 from dagq.cache import Entry, WorkflowCache
+from dagq.compiled import PLANS
 from dagq.containment import Held, WorkflowFault, step
 from dagq.dispatching import Outgoing, bundle, bundle_sends, task_message
 from dagq.errors import ConflictError, DagqError, DamagedData, LeaseLost, TransientError
@@ -52,7 +53,6 @@ from dagq.observability.runs import RunTelemetry
 from dagq.offload import Offload, heavy
 from dagq.persistence import OFF_LOOP_BYTES, Staged, off_loop, read_state, stage_state
 from dagq.persistence import settle as settle_state
-from dagq.compiled import PLANS
 from dagq.plan import Plan
 from dagq.state import (
     UNDO_SENT,

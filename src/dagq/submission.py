@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from dagq import keys, payloads, state
+from dagq.compiled import plan_of
 from dagq.definition import WorkflowDef
 from dagq.errors import (
     ConflictError,
@@ -40,8 +41,7 @@ from dagq.messages import (
 )
 from dagq.observability import spans
 from dagq.payloads import echo
-from dagq.persistence import create_state
-from dagq.compiled import plan_of
+from dagq.persistence import create_state, stage_created_state
 from dagq.plan import Plan, resolve_params
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
 from dagq.submitted import Submitted, load_submitted, require_submitted
@@ -124,6 +124,11 @@ async def submit(
         submitted = existing
     created = existing is None
     row = await store.index.get(workflow_id)
+    initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
+    at_once = created and row is None
+    if at_once and await _submitted_at_once(store, submitted, document, plan, initial):
+        spans.submitted(workflow_id, definition.name, began, clock())
+        return SubmitResult(workflow_id, True, plan, submitted.fingerprint)
     if row is None:
         await store.index.upsert(_pending_row(submitted, plan))
     if created:
@@ -139,16 +144,39 @@ async def submit(
                 labels=labels,
                 actor=actor,
             )
-    initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
     with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
         await create_state(store, initial)
-    await store.queues.send(
-        keys.COMPLETIONS_QUEUE,
-        [OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))],
-    )
+    await store.queues.send(keys.COMPLETIONS_QUEUE, [_submit_event(workflow_id)])
     if created:
         spans.submitted(workflow_id, definition.name, began, clock())
     return SubmitResult(workflow_id, created, plan, submitted.fingerprint)
+
+
+async def _submitted_at_once(
+    store: Store, submitted: Submitted, document: bytes, plan: Plan, initial: state.RunState
+) -> bool:
+    """A new workflow's index row, definition, state and event in one batch, where the
+    store commits a batch all or nothing (sqlite): one transaction instead of four, and
+    the order of the writes cannot matter. False when it cannot be done so (another
+    store, a large state) or a concurrent submit of the same id got there first (a
+    conflict: nothing was written); the writes one by one then sort it out."""
+    if not getattr(store.committer, "atomic", False):
+        return False
+    batch = store.batch()
+    batch.upsert(_pending_row(submitted, plan))
+    batch.put(keys.definition(submitted.workflow_id), document, if_none_match=True)
+    if not stage_created_state(batch, initial):
+        return False
+    batch.send(keys.COMPLETIONS_QUEUE, [_submit_event(submitted.workflow_id)])
+    try:
+        await batch.commit()
+    except ConflictError:
+        return False
+    return True
+
+
+def _submit_event(workflow_id: str) -> OutgoingMessage:
+    return OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))
 
 
 def local_actor(via: str) -> str:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import msgspec
 
 from dagq import keys
+from dagq.compiled import plan_of
 from dagq.errors import DamagedData, WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
 from dagq.payloads import cut
 from dagq.persistence import Stored, read_state
-from dagq.compiled import plan_of
 from dagq.plan import Plan
 from dagq.state import (
     TERMINAL,

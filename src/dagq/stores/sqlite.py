@@ -502,6 +502,9 @@ def _apply(c: sqlite3.Connection, op: BatchOp, now: float, etags: list[str]) -> 
 class _Committer:
     """Commits a whole batch in one ``BEGIN IMMEDIATE`` transaction: all or nothing."""
 
+    #: All or nothing: writes whose order matters may share a batch (a submit's).
+    atomic = True
+
     def __init__(self, db: _Database, wakeups: Wakeups, channel: WakeChannel) -> None:
         self._db = db
         self._wakeups = wakeups
