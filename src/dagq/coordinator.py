@@ -35,7 +35,7 @@ from dagq import garbage, keys, machine, payloads, quarantine
 from dagq.cache import Entry, WorkflowCache
 from dagq.compiled import PLANS
 from dagq.containment import Held, WorkflowFault, step
-from dagq.dispatching import Outgoing, bundle, bundle_sends, task_message
+from dagq.dispatching import Outgoing, SharedInputs, bundle, bundle_sends, task_message
 from dagq.errors import ConflictError, DagqError, DamagedData, LeaseLost, TransientError
 from dagq.history import encode_chunk
 from dagq.leasing import LeaseKeeper
@@ -570,7 +570,10 @@ class Coordinator:
         st.unconfirmed = _unconfirmed(entry, fx.dispatch)
         staged = stage_state(batch, st, entry.stored)
         sent_at = self.clock() if self.telemetry.on() else None
-        outgoing = [task_message(entry.plan, st, d, sent_at=sent_at) for d in fx.dispatch]
+        shared: SharedInputs = {}
+        outgoing = [
+            task_message(entry.plan, st, d, sent_at=sent_at, shared=shared) for d in fx.dispatch
+        ]
         documents = {key: data for o in outgoing for key, data in o.documents}
         for key, data in documents.items():
             batch.put(key, data)
