@@ -11,6 +11,7 @@ import asyncio
 import builtins
 import functools
 import time
+import zlib
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -33,6 +34,7 @@ from dagq.messages import decode_tasks
 from dagq.payloads import decode_json, echo
 from dagq.plan import Plan
 from dagq.quarantine import QuarantineInfo
+from dagq.snapshots import decode_header
 from dagq.state import (
     BAD,
     QUARANTINED,
@@ -63,6 +65,8 @@ T = TypeVar("T")
 SCAN_WORKFLOWS = 1000
 _UNDO_LABELS = {1: "queued", 2: "sent", 3: "done", 4: "failed"}
 _TERMINAL_LABELS = frozenset(s.label for s in TERMINAL)
+#: What decoding a damaged state header raises (``Client.status`` says what is wrong).
+_HEADER_ERRORS = (ValueError, zlib.error, msgspec.MsgspecError)
 
 
 class TaskInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -777,14 +781,35 @@ class Client:
         person); TimeoutError after ``timeout_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         delay = 0.02
+        current: str | None = None  # the status the state's header says, while running
         while True:
-            status = await self.status(workflow_id)
-            if status.terminal or status.quarantined:
-                return status
+            if current is None:  # at first, or when it may have ended: read it all
+                status = await self.status(workflow_id)
+                if status.terminal or status.quarantined:
+                    return status
+                current = status.status
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"workflow {workflow_id} is still {status.status}")
+                raise TimeoutError(f"workflow {workflow_id} is still {current}")
             await asyncio.sleep(delay)
             delay = min(delay * 2, poll_s)
+            current = await self._running_status(workflow_id)
+
+    async def _running_status(self, workflow_id: str) -> str | None:
+        """The status the run's state header says while the run goes on and is not
+        quarantined; None when it may have ended (or cannot be told so: then the whole
+        status is read, with its errors). Two small reads: no state is rebuilt nor
+        plan compiled while a run is polled."""
+        held, header = await asyncio.gather(
+            self.store.documents.get(keys.quarantine(workflow_id)),
+            self.store.documents.get(keys.state(workflow_id)),
+        )
+        if held is not None or header is None:
+            return None
+        try:
+            status = decode_header(header.data).status
+        except _HEADER_ERRORS:
+            return None
+        return None if status in WORKFLOW_TERMINAL else status
 
 
 class SyncClient:

@@ -33,8 +33,9 @@ import msgspec
 
 from dagq import garbage, keys, machine, payloads, quarantine
 from dagq.cache import Entry, WorkflowCache
+from dagq.compiled import PLANS
 from dagq.containment import Held, WorkflowFault, step
-from dagq.dispatching import Outgoing, bundle, bundle_sends, task_message
+from dagq.dispatching import Outgoing, SharedInputs, bundle, bundle_sends, task_message
 from dagq.errors import ConflictError, DagqError, DamagedData, LeaseLost, TransientError
 from dagq.history import encode_chunk
 from dagq.leasing import LeaseKeeper
@@ -52,7 +53,7 @@ from dagq.observability.runs import RunTelemetry
 from dagq.offload import Offload, heavy
 from dagq.persistence import OFF_LOOP_BYTES, Staged, off_loop, read_state, stage_state
 from dagq.persistence import settle as settle_state
-from dagq.plan import Plan, compile_plan
+from dagq.plan import Plan
 from dagq.state import (
     UNDO_SENT,
     UNSET,
@@ -585,8 +586,10 @@ class Coordinator:
         staged = stage_state(batch, st, entry.stored)
         sent_at = self.clock() if self.telemetry.on() else None
         now = self.clock()
+        shared: SharedInputs = {}
         outgoing = [
-            task_message(entry.plan, st, d, sent_at=sent_at, dispatched_at=now) for d in fx.dispatch
+            task_message(entry.plan, st, d, sent_at=sent_at, dispatched_at=now, shared=shared)
+            for d in fx.dispatch
         ]
         documents = {key: data for o in outgoing for key, data in o.documents}
         for key, data in documents.items():
@@ -1221,9 +1224,11 @@ def _compile(data: bytes, known: Callable[[str], Plan | None]) -> _Compiled:
     outline = decode_outline(data)
     plan = known(outline.fingerprint)
     new = plan is None
+    if plan is None:  # compiled by this process's client or a reader?
+        plan = PLANS.get(outline.fingerprint)
     if plan is None:  # its tasks are decoded only to be compiled
         submitted = decode_outlined(outline)
-        plan = compile_plan(submitted.definition, submitted.params)
+        plan = PLANS.plan(submitted.definition, submitted.params, submitted.fingerprint)
     return _Compiled(
         outline.definition.name,
         outline.tenant,

@@ -55,6 +55,11 @@ def send_span_ids(workflow_id: str) -> tuple[int, int]:
     return ids.trace_id(workflow_id), ids.new_span_id()
 
 
+#: The inline inputs of tasks with the same parents, gathered once for a whole batch of
+#: dispatches (a layer of 100 tasks each fed by the same 100 parents).
+SharedInputs = dict[tuple[int, ...], tuple[dict[str, Any], dict[str, str]]]
+
+
 def task_message(
     plan: Plan,
     state: RunState,
@@ -62,21 +67,29 @@ def task_message(
     *,
     sent_at: float | None = None,
     dispatched_at: float = 0.0,
+    shared: SharedInputs | None = None,
 ) -> Outgoing:
     """Build the message for one dispatched attempt (of a task, or of its undo).
 
     With ``sent_at`` (telemetry is on), the message names its ``send`` span (a W3C
     traceparent) and when it is due, for the worker's queue-wait span and metric.
     ``dispatched_at`` is when the coordinator decided to send it (see the worker's
-    control checks).
+    control checks). ``shared`` keeps inline inputs for the other messages built from
+    the same state: tasks with the same parents get the same inputs, gathered once.
     """
     task = plan.tasks[dispatch.task]
     workflow_id = state.workflow_id
     documents: list[tuple[str, bytes]] = []
-    sources = list(task.parents)
-    if dispatch.undo:  # an undo also sees what the task itself returned
-        sources.append(dispatch.task)
-    inputs, refs, inputs_ref = _inputs(plan, state, sources, dispatch, documents)
+    kept = None if shared is None or dispatch.undo else shared.get(task.parents)
+    if kept is not None:
+        (inputs, refs), inputs_ref = kept, None
+    else:
+        sources = list(task.parents)
+        if dispatch.undo:  # an undo also sees what the task itself returned
+            sources.append(dispatch.task)
+        inputs, refs, inputs_ref = _inputs(plan, state, sources, dispatch, documents)
+        if shared is not None and not dispatch.undo and inputs_ref is None:
+            shared[task.parents] = (inputs, refs)
     iteration = 0 if dispatch.undo else state.iteration.get(dispatch.task, 0)
     previous, previous_ref = None, None
     if iteration > 1:  # a loop's next iteration sees what the last one returned

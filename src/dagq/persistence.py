@@ -74,6 +74,15 @@ def _large(state: RunState) -> bool:
     return state.n_tasks + sum(g.n for g in state.groups.values()) > INLINE_TASKS
 
 
+def stage_created_state(batch: Batch, state: RunState) -> bool:
+    """Stage a new small workflow's initial state (create-only) in ``batch``; False,
+    and nothing staged, for a large one (:func:`create_state` writes its base first)."""
+    if _large(state):
+        return False
+    batch.put(keys.state(state.workflow_id), snapshots.encode(state), if_none_match=True)
+    return True
+
+
 async def create_state(store: Store, state: RunState) -> str:
     """Store a new workflow's initial state (create-only); ConflictError if it exists.
 

@@ -174,7 +174,7 @@ def compile_plan(definition: WorkflowDef, params: Mapping[str, Any]) -> Plan:
             definition,
             task,
             index=i,
-            parents=_shared(edges, tuple(by_name[d] for d in _parents(task))),
+            parents=_shared(edges, tuple(map(by_name.__getitem__, _parents(task)))),
             children=_shared(edges, tuple(children[i])),
             env=env,
             jobq=rules.jobq,

@@ -3,7 +3,8 @@
 Order of writes, each idempotent: definition (create-only: a new id costs no read) →
 index row (``pending``, so a sweep can always find the workflow before it starts) →
 runtime state (create-only; the commit point) → a ``submit`` event to wake the
-coordinator. Submitting the same id and
+coordinator. Where a batch commits all or nothing (SQLite), a new workflow's four
+writes are one transaction instead. Submitting the same id and
 definition again completes whatever a crashed submit left undone and returns the
 existing workflow; the same id with a different definition is refused.
 """
@@ -11,6 +12,7 @@ existing workflow; the same id with a different definition is refused.
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import hashlib
 import os
@@ -23,6 +25,7 @@ from typing import Any
 import msgspec
 
 from dagq import keys, payloads, state
+from dagq.compiled import plan_of
 from dagq.definition import WorkflowDef
 from dagq.errors import (
     ConflictError,
@@ -40,8 +43,8 @@ from dagq.messages import (
 )
 from dagq.observability import spans
 from dagq.payloads import echo
-from dagq.persistence import create_state
-from dagq.plan import Plan, compile_plan, resolve_params
+from dagq.persistence import create_state, stage_created_state
+from dagq.plan import Plan, resolve_params
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
 from dagq.submitted import Submitted, load_submitted, require_submitted
 from dagq.validation import check_values, check_workflow_id
@@ -114,11 +117,17 @@ async def submit(
             f"the definition of '{echo(definition.name)}' with its params is {len(document)} "
             f"bytes as JSON, over the limit of {payloads.MAX_DEFINITION_BYTES} bytes"
         )
-    plan = compile_plan(definition, resolved)  # bounded first: it renders every task
+    # Bounded first: it renders every task. Kept for the coordinator and the readers.
+    plan = plan_of(definition, resolved, submitted.fingerprint)
     if compiled is not None:
         compiled(submitted.fingerprint, plan)
-    # The definition first, create-only: a new id (the usual case) costs no read. Then
-    # the index row, then the state: a submit cut short anywhere completes when repeated.
+    initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
+    if await _submitted_at_once(store, submitted, document, plan, initial):
+        spans.submitted(workflow_id, definition.name, began, clock())
+        return SubmitResult(workflow_id, True, plan, submitted.fingerprint)
+    # Else the definition first, create-only: a new id (the usual case) costs no read.
+    # Then the index row, then the state: a submit cut short anywhere completes when
+    # repeated.
     try:
         await store.documents.put(keys.definition(workflow_id), document, if_none_match=True)
         created = True
@@ -140,28 +149,58 @@ async def submit(
                 "params; choose another id"
             ) from None
         submitted, created = existing, False
+        initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
     row = await store.index.get(workflow_id)
     if row is None:
         await store.index.upsert(_pending_row(submitted, plan))
-    initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
     with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
         await create_state(store, initial)
-    await store.queues.send(
-        keys.COMPLETIONS_QUEUE,
-        [OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))],
-    )
+    await store.queues.send(keys.COMPLETIONS_QUEUE, [_submit_event(workflow_id)])
     if created:
         spans.submitted(workflow_id, definition.name, began, clock())
     return SubmitResult(workflow_id, created, plan, submitted.fingerprint)
 
 
+async def _submitted_at_once(
+    store: Store, submitted: Submitted, document: bytes, plan: Plan, initial: state.RunState
+) -> bool:
+    """A new workflow's index row, definition, state and event in one batch, where the
+    store commits a batch all or nothing (sqlite): one transaction instead of four, and
+    the order of the writes cannot matter. False when it cannot be done so (another
+    store, a large state) or a concurrent submit of the same id got there first (a
+    conflict: nothing was written); the writes one by one then sort it out."""
+    if not getattr(store.committer, "atomic", False):
+        return False
+    batch = store.batch()
+    batch.upsert(_pending_row(submitted, plan))
+    batch.put(keys.definition(submitted.workflow_id), document, if_none_match=True)
+    if not stage_created_state(batch, initial):
+        return False
+    batch.send(keys.COMPLETIONS_QUEUE, [_submit_event(submitted.workflow_id)])
+    try:
+        await batch.commit()
+    except ConflictError:
+        return False
+    return True
+
+
+def _submit_event(workflow_id: str) -> OutgoingMessage:
+    return OutgoingMessage(encode_events([SubmitRequested(workflow_id=workflow_id)]))
+
+
 def local_actor(via: str) -> str:
     """Who acts from this machine, for the audit trail: ``VIA:USER`` (the OS user)."""
+    return f"{via}:{_os_user()}"
+
+
+@functools.cache
+def _os_user() -> str:
+    """The OS user of this process, looked up once (the password database each time
+    cost more than the rest of a small workflow's submit)."""
     try:
-        user = getpass.getuser()
+        return getpass.getuser()
     except (OSError, KeyError):  # no name for this uid (a container's user)
-        user = f"uid{os.getuid()}"
-    return f"{via}:{user}"
+        return f"uid{os.getuid()}"
 
 
 def check_bounds(definition: WorkflowDef, params: Mapping[str, Any]) -> None:

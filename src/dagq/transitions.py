@@ -435,6 +435,13 @@ def finish(
         for child in plan.tasks[j].children:
             counter[child] += 1
             if state.task_status[child] == TaskStatus.PENDING and state.status == "running":
+                kid = plan.tasks[child]
+                if (
+                    kid.policy == POLICY_ALL
+                    and not state.n_bad[child]
+                    and state.n_done[child] + state.n_skip[child] < len(kid.parents)
+                ):
+                    continue  # waits for more parents: what evaluate would say, found here
                 decided = evaluate(plan, state, child, at, fx)
                 if decided is not None:
                     work.append((child, decided, True))

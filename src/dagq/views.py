@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import msgspec
 
 from dagq import keys
+from dagq.compiled import plan_of
 from dagq.errors import DamagedData, WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
 from dagq.payloads import cut
 from dagq.persistence import Stored, read_state
-from dagq.plan import Plan, compile_plan
+from dagq.plan import Plan
 from dagq.state import (
     TERMINAL,
     UNDO_DONE,
@@ -152,7 +153,7 @@ class PlanCache:
         if found is not None:
             self._plans.move_to_end(key)
             return found
-        found = compile_plan(submitted.definition, submitted.params)
+        found = plan_of(submitted.definition, submitted.params, submitted.fingerprint)
         self._plans[key] = found
         self._tasks += len(found.tasks)
         while self._tasks > self.max_tasks and len(self._plans) > 1:
@@ -199,7 +200,7 @@ async def load_run(
     try:
         if plans is None:
             submitted = await require_submitted(store, workflow_id)
-            plan = compile_plan(submitted.definition, submitted.params)
+            plan = plan_of(submitted.definition, submitted.params, submitted.fingerprint)
         else:
             doc = await store.documents.get(keys.definition(check_workflow_id(workflow_id)))
             if doc is None:

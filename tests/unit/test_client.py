@@ -31,6 +31,7 @@ from dagq.history import DAMAGED, HistoryEntry
 from dagq.messages import OUTPUT_INLINE_LIMIT
 from dagq.stores import open_store
 from dagq.stores.base import OutgoingMessage, Store
+from dagq.stores.intercepting import intercepted
 from dagq.stores.memory import open_memory_store
 from dagq.worker import Worker, WorkerOptions
 from tests.helpers import definition
@@ -230,6 +231,28 @@ async def test_wait_gives_up_with_timeout_error(client: Client) -> None:
 
     with pytest.raises(TimeoutError, match="stuck"):
         await client.wait("stuck", timeout_s=0.1)
+
+
+async def test_wait_polls_the_state_header_and_reads_the_run_whole_once_it_ended(
+    store: Store, cluster: None
+) -> None:
+    reads: list[str] = []
+
+    async def note(operation: str, args: tuple[Any, ...], call: Callable[[], Any]) -> Any:
+        if operation == "documents.get":
+            reads.append(args[0].split("/")[0])
+        return await call()
+
+    watched = Client(intercepted(store, note))
+    await watched.submit(_one("stuck"), workflow_id="stuck")  # its queue is not served
+    with pytest.raises(TimeoutError, match=r"stuck is still (pending|running)"):
+        await watched.wait("stuck", timeout_s=0.4)
+    assert reads.count("states") >= 4  # polled: 20, 40, 80, 160 ms ...
+    assert reads.count("definitions") <= 2  # the submit's look, the first status: no more
+
+    await watched.submit(_one("quick", queue="default"), workflow_id="quick")
+    status = await watched.wait("quick", timeout_s=10)
+    assert status.status == "completed" and status.done == 1
 
 
 # --- cancel and retry ----------------------------------------------------------------------

@@ -21,9 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dagq import compiled as compiled_module
 from dagq import coordinator as coordinator_module
 from dagq import keys, machine, quarantine, snapshots
 from dagq.client import Client
+from dagq.compiled import PLANS
 from dagq.coordinator import Coordinator
 from dagq.errors import DamagedData, PayloadTooLarge
 from dagq.state import QUARANTINED
@@ -100,7 +102,7 @@ _real_decode_header = snapshots.decode_header
 STEPS: dict[str, tuple[Any, str, Callable[..., str]]] = {
     "load": (coordinator_module, "read_state", lambda store, wid, plan: wid),
     "decode": (snapshots, "decode_header", _decoded),
-    "compile": (coordinator_module, "compile_plan", lambda d, params: str(d.name)),
+    "compile": (compiled_module, "compile_plan", lambda d, params: str(d.name)),
     "resolve": (Coordinator, "_resolve_refs", lambda self, e, ev: e.state.workflow_id),
     "apply": (machine, "apply", lambda plan, state, *_: state.workflow_id),
     "track": (Coordinator, "_track_deadlines", lambda self, e, ev: e.state.workflow_id),
@@ -139,6 +141,7 @@ async def scenario(step: str, exception: str, victim: str, nth: int) -> None:
     tasks = [{"name": "a"}, {"name": "b", "depends_on": ["a"]}, {"name": "c", "depends_on": ["b"]}]
     for w in WORKFLOWS:  # each its own name, so the compile step can tell them apart
         await submit(store, definition(tasks, name=w), workflow_id=w, clock=clock)
+    PLANS.clear()  # the coordinator compiles them, as one in another process would
     coord = Coordinator(store, clock=clock)
     fault = Fault(victim, nth, EXCEPTIONS[exception])
 

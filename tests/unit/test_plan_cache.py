@@ -6,7 +6,10 @@ import pytest
 
 from dagq import keys
 from dagq.client import Client
+from dagq.compiled import PLANS, Compiled
+from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.stores import open_store
+from dagq.submission import submit
 from dagq.views import PlanCache, load_run
 from tests.helpers import definition
 
@@ -26,6 +29,7 @@ async def test_a_run_read_twice_is_compiled_once_and_the_oldest_plans_make_room(
         assert again is first
         assert (await client.status("a")).total == 3  # the client reads through it too
         await load_run(store, "b", plans=plans)  # 6 tasks > 5: a's plan goes
+        PLANS.clear()  # and this process's shared plans do not have it either
         _, recompiled, _ = await load_run(store, "a", plans=plans)
         assert recompiled is not first and recompiled == first
     finally:
@@ -49,3 +53,41 @@ async def test_a_run_that_did_not_change_is_read_again_from_what_was_kept() -> N
         assert changed[0] is first[0]  # the definition document is decoded once
     finally:
         await store.close()
+
+
+async def test_a_definition_is_compiled_once_by_its_submits_the_coordinator_and_readers() -> None:
+    store = open_store("memory://")
+    plans = Compiled()
+    try:
+        wf = definition([{"name": "a"}, {"name": "b", "depends_on": ["a"]}], name="once")
+        PLANS.clear()
+        before = PLANS.compiles
+        first = await submit(store, wf, workflow_id="w1")
+        second = await submit(store, wf, workflow_id="w2")
+        assert second.plan is first.plan
+        coordinator = Coordinator(store, CoordinatorOptions())
+        await coordinator.step()
+        assert coordinator.plan_of("w1") is first.plan  # loaded, not compiled again
+        client = Client(store)
+        assert (await client.status("w2")).total == 2
+        _, read, _ = await load_run(store, "w1")
+        assert read is first.plan
+        assert PLANS.compiles == before + 1
+        other = await submit(store, wf, params={}, workflow_id="w3")
+        assert other.plan is first.plan  # the same definition and params: one fingerprint
+        assert plans.compiles == 0
+    finally:
+        await store.close()
+
+
+def test_the_plans_kept_stay_within_their_bound_and_a_larger_one_is_not_kept() -> None:
+    plans = Compiled(max_tasks=5)
+    three = definition([{"name": f"t{i}"} for i in range(3)], name="three")
+    six = definition([{"name": f"t{i}"} for i in range(6)], name="six")
+    a = plans.plan(three, {}, "a")
+    assert plans.plan(three, {}, "a") is a
+    b = plans.plan(three, {}, "b")  # 6 tasks > 5: the least recently used goes
+    assert plans.get("a") is None and plans.get("b") is b
+    plans.plan(six, {}, "c")  # over the bound alone: compiled, not kept
+    assert plans.get("c") is None and plans.get("b") is b
+    assert plans.compiles == 3

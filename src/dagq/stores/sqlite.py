@@ -549,6 +549,9 @@ class _Committer:
     messages for it in the same transaction (:mod:`dagq.stores.sqlite_claims`).
     """
 
+    #: All or nothing: writes whose order matters may share a batch (a submit's).
+    atomic = True
+
     def __init__(
         self, db: _Database, wakeups: Wakeups, channel: WakeChannel, queues: SqliteQueues
     ) -> None:
