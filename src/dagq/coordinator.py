@@ -578,8 +578,8 @@ class Coordinator:
         by_queue: dict[str, list[OutgoingMessage]] = defaultdict(list)
         for o in outgoing:
             by_queue[o.queue].append(o.message)
+        # Bundled at the commit (bundle_sends).
         sent = [batch.send(queue, messages) for queue, messages in by_queue.items()]
-        # bundled at the commit (bundle_sends)
         if fx.stop or fx.finished:
             batch.put(keys.control(workflow_id), control_document(st))
         elif starting:  # a purged namesake may have left its stop-everything marker
