@@ -143,6 +143,8 @@ class _Flush:
     #: The task messages staged (kept only while telemetry is on), and when.
     outgoing: tuple[Outgoing, ...] = ()
     staged_at: float = 0.0
+    #: The lists of messages the batch sends, let go of in a thread once committed.
+    sent: tuple[list[OutgoingMessage], ...] = ()
 
 
 @dataclass
@@ -597,8 +599,8 @@ class Coordinator:
         by_queue: dict[str, list[OutgoingMessage]] = defaultdict(list)
         for o in outgoing:
             by_queue[o.queue].append(o.message)
-        for queue, messages in by_queue.items():
-            batch.send(queue, messages)  # bundled at the commit (bundle_sends)
+        # Bundled at the commit (bundle_sends).
+        sent = [batch.send(queue, messages) for queue, messages in by_queue.items()]
         if fx.stop or fx.finished:
             batch.put(keys.control(workflow_id), control_document(st))
         elif starting:  # a purged namesake may have left its stop-everything marker
@@ -609,7 +611,7 @@ class Coordinator:
         if indexed:
             batch.upsert(index_row(entry))
         traced = tuple(outgoing) if sent_at is not None else ()
-        return _Flush(
+        flush = _Flush(
             entry,
             staged,
             len(outgoing),
@@ -617,7 +619,12 @@ class Coordinator:
             indexed,
             outgoing=traced,
             staged_at=sent_at or 0.0,
+            sent=tuple(op.messages for op in sent if op and isinstance(op.messages, list)),
         )
+        # A fan-out's 100,000 dispatches and messages: freed a chunk at a time here
+        # (in the step thread, for a heavy workflow), not all at once on return.
+        garbage.release(fx.dispatch, outgoing, *by_queue.values())
+        return flush
 
     def _index_due(self, entry: Entry) -> bool:
         return (
@@ -644,6 +651,7 @@ class Coordinator:
     async def _settle(self, flush: _Flush, etags: list[str]) -> None:
         """After the commit: remember the new version; count; announce a finished run."""
         entry, st = flush.entry, flush.entry.state
+        self.offload.release(*flush.sent)  # committed: the step thread frees them
         entry.stored = await settle_state(self.store, st, flush.staged, etags)
         st.dirty = False
         entry.confirm_owed = flush.dispatched > 0  # sent now; the stored state says not

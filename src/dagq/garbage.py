@@ -25,6 +25,12 @@ large steps make are not collected while they are alive:
   only a cycle among those start-up objects that dies later would never be freed.
   Freezing again later (as this module did after each large plan) would take
   everything alive at that moment out of the collector's reach, every time.
+
+* :func:`release` — reference counting frees a list's items when the list goes,
+  all in the one bytecode that dropped it: 100,000 task messages took 10-20 ms of
+  the GIL at once, wherever that happened (on the loop, or in a thread the loop
+  then waited for). Large lists a step makes are emptied a chunk at a time instead,
+  in a thread, so that the interpreter can switch threads between chunks.
 """
 
 from __future__ import annotations
@@ -32,9 +38,12 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 #: While full collections are held off: a generation-2 threshold never reached.
 _NEVER = 2**30
+#: How many items :func:`release` frees at a time (some 0.1 ms of the GIL).
+RELEASE_CHUNK = 1000
 
 
 class _Holds:
@@ -82,3 +91,15 @@ def young_only(active: bool = True) -> Iterator[None]:
         _Holds.depth -= 1
         if _Holds.depth == 0:
             gc.set_threshold(*_Holds.thresholds)
+
+
+def release(*lists: list[Any]) -> None:
+    """Empty each list a chunk at a time, freeing what only it held as it goes.
+
+    Each chunk is one bytecode, so the GIL can pass to another thread (the event
+    loop's) between chunks; one ``del`` of the whole list would hold it until every
+    item was freed. Call it where the freeing may take long: in a thread.
+    """
+    for items in lists:
+        while items:
+            del items[-RELEASE_CHUNK:]

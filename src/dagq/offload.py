@@ -20,8 +20,9 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
+from dagq import garbage
 from dagq.persistence import INLINE_TASKS
 from dagq.plan import Plan
 from dagq.state import RunState, TaskStatus
@@ -80,6 +81,17 @@ class Offload:
         if self._thread is not None:
             self._thread.shutdown(wait=False)
             self._thread = None
+
+    def release(self, *lists: list[Any]) -> None:
+        """Let go of large lists (a fan-out's 100,000 sent task messages) in the step
+        thread, a chunk at a time (:func:`dagq.garbage.release`), not on the loop.
+
+        The thread holds them until it has emptied them, so whatever else the loop
+        still holds (the committed batch) is freed cheaply whenever it goes. Without
+        the thread (not started, or closed) the lists are simply left to the caller.
+        """
+        if self._thread is not None and any(len(items) > garbage.RELEASE_CHUNK for items in lists):
+            self._thread.submit(garbage.release, *lists)
 
     def busy(self, workflow_id: str) -> bool:
         """Is a thread changing this workflow's working copy right now?"""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -14,8 +15,10 @@ from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.offload import LARGE_TASKS, STEP_THREAD, Offload, heavy
 from dagq.plan import compile_plan
 from dagq.state import RunState, TaskStatus
-from dagq.stores.base import Store
+from dagq.stores.base import SendOp, Store
+from dagq.stores.intercepting import intercepted
 from dagq.stores.memory import open_memory_store
+from dagq.stores.sqlite import open_sqlite_store
 from dagq.submission import submit
 from tests.conformance.conftest import FakeClock
 from tests.helpers import definition
@@ -198,3 +201,79 @@ def test_settling_freezes_the_survivors_of_a_collection_once_per_process() -> No
     assert frozen > 0
     garbage.settle()
     assert gc.get_freeze_count() == frozen
+
+
+class Freed:
+    """Records, when freed, which thread freed it and how long its list still was."""
+
+    def __init__(self, log: list[tuple[str, int]], owner: list[Any]) -> None:
+        self.log = log
+        self.owner = owner
+
+    def __del__(self) -> None:
+        self.log.append((threading.current_thread().name, len(self.owner)))
+
+
+def freed_list(n: int, log: list[tuple[str, int]]) -> list[Any]:
+    items: list[Any] = []
+    items.extend(Freed(log, items) for _ in range(n))
+    return items
+
+
+def test_release_empties_a_list_a_chunk_at_a_time() -> None:
+    log: list[tuple[str, int]] = []
+    items = freed_list(2 * garbage.RELEASE_CHUNK + 500, log)
+    garbage.release(items)
+    assert items == [] and len(log) == 2 * garbage.RELEASE_CHUNK + 500
+    # Each chunk went in its own bytecode (the GIL may change hands between them),
+    # not all at once as ``items.clear()`` or dropping the list would.
+    assert sorted({left for _, left in log}) == [0, 500, garbage.RELEASE_CHUNK + 500]
+
+
+async def test_released_lists_are_freed_in_the_step_thread_not_on_the_loop() -> None:
+    offload = Offload()
+    offload.start()
+    log: list[tuple[str, int]] = []
+    items = freed_list(3 * garbage.RELEASE_CHUNK, log)
+    try:
+        offload.release(items)
+        deadline = asyncio.get_running_loop().time() + 10
+        while items:  # emptied by the thread while the loop goes on
+            assert asyncio.get_running_loop().time() < deadline, "never released"
+            await asyncio.sleep(0.001)
+    finally:
+        offload.close()
+    assert len(log) == 3 * garbage.RELEASE_CHUNK
+    assert {name.startswith(STEP_THREAD) for name, _ in log} == {True}
+
+
+async def test_a_committed_fan_outs_messages_are_freed_in_the_step_thread(
+    tmp_path: Any, clock: FakeClock
+) -> None:
+    sends: list[SendOp] = []
+    sizes: list[int] = []
+
+    async def capture(operation: str, args: tuple[Any, ...], call: Any) -> Any:
+        if operation == "batch.commit":
+            sends.extend(op for op in args[0] if isinstance(op, SendOp))
+            sizes.extend(len(op.messages) for op in args[0] if isinstance(op, SendOp))
+        return await call()
+
+    store = intercepted(open_sqlite_store(tmp_path / "dagq.db", clock=clock), capture)
+    coordinator = Coordinator(store, CoordinatorOptions(), clock=clock)
+    try:
+        await submit(store, fan_out(LARGE_TASKS + 10), workflow_id="big", clock=clock)
+        await coordinator.step()
+        (root,) = await take_tasks(store)
+        await post(store, finished(root, clock))
+        await coordinator.step()
+        assert max(sizes) == LARGE_TASKS + 10  # the fan-out went in one commit
+        (fan,) = [op for op, n in zip(sends, sizes, strict=True) if n == LARGE_TASKS + 10]
+        deadline = time.monotonic() + 10
+        while fan.messages:  # the step thread empties it
+            assert time.monotonic() < deadline, "the committed messages were kept"
+            await asyncio.sleep(0.001)
+        assert len(await take_tasks(store, "default")) == 1000  # every one was written
+    finally:
+        coordinator.offload.close()
+        await store.close()

@@ -405,10 +405,13 @@ class Batch:
         """Stage a document delete."""
         self.ops.append(DeleteOp(key))
 
-    def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> None:
-        """Stage messages to send."""
-        if messages:
-            self.ops.append(SendOp(queue, list(messages)))
+    def send(self, queue: str, messages: Sequence[OutgoingMessage]) -> SendOp | None:
+        """Stage messages to send (the operation, or None if there are none)."""
+        if not messages:
+            return None
+        op = SendOp(queue, list(messages))
+        self.ops.append(op)
+        return op
 
     def ack(self, queue: str, receipts: Sequence[str]) -> AckOp | None:
         """Stage the delete of received messages; after the commit, the operation

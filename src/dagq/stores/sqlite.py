@@ -29,6 +29,7 @@ from queue import SimpleQueue
 from typing import Any, TypeVar
 
 from dagq.errors import LeaseHeld, LeaseLost, StoreUnavailable, ValidationError
+from dagq.garbage import release
 from dagq.stores.base import (
     DEFAULT_MAX_DELIVERIES,
     AckOp,
@@ -530,7 +531,9 @@ def _apply(c: sqlite3.Connection, op: BatchOp, now: float, etags: list[str]) -> 
     elif isinstance(op, DeleteOp):
         c.execute("DELETE FROM documents WHERE key = ?", (op.key,))
     elif isinstance(op, SendOp):
-        c.executemany(_INSERT_MESSAGE, _message_rows(op, now))
+        rows = _message_rows(op, now)
+        c.executemany(_INSERT_MESSAGE, rows)
+        release(rows)  # a fan-out's 100,000 rows: not freed in one go (dagq.garbage)
     elif isinstance(op, AckOp):
         deleted = c.executemany(_DELETE_MESSAGE, [(op.queue, r) for r in op.receipts]).rowcount
         op.deleted.append(deleted)
