@@ -89,6 +89,7 @@ def median_of(results: list[dict[str, Any]]) -> dict[str, Any]:
         "helper_cpu_s",
         "tree_cpu_s",
         "tree_cpu_us_per_task",
+        "cpu_ms_per_task",
         "startup_s",
         "run_s",
         "waited_s",

@@ -222,7 +222,7 @@ async def multiproc(
     result["peak_rss_mb"] = {k: round(v, 1) for k, v in rss.items()}
     result["slots"] = per_worker * 2
     cpu = {k: round(process_cpu.spent(cpu_before[k], v), 3) for k, v in cpu_after.items()}
-    result["cpu_s"] = cpu
+    result["cpu_by_process_s"] = cpu
     result["cpu_ms_per_task"] = round(sum(cpu.values()) * 1000 / result["tasks"], 3)
     return result
 

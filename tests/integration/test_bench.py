@@ -69,6 +69,16 @@ def test_benchmark_suite_runs_every_workload_in_every_mode_and_checks_the_data_f
         assert f" {label} " in stdout
 
 
+@pytest.mark.timeout(300)
+def test_the_medians_of_several_runs_of_every_mode_are_summed_up() -> None:
+    # Every figure of a JSON line is summarised over the runs (a per-process dict made
+    # the summary fail once several runs of the cluster were asked for).
+    stdout, lines = _bench("--workloads", "W2", "--runs", "2", timeout=290)
+    assert len(lines) == 2 * 4  # two runs of each default mode
+    assert all(r["result_ok"] for r in lines)
+    assert " cluster " in stdout  # the summary table was printed
+
+
 @pytest.mark.timeout(120)
 def test_a_size_may_be_given_as_a_count() -> None:
     """``n=COUNT``: W4's number of workflows (W1's width, W2's length); the final value
