@@ -4,7 +4,9 @@ output pipes open: what it printed is kept, and the leftovers are killed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -66,18 +68,17 @@ async def test_a_task_ignoring_sigterm_is_killed_when_its_stop_is_cut_short(
             break
         await asyncio.sleep(0.05)
     pid = int(pids.read_text())
-    await asyncio.sleep(0.5)
-    job.cancel()  # the drain's cancel: SIGTERM, ignored; the grace period starts
-    await asyncio.sleep(0.3)
-    assert _alive(pid), "SIGTERM was expected to be ignored by the task"
-    job.cancel()  # stop now
-    with pytest.raises(asyncio.CancelledError):
-        await job
-    for _ in range(100):
-        if not _alive(pid):
-            break
-        await asyncio.sleep(0.05)
-    assert not _alive(pid), "the task's process was left running"
+    try:
+        await asyncio.sleep(0.5)
+        job.cancel()  # the drain's cancel: SIGTERM, ignored; the grace period starts
+        await asyncio.sleep(0.3)
+        assert _alive(pid), "SIGTERM was expected to be ignored by the task"
+        job.cancel()  # stop now
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        assert not await _still_running(pid), "the task's process was left running"
+    finally:
+        _kill(pid)  # a failing run leaves nothing behind
 
 
 @pytest.mark.timeout(60)
@@ -89,12 +90,25 @@ async def test_a_task_cancelled_as_soon_as_it_started_is_killed(tmp_path: Path) 
     )
     while not (pids.exists() and pids.read_text().strip()):
         await asyncio.sleep(0.001)
-    job.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await job
     pid = int(pids.read_text())
+    try:
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        assert not await _still_running(pid), "the task's process was left running"
+    finally:
+        _kill(pid)
+
+
+async def _still_running(pid: int) -> bool:
+    """Whether ``pid`` is still alive after up to 10 s."""
     for _ in range(200):
         if not _alive(pid):
-            break
+            return False
         await asyncio.sleep(0.05)
-    assert not _alive(pid), "the task's process was left running"
+    return _alive(pid)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
