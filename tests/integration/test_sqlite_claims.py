@@ -205,3 +205,20 @@ async def test_a_chain_in_one_process_never_waits_for_a_poll(
         stop.set()
         await asyncio.gather(*running, return_exceptions=True)
         await store.close()
+
+
+async def test_claimed_messages_a_smaller_receive_leaves_go_back_to_the_queue(
+    stores: tuple[Store, Store],
+) -> None:
+    """The claim asks what the last receive asked (4); the next receive wants fewer (a
+    worker's slots filled meanwhile) and may not receive again for as long as its
+    tasks run: what it leaves is visible to others at once, not hidden in this store
+    object until its visibility runs out, and not counted as delivered."""
+    mine, other = stores
+    waiter = await _waiting(mine, most=4)
+    await _send(mine, 3)
+    await asyncio.wait_for(waiter, 5)
+    got = await mine.queues.receive(QUEUE, max_messages=1, visibility_timeout_s=VT)
+    assert [m.body for m in got] == [b"m0"]
+    others = await other.queues.receive(QUEUE, max_messages=10, visibility_timeout_s=VT)
+    assert sorted((m.body, m.dequeue_count) for m in others) == [(b"m1", 1), (b"m2", 1)]

@@ -674,9 +674,13 @@ class SqliteQueues:
         self._asked[queue] = Ask(max_messages, visibility_timeout_s)
         claimed = self.claims.take(queue, max_messages)
         if claimed is not None:  # a commit received them for this store already
-            messages, seen, again = claimed
-            self._seen[queue] = -1 if again else seen  # again: the next wait returns at once
-            return messages
+            messages, seen, again, unwanted = claimed
+            if unwanted:  # visible to every receiver again, not held until they time out
+                with contextlib.suppress(StoreUnavailable):  # else: after their timeout
+                    await self._unclaim([(queue, m.receipt) for m in unwanted])
+            if messages:
+                self._seen[queue] = -1 if again else seen  # again: the next wait returns at once
+                return messages
         self._seen[queue] = self._wakeups.sends(queue)
         now = self._db.clock()
         most = self._max_deliveries
@@ -712,13 +716,20 @@ class SqliteQueues:
     async def release_claims(self) -> None:
         """Make the messages claimed for receives that never took them visible again."""
         kept = self.claims.release()
-        if not kept:
-            return
+        if kept:
+            with contextlib.suppress(StoreUnavailable):
+                await self._unclaim(kept)
+
+    async def _unclaim(self, claimed: list[tuple[str, str]]) -> None:
+        """Make claimed messages no receiver took visible again, as if never delivered
+        (their receipt no longer holds them: one received since matches nothing)."""
         now = self._db.clock()
-        sql = "UPDATE messages SET visible_at = ? WHERE queue = ? AND receipt = ?"
-        rows = [(now, queue, receipt) for queue, receipt in kept]
-        with contextlib.suppress(StoreUnavailable):
-            await self._db.write(lambda c: c.executemany(sql, rows))
+        sql = (
+            "UPDATE messages SET visible_at = ?, dequeue_count = max(dequeue_count - 1, 0) "
+            "WHERE queue = ? AND receipt = ?"
+        )
+        rows = [(now, queue, receipt) for queue, receipt in claimed]
+        await self._db.write(lambda c: c.executemany(sql, rows))
 
     async def delete(self, queue: str, receipts: Sequence[str]) -> int:
         def work(c: sqlite3.Connection) -> int:

@@ -14,7 +14,9 @@ it), and claimed messages are held like received ones — if nobody takes them f
 here (the receiver stopped), they are released when the store closes, and at worst
 come back after their visibility timeout, as when a receiver dies. A claim is made
 only for a receiver waiting at the time of the commit, for at most as many messages
-as its last receive asked for. See docs/architecture.md, "Wake-ups across processes".
+as its last receive asked for; those its next receive does not take (it asks for
+fewer) are made visible again at once, their delivery not counted. See
+docs/architecture.md, "Wake-ups across processes".
 """
 
 from __future__ import annotations
@@ -88,26 +90,30 @@ class Claims:
             kept = self._kept.setdefault(queue, deque())
             kept.extend(_Claimed(m, seen, stale_at, capped) for m in messages)
 
-    def take(self, queue: str, most: int) -> tuple[list[Message], int, bool] | None:
+    def take(self, queue: str, most: int) -> tuple[list[Message], int, bool, list[Message]] | None:
         """Up to ``most`` claimed messages of ``queue`` (None: none kept), the sends
-        count the receiver may wait from, and whether it should receive again at once
-        (some are left here, or more may be waiting in the store)."""
+        count the receiver may wait from, whether it should receive again at once
+        (more may be waiting in the store), and the claimed messages it does not take:
+        those beyond ``most`` (the receiver wants fewer than its last receive asked
+        for, and may not receive again for long) and those whose visibility runs out
+        soon. All are forgotten here; the caller makes the ones not taken visible again.
+        """
         with self._lock:
-            kept = self._kept.get(queue)
-            if not kept:
-                return None
-            now = time.monotonic()
-            taken: list[_Claimed] = []
-            while kept and len(taken) < most:
-                claimed = kept.popleft()
-                if claimed.stale_at > now:  # else its visibility runs out soon: let it go
-                    taken.append(claimed)
-            again = bool(kept) or any(c.capped for c in taken)
-            if not kept:
-                del self._kept[queue]
-        if not taken:
+            kept = self._kept.pop(queue, None)
+        if not kept:
             return None
-        return [c.message for c in taken], max(c.seen for c in taken), again
+        now = time.monotonic()
+        taken: list[_Claimed] = []
+        left: list[Message] = []
+        for claimed in kept:
+            if len(taken) < most and claimed.stale_at > now:
+                taken.append(claimed)
+            else:
+                left.append(claimed.message)
+        again = bool(left) or any(c.capped for c in taken)
+        if not taken:
+            return [], -1, True, left
+        return [c.message for c in taken], max(c.seen for c in taken), again, left
 
     def release(self) -> list[tuple[str, str]]:
         """Every kept message as (queue, receipt), forgotten here (the store closes)."""
