@@ -729,7 +729,12 @@ class SqliteQueues:
             "WHERE queue = ? AND receipt = ?"
         )
         rows = [(now, queue, receipt) for queue, receipt in claimed]
-        await self._db.write(lambda c: c.executemany(sql, rows))
+
+        def work(c: sqlite3.Connection) -> None:
+            with _immediate(c):  # all or none: tried again whole, never counted twice
+                c.executemany(sql, rows)
+
+        await self._db.write(work)
 
     async def delete(self, queue: str, receipts: Sequence[str]) -> int:
         def work(c: sqlite3.Connection) -> int:
