@@ -222,3 +222,24 @@ async def test_claimed_messages_a_smaller_receive_leaves_go_back_to_the_queue(
     assert [m.body for m in got] == [b"m0"]
     others = await other.queues.receive(QUEUE, max_messages=10, visibility_timeout_s=VT)
     assert sorted((m.body, m.dequeue_count) for m in others) == [(b"m1", 1), (b"m2", 1)]
+
+
+async def test_a_claimed_message_near_its_timeout_is_received_again_at_once(
+    tmp_path: Path,
+) -> None:
+    """A claim kept past half its visibility timeout is not handed out (it may time
+    out in the receiver's hands); the receive finds it in the store, visible again,
+    and its delivery counted once — not hidden until the timeout ends."""
+    mine = open_sqlite_store(tmp_path / "s.db")
+    short = 0.6
+    try:
+        assert await mine.queues.receive(QUEUE, max_messages=1, visibility_timeout_s=short) == []
+        waiter = asyncio.create_task(mine.queues.wait(QUEUE, 60))
+        await asyncio.sleep(0.05)  # the wait is under way
+        await _send(mine)
+        await asyncio.wait_for(waiter, 5)
+        await asyncio.sleep(short / 2)  # the claim is kept past half its timeout
+        got = await mine.queues.receive(QUEUE, max_messages=1, visibility_timeout_s=VT)
+        assert [(m.body, m.dequeue_count) for m in got] == [(b"m0", 1)]
+    finally:
+        await mine.close()
