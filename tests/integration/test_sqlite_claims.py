@@ -243,3 +243,35 @@ async def test_a_claimed_message_near_its_timeout_is_received_again_at_once(
         assert [(m.body, m.dequeue_count) for m in got] == [(b"m0", 1)]
     finally:
         await mine.close()
+
+
+async def test_a_claim_its_receiver_does_not_come_for_goes_back_with_the_next_commit(
+    stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker waiting on two queues is claimed for on both; it takes from one, its
+    slots fill, and it does not receive from the other for as long as its tasks run.
+    The next commit of its store makes what it left there visible to others (a
+    delivery not counted), not hidden until the visibility timeout ends."""
+    from dagq.stores import sqlite_claims
+
+    monkeypatch.setattr(sqlite_claims, "KEEP_S", 0.2)
+    mine, other = stores
+    for queue in ("a", "b"):
+        assert await mine.queues.receive(queue, max_messages=1, visibility_timeout_s=VT) == []
+    waiters = [asyncio.create_task(mine.queues.wait(q, 60)) for q in ("a", "b")]
+    await asyncio.sleep(0.05)  # the waits are under way
+    batch = mine.batch()
+    batch.send("a", [OutgoingMessage(b"for a")])
+    batch.send("b", [OutgoingMessage(b"for b")])
+    await batch.commit()
+    await asyncio.wait_for(asyncio.gather(*waiters), 5)
+    got = await mine.queues.receive("a", max_messages=1, visibility_timeout_s=VT)
+    assert [m.body for m in got] == [b"for a"]
+    assert await other.queues.receive("b", max_messages=1, visibility_timeout_s=VT) == []
+    await asyncio.sleep(0.3)  # past the claim's time
+    await mine.queues.delete("a", [got[0].receipt])  # some later write of this store
+    batch = mine.batch()
+    batch.put("doc", b"x")
+    await batch.commit()
+    found = await other.queues.receive("b", max_messages=1, visibility_timeout_s=VT)
+    assert [(m.body, m.dequeue_count) for m in found] == [(b"for b", 1)]

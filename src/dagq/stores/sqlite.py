@@ -574,6 +574,7 @@ class _Committer:
                 for op in ops:
                     _apply(c, op, now, etags)
                 claimed = self._queues.claim(c, queues, now) if queues else ()
+                self._queues.unclaim_expired(c, now)
             for keep in claimed:  # committed: the waiting receives find them
                 keep()
             if queues:  # committed: ring other processes from here, not after the hop back
@@ -627,6 +628,13 @@ def _take(
 
 def _messages(queue: str, rows: list[Any]) -> list[Message]:
     return [Message(queue, row[1], row[2], row[3], row[4], row[5]) for row in sorted(rows)]
+
+
+#: A claimed message no receive took, visible again as if never delivered.
+_UNCLAIM = (
+    "UPDATE messages SET visible_at = ?, dequeue_count = max(dequeue_count - 1, 0) "
+    "WHERE queue = ? AND receipt = ?"
+)
 
 
 class SqliteQueues:
@@ -687,6 +695,7 @@ class SqliteQueues:
 
         def work(c: sqlite3.Connection) -> list[Any]:
             with _immediate(c):
+                self.unclaim_expired(c, now)
                 return _take(c, queue, now, vt=visibility_timeout_s, limit=max_messages, most=most)
 
         rows = await self._db.write(work)
@@ -724,17 +733,20 @@ class SqliteQueues:
         """Make claimed messages no receiver took visible again, as if never delivered
         (their receipt no longer holds them: one received since matches nothing)."""
         now = self._db.clock()
-        sql = (
-            "UPDATE messages SET visible_at = ?, dequeue_count = max(dequeue_count - 1, 0) "
-            "WHERE queue = ? AND receipt = ?"
-        )
         rows = [(now, queue, receipt) for queue, receipt in claimed]
 
         def work(c: sqlite3.Connection) -> None:
             with _immediate(c):  # all or none: tried again whole, never counted twice
-                c.executemany(sql, rows)
+                c.executemany(_UNCLAIM, rows)
 
         await self._db.write(work)
+
+    def unclaim_expired(self, c: sqlite3.Connection, now: float) -> None:
+        """In a transaction of the writer: make the claims no receive took in time
+        visible again (:data:`~dagq.stores.sqlite_claims.KEEP_S`)."""
+        expired = self.claims.expired()
+        if expired:
+            c.executemany(_UNCLAIM, [(now, queue, receipt) for queue, receipt in expired])
 
     async def delete(self, queue: str, receipts: Sequence[str]) -> int:
         def work(c: sqlite3.Connection) -> int:

@@ -15,7 +15,8 @@ here (the receiver stopped), they are released when the store closes, and at wor
 come back after their visibility timeout, as when a receiver dies. A claim is made
 only for a receiver waiting at the time of the commit, for at most as many messages
 as its last receive asked for; those its next receive does not take (it asks for
-fewer) are made visible again at once, their delivery not counted. See
+fewer), or that wait for it longer than :data:`KEEP_S`, are made visible again, their
+delivery not counted. See
 docs/architecture.md, "Wake-ups across processes".
 """
 
@@ -46,6 +47,14 @@ class _Claimed:
     stale_at: float
     #: The claim took all the receiver asked for: more may be waiting in the store.
     capped: bool
+
+
+#: How long a claim waits for its receiver at most (less when half the visibility
+#: timeout is shorter). A receiver woken for it takes it at once; one that does not (a
+#: worker that took from another of its queues first, and whose slots are now full)
+#: may not receive there again for as long as its tasks run: the next commit or
+#: receive of this store then makes the messages visible to every receiver again.
+KEEP_S = 1.0
 
 
 class Claims:
@@ -85,7 +94,7 @@ class Claims:
         """Messages claimed by a committed transaction, until a receive takes them."""
         if not messages:
             return
-        stale_at = time.monotonic() + vt / 2
+        stale_at = time.monotonic() + min(vt / 2, KEEP_S)
         with self._lock:
             kept = self._kept.setdefault(queue, deque())
             kept.extend(_Claimed(m, seen, stale_at, capped) for m in messages)
@@ -114,6 +123,24 @@ class Claims:
         if not taken:
             return [], -1, True, left
         return [c.message for c in taken], max(c.seen for c in taken), again, left
+
+    def expired(self) -> list[tuple[str, str]]:
+        """The claims no receive took in time (:data:`KEEP_S`), as (queue, receipt),
+        forgotten here: the caller makes them visible again."""
+        with self._lock:
+            if not self._kept:
+                return []
+            now = time.monotonic()
+            out: list[tuple[str, str]] = []
+            for queue in list(self._kept):
+                kept = self._kept[queue]
+                out.extend((queue, c.message.receipt) for c in kept if c.stale_at <= now)
+                fresh = deque(c for c in kept if c.stale_at > now)
+                if fresh:
+                    self._kept[queue] = fresh
+                else:
+                    del self._kept[queue]
+            return out
 
     def release(self) -> list[tuple[str, str]]:
         """Every kept message as (queue, receipt), forgotten here (the store closes)."""
