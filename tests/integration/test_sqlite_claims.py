@@ -205,3 +205,73 @@ async def test_a_chain_in_one_process_never_waits_for_a_poll(
         stop.set()
         await asyncio.gather(*running, return_exceptions=True)
         await store.close()
+
+
+async def test_claimed_messages_a_smaller_receive_leaves_go_back_to_the_queue(
+    stores: tuple[Store, Store],
+) -> None:
+    """The claim asks what the last receive asked (4); the next receive wants fewer (a
+    worker's slots filled meanwhile) and may not receive again for as long as its
+    tasks run: what it leaves is visible to others at once, not hidden in this store
+    object until its visibility runs out, and not counted as delivered."""
+    mine, other = stores
+    waiter = await _waiting(mine, most=4)
+    await _send(mine, 3)
+    await asyncio.wait_for(waiter, 5)
+    got = await mine.queues.receive(QUEUE, max_messages=1, visibility_timeout_s=VT)
+    assert [m.body for m in got] == [b"m0"]
+    others = await other.queues.receive(QUEUE, max_messages=10, visibility_timeout_s=VT)
+    assert sorted((m.body, m.dequeue_count) for m in others) == [(b"m1", 1), (b"m2", 1)]
+
+
+async def test_a_claimed_message_near_its_timeout_is_received_again_at_once(
+    tmp_path: Path,
+) -> None:
+    """A claim kept past half its visibility timeout is not handed out (it may time
+    out in the receiver's hands); the receive finds it in the store, visible again,
+    and its delivery counted once — not hidden until the timeout ends."""
+    mine = open_sqlite_store(tmp_path / "s.db")
+    short = 0.6
+    try:
+        assert await mine.queues.receive(QUEUE, max_messages=1, visibility_timeout_s=short) == []
+        waiter = asyncio.create_task(mine.queues.wait(QUEUE, 60))
+        await asyncio.sleep(0.05)  # the wait is under way
+        await _send(mine)
+        await asyncio.wait_for(waiter, 5)
+        await asyncio.sleep(short / 2)  # the claim is kept past half its timeout
+        got = await mine.queues.receive(QUEUE, max_messages=1, visibility_timeout_s=VT)
+        assert [(m.body, m.dequeue_count) for m in got] == [(b"m0", 1)]
+    finally:
+        await mine.close()
+
+
+async def test_a_claim_its_receiver_does_not_come_for_goes_back_with_the_next_commit(
+    stores: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker waiting on two queues is claimed for on both; it takes from one, its
+    slots fill, and it does not receive from the other for as long as its tasks run.
+    The next commit of its store makes what it left there visible to others (a
+    delivery not counted), not hidden until the visibility timeout ends."""
+    from dagq.stores import sqlite_claims
+
+    monkeypatch.setattr(sqlite_claims, "KEEP_S", 0.2)
+    mine, other = stores
+    for queue in ("a", "b"):
+        assert await mine.queues.receive(queue, max_messages=1, visibility_timeout_s=VT) == []
+    waiters = [asyncio.create_task(mine.queues.wait(q, 60)) for q in ("a", "b")]
+    await asyncio.sleep(0.05)  # the waits are under way
+    batch = mine.batch()
+    batch.send("a", [OutgoingMessage(b"for a")])
+    batch.send("b", [OutgoingMessage(b"for b")])
+    await batch.commit()
+    await asyncio.wait_for(asyncio.gather(*waiters), 5)
+    got = await mine.queues.receive("a", max_messages=1, visibility_timeout_s=VT)
+    assert [m.body for m in got] == [b"for a"]
+    assert await other.queues.receive("b", max_messages=1, visibility_timeout_s=VT) == []
+    await asyncio.sleep(0.3)  # past the claim's time
+    await mine.queues.delete("a", [got[0].receipt])  # some later write of this store
+    batch = mine.batch()
+    batch.put("doc", b"x")
+    await batch.commit()
+    found = await other.queues.receive("b", max_messages=1, visibility_timeout_s=VT)
+    assert [(m.body, m.dequeue_count) for m in found] == [(b"for b", 1)]

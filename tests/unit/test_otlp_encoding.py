@@ -5,6 +5,7 @@ generated ones."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -201,3 +202,18 @@ def test_the_helper_encodes_itself_for_otlp_and_leaves_the_console_to_the_sdk(
         direct.shutdown()
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
     assert exporting.Direct.made("dagq-test") is None
+
+
+def test_a_negative_zero_after_a_zero_keeps_its_sign() -> None:
+    """0.0 and -0.0 are equal (and hash alike) but not the same double: a value
+    encoded once and kept must not stand for the other."""
+    trace = ids.trace_id("zeros")
+    records: list[Record] = [
+        ("s", trace, n, None, "internal", {"v": value}, (), 1, 2, None)
+        for n, value in ((1, 0.0), (2, -0.0), (3, 0.0))
+    ]
+    found = decoded(records).resource_spans[0].scope_spans[0].spans
+    signs = [math.copysign(1.0, span.attributes[0].value.double_value) for span in found]
+    assert signs == [1.0, -1.0, 1.0]
+    expected = encode_spans(through_the_sdk(records)).resource_spans[0].scope_spans[0].spans
+    assert [s.SerializeToString() for s in found] == [s.SerializeToString() for s in expected]

@@ -112,3 +112,30 @@ async def _still_running(pid: int) -> bool:
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.timeout(60)
+async def test_a_task_cancelled_at_any_point_of_its_start_leaves_no_descriptor_open(
+    tmp_path: Path,
+) -> None:
+    # Cancelled after 0, 1, 2, ... turns of the loop: somewhere among them between the
+    # spawn and the wait (the output pipes half set up), where nothing closed them.
+    spec = TaskSpec(kind="shell", cmd="sleep 30")
+    await asyncio.sleep(0)
+    before = _open_fds()
+    for turns in range(40):
+        job = asyncio.create_task(run_shell(spec, CTX, work_dir=str(tmp_path)))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        job.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await job
+    for _ in range(100):  # transports close on the loop's next turns
+        if _open_fds() <= before:
+            break
+        await asyncio.sleep(0.02)
+    assert _open_fds() <= before

@@ -171,7 +171,8 @@ class Encoder:
         if attributes:
             cache = self._attributes
             for key, value in attributes.items():
-                entry = (key, value, type(value))
+                # A float by its bits: 0.0 and -0.0 are equal, not the same double.
+                entry = (key, _D(value) if type(value) is float else value, type(value))
                 try:
                     encoded = cache.get(entry)
                 except TypeError:  # an unhashable value: not kept

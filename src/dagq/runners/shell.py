@@ -28,9 +28,10 @@ import shutil
 import signal
 import stat
 import tempfile
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dagq.errors import DagqError
 from dagq.messages import TaskSpec
@@ -38,6 +39,8 @@ from dagq.payloads import MAX_DEPTH, MAX_OUTPUT_BYTES, encode_json, output_too_l
 from dagq.runners import Outcome, TaskContext, dirsync, tail
 from dagq.runners.capture import Sink, Tail, render
 from dagq.runners.dirsync import DirSync
+
+_T = TypeVar("_T")
 
 KILL_GRACE_S = 5.0
 #: How long output may keep flowing after the command exits before leftovers are killed.
@@ -53,7 +56,8 @@ async def run_shell(
     """
     with tempfile.TemporaryDirectory(prefix="dagq-", dir=work_dir) as tmp:
         # Upstream outputs may be large: written in a thread, off the event loop.
-        files = await asyncio.to_thread(_write_files, Path(tmp), ctx, spec)
+        # To its end even if cancelled: the folder must not go while the thread writes.
+        files = await _to_its_end(asyncio.to_thread(_write_files, Path(tmp), ctx, spec))
         env = _environment(spec, ctx, files)
         sync: DirSync | None = None
         if spec.dirsync_to is not None:
@@ -67,18 +71,26 @@ async def run_shell(
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         try:
             process = await _spawn(spec, env, out_w, err_w)
-        except OSError as exc:
+        except BaseException as exc:  # not started, or cancelled (asyncio killed it then)
             for fd in (out_r, err_r):
                 os.close(fd)
+            if not isinstance(exc, OSError):
+                raise
             return Outcome(ok=False, error=f"cannot start the command: {exc}", retryable=False)
         finally:
             os.close(out_w)
             os.close(err_w)
+        pipes: list[tuple[asyncio.StreamReader, asyncio.BaseTransport]] = []
         try:
-            pipes = [await _read_end(out_r), await _read_end(err_r)]
+            for fd in (out_r, err_r):
+                pipes.append(await _read_end(fd))
         except BaseException:  # cancelled before the wait began: the command must not outlive it
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+            for _, transport in pipes:
+                transport.close()
+            for fd in (out_r, err_r)[len(pipes) + 1 :]:  # not yet handed to a transport
+                os.close(fd)
             raise
         if sync is not None:
             sync.start()
@@ -221,6 +233,18 @@ def _environment(spec: TaskSpec, ctx: TaskContext, files: _Files) -> dict[str, s
 def _bash() -> str | None:
     """bash, as ai4s-jobq runs commands with it (``[[ ]]``, ``{1..3}``); None without."""
     return shutil.which("bash")
+
+
+async def _to_its_end(work: Awaitable[_T]) -> _T:
+    """Await ``work`` (a thread's) to its end even if cancelled meanwhile, then raise
+    the cancellation: what the thread does must be over before what follows."""
+    job = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await job
+        raise
 
 
 async def _read_end(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:

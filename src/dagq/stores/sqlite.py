@@ -574,6 +574,7 @@ class _Committer:
                 for op in ops:
                     _apply(c, op, now, etags)
                 claimed = self._queues.claim(c, queues, now) if queues else ()
+                self._queues.unclaim_expired(c, now)
             for keep in claimed:  # committed: the waiting receives find them
                 keep()
             if queues:  # committed: ring other processes from here, not after the hop back
@@ -629,6 +630,13 @@ def _messages(queue: str, rows: list[Any]) -> list[Message]:
     return [Message(queue, row[1], row[2], row[3], row[4], row[5]) for row in sorted(rows)]
 
 
+#: A claimed message no receive took, visible again as if never delivered.
+_UNCLAIM = (
+    "UPDATE messages SET visible_at = ?, dequeue_count = max(dequeue_count - 1, 0) "
+    "WHERE queue = ? AND receipt = ?"
+)
+
+
 class SqliteQueues:
     """Messages in the ``messages`` table; a receive claims rows in one transaction."""
 
@@ -674,15 +682,20 @@ class SqliteQueues:
         self._asked[queue] = Ask(max_messages, visibility_timeout_s)
         claimed = self.claims.take(queue, max_messages)
         if claimed is not None:  # a commit received them for this store already
-            messages, seen, again = claimed
-            self._seen[queue] = -1 if again else seen  # again: the next wait returns at once
-            return messages
+            messages, seen, again, unwanted = claimed
+            if unwanted:  # visible to every receiver again, not held until they time out
+                with contextlib.suppress(StoreUnavailable):  # else: after their timeout
+                    await self._unclaim([(queue, m.receipt) for m in unwanted])
+            if messages:
+                self._seen[queue] = -1 if again else seen  # again: the next wait returns at once
+                return messages
         self._seen[queue] = self._wakeups.sends(queue)
         now = self._db.clock()
         most = self._max_deliveries
 
         def work(c: sqlite3.Connection) -> list[Any]:
             with _immediate(c):
+                self.unclaim_expired(c, now)
                 return _take(c, queue, now, vt=visibility_timeout_s, limit=max_messages, most=most)
 
         rows = await self._db.write(work)
@@ -712,13 +725,28 @@ class SqliteQueues:
     async def release_claims(self) -> None:
         """Make the messages claimed for receives that never took them visible again."""
         kept = self.claims.release()
-        if not kept:
-            return
+        if kept:
+            with contextlib.suppress(StoreUnavailable):
+                await self._unclaim(kept)
+
+    async def _unclaim(self, claimed: list[tuple[str, str]]) -> None:
+        """Make claimed messages no receiver took visible again, as if never delivered
+        (their receipt no longer holds them: one received since matches nothing)."""
         now = self._db.clock()
-        sql = "UPDATE messages SET visible_at = ? WHERE queue = ? AND receipt = ?"
-        rows = [(now, queue, receipt) for queue, receipt in kept]
-        with contextlib.suppress(StoreUnavailable):
-            await self._db.write(lambda c: c.executemany(sql, rows))
+        rows = [(now, queue, receipt) for queue, receipt in claimed]
+
+        def work(c: sqlite3.Connection) -> None:
+            with _immediate(c):  # all or none: tried again whole, never counted twice
+                c.executemany(_UNCLAIM, rows)
+
+        await self._db.write(work)
+
+    def unclaim_expired(self, c: sqlite3.Connection, now: float) -> None:
+        """In a transaction of the writer: make the claims no receive took in time
+        visible again (:data:`~dagq.stores.sqlite_claims.KEEP_S`)."""
+        expired = self.claims.expired()
+        if expired:
+            c.executemany(_UNCLAIM, [(now, queue, receipt) for queue, receipt in expired])
 
     async def delete(self, queue: str, receipts: Sequence[str]) -> int:
         def work(c: sqlite3.Connection) -> int:

@@ -14,7 +14,10 @@ it), and claimed messages are held like received ones — if nobody takes them f
 here (the receiver stopped), they are released when the store closes, and at worst
 come back after their visibility timeout, as when a receiver dies. A claim is made
 only for a receiver waiting at the time of the commit, for at most as many messages
-as its last receive asked for. See docs/architecture.md, "Wake-ups across processes".
+as its last receive asked for; those its next receive does not take (it asks for
+fewer), or that wait for it longer than :data:`KEEP_S`, are made visible again, their
+delivery not counted. See
+docs/architecture.md, "Wake-ups across processes".
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ class _Claimed:
     stale_at: float
     #: The claim took all the receiver asked for: more may be waiting in the store.
     capped: bool
+
+
+#: How long a claim waits for its receiver at most (less when half the visibility
+#: timeout is shorter). A receiver woken for it takes it at once; one that does not (a
+#: worker that took from another of its queues first, and whose slots are now full)
+#: may not receive there again for as long as its tasks run: the next commit or
+#: receive of this store then makes the messages visible to every receiver again.
+KEEP_S = 1.0
 
 
 class Claims:
@@ -83,31 +94,53 @@ class Claims:
         """Messages claimed by a committed transaction, until a receive takes them."""
         if not messages:
             return
-        stale_at = time.monotonic() + vt / 2
+        stale_at = time.monotonic() + min(vt / 2, KEEP_S)
         with self._lock:
             kept = self._kept.setdefault(queue, deque())
             kept.extend(_Claimed(m, seen, stale_at, capped) for m in messages)
 
-    def take(self, queue: str, most: int) -> tuple[list[Message], int, bool] | None:
+    def take(self, queue: str, most: int) -> tuple[list[Message], int, bool, list[Message]] | None:
         """Up to ``most`` claimed messages of ``queue`` (None: none kept), the sends
-        count the receiver may wait from, and whether it should receive again at once
-        (some are left here, or more may be waiting in the store)."""
+        count the receiver may wait from, whether it should receive again at once
+        (more may be waiting in the store), and the claimed messages it does not take:
+        those beyond ``most`` (the receiver wants fewer than its last receive asked
+        for, and may not receive again for long) and those whose visibility runs out
+        soon. All are forgotten here; the caller makes the ones not taken visible again.
+        """
         with self._lock:
-            kept = self._kept.get(queue)
-            if not kept:
-                return None
-            now = time.monotonic()
-            taken: list[_Claimed] = []
-            while kept and len(taken) < most:
-                claimed = kept.popleft()
-                if claimed.stale_at > now:  # else its visibility runs out soon: let it go
-                    taken.append(claimed)
-            again = bool(kept) or any(c.capped for c in taken)
-            if not kept:
-                del self._kept[queue]
-        if not taken:
+            kept = self._kept.pop(queue, None)
+        if not kept:
             return None
-        return [c.message for c in taken], max(c.seen for c in taken), again
+        now = time.monotonic()
+        taken: list[_Claimed] = []
+        left: list[Message] = []
+        for claimed in kept:
+            if len(taken) < most and claimed.stale_at > now:
+                taken.append(claimed)
+            else:
+                left.append(claimed.message)
+        again = bool(left) or any(c.capped for c in taken)
+        if not taken:
+            return [], -1, True, left
+        return [c.message for c in taken], max(c.seen for c in taken), again, left
+
+    def expired(self) -> list[tuple[str, str]]:
+        """The claims no receive took in time (:data:`KEEP_S`), as (queue, receipt),
+        forgotten here: the caller makes them visible again."""
+        with self._lock:
+            if not self._kept:
+                return []
+            now = time.monotonic()
+            out: list[tuple[str, str]] = []
+            for queue in list(self._kept):
+                kept = self._kept[queue]
+                out.extend((queue, c.message.receipt) for c in kept if c.stale_at <= now)
+                fresh = deque(c for c in kept if c.stale_at > now)
+                if fresh:
+                    self._kept[queue] = fresh
+                else:
+                    del self._kept[queue]
+            return out
 
     def release(self) -> list[tuple[str, str]]:
         """Every kept message as (queue, receipt), forgotten here (the store closes)."""
