@@ -142,6 +142,8 @@ async def submit(
                 tenant=tenant,
                 labels=labels,
                 actor=actor,
+                clock=clock,
+                compiled=compiled,
             )
         if existing.fingerprint != submitted.fingerprint:
             raise WorkflowExists(
