@@ -25,7 +25,7 @@ import heapq
 import logging
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -1052,15 +1052,99 @@ class Coordinator:
         if now >= self._next_rescan:
             self._next_rescan = now + self.options.rescan_interval_s
             await self.rescan()
-        for entry in self._cache.active_entries():
-            await self._sweep_contained(entry.state.workflow_id, now)
-        for workflow_id in self._cache.due(now):
-            await self._sweep_contained(workflow_id, now)
+        await self._sweep_all([e.state.workflow_id for e in self._cache.active_entries()], now)
+        await self._sweep_all(self._cache.due(now), now)
         return 0
+
+    async def _sweep_all(self, ids: list[str], now: float) -> None:
+        """Sweep these workflows, the writes of the light ones in one commit (one
+        transaction on a transactional store, as a step's: each state its own
+        conditional put, see docs/architecture.md, "Batching"); if that commit fails,
+        they are swept again one at a time. A heavy one is swept and committed alone."""
+        batch = self.store.batch()
+        swept: list[tuple[Entry, _Flush | None, bool]] = []
+        writing: list[str] = []
+        puts = 0
+        for workflow_id in ids:
+            own = self.store.batch()  # merged only once its work has succeeded
+            found = await self._sweep_staged(own, workflow_id, now)
+            if found is None:
+                continue
+            entry, flush, indexed = found
+            if flush is not None:
+                flush = replace(flush, offset=puts)
+            if own.ops:
+                writing.append(workflow_id)
+            puts += sum(isinstance(op, PutOp) for op in own.ops)
+            batch.ops.extend(own.ops)
+            swept.append((entry, flush, indexed))
+        etags = await self._commit_swept(batch, writing, now)
+        if etags is None:  # swept again one at a time: only those that wrote nothing remain
+            failed = set(writing)
+            swept = [s for s in swept if s[0].state.workflow_id not in failed]
+            etags = []
+        for entry, flush, indexed in swept:
+            if flush is not None:
+                await self._settle_contained(flush, etags)
+            elif indexed:
+                self._indexed(entry)
+        for entry, _, _ in swept:
+            workflow_id = entry.state.workflow_id
+            if self._cache.peek(workflow_id) is not entry:
+                continue  # quarantined or evicted as it settled
+            async with self._sweep_boundary(workflow_id):
+                await self._resend_due(entry, now)
+
+    async def _commit_swept(self, batch: Batch, writing: list[str], now: float) -> list[str] | None:
+        """Commit a sweep's shared batch; None if it failed and the workflows that
+        wrote in it were swept again one at a time (a conflict or a bad write of one
+        does not hold the others back)."""
+        try:
+            return await self._commit(batch)
+        except LeaseLost:
+            raise
+        except DagqError as exc:
+            if isinstance(exc, ConflictError):
+                self.stats.conflicts += 1
+            else:
+                log.warning("writing a sweep failed, sweeping one workflow at a time: %s", exc)
+        for workflow_id in writing:
+            self._evict(workflow_id)
+        for workflow_id in writing:
+            await self._sweep_contained(workflow_id, now)
+        return None
+
+    async def _sweep_staged(
+        self, batch: Batch, workflow_id: str, now: float
+    ) -> tuple[Entry, _Flush | None, bool] | None:
+        """Stage a light workflow's sweep in ``batch``: the workflow, its flush, and
+        whether its index row is staged alone; None if there is nothing more to do
+        (gone, failed, or heavy and swept on its own)."""
+        async with self._sweep_boundary(workflow_id):
+            with step("load"):
+                entry = await self._entry(workflow_id)
+            if entry is None:
+                self._forget(workflow_id, 0)
+                return None
+            entry.fresh = False
+            if heavy(entry.plan, entry.state):
+                with step("sweep"):
+                    await self._sweep_one(entry, now)
+                return None
+            with step("sweep"):
+                if entry.replay:  # released from quarantine while no event came
+                    await self._resolve_refs(entry, entry.replay)
+                flush = self._swept(batch, entry, now)
+                indexed = flush is None and entry.index_owed and self._index_due(entry)
+                if indexed:  # counts that moved since
+                    batch.upsert(index_row(entry))
+            return entry, flush, indexed
+        batch.ops.clear()
+        return None
 
     async def _sweep_contained(self, workflow_id: str, now: float) -> None:
         """Sweep one workflow inside its boundary."""
-        try:
+        async with self._sweep_boundary(workflow_id):
             with step("load"):
                 entry = await self._entry(workflow_id)
             if entry is None:
@@ -1069,6 +1153,12 @@ class Coordinator:
             entry.fresh = False
             with step("sweep"):
                 await self._sweep_one(entry, now)
+
+    @contextlib.asynccontextmanager
+    async def _sweep_boundary(self, workflow_id: str) -> AsyncIterator[None]:
+        """A workflow's failure in a sweep stays its own: retried, or quarantined."""
+        try:
+            yield
         except LeaseLost:
             raise
         except ConflictError:
@@ -1098,7 +1188,12 @@ class Coordinator:
             self.lease.check()
             await self.store.index.upsert(index_row(entry))
             self._indexed(entry)
-        repairing = off_loop and bool(entry.repairs or entry.unsent)
+        await self._resend_due(entry, now)
+
+    async def _resend_due(self, entry: Entry, now: float) -> None:
+        """Send again the task messages whose send failed or whose repair is due."""
+        st = entry.state
+        repairing = heavy(entry.plan, st) and bool(entry.repairs or entry.unsent)
         pending = await self.offload.run(st.workflow_id, repairing, self._repairs_due, entry, now)
         if pending:
             log.info("re-sending %d task message(s) of %s", len(pending), st.workflow_id)
