@@ -65,6 +65,7 @@ from dagq.state import (
 )
 from dagq.stores.base import (
     Batch,
+    BatchOp,
     IndexRow,
     Message,
     OutgoingMessage,
@@ -127,6 +128,17 @@ class CoordinatorOptions:
     #: A workflow's index row (status, counts) is rewritten when its status changes,
     #: and otherwise at most this often while its counts move.
     index_interval_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Swept:
+    """A light workflow's sweep, staged: its writes, and what to do once they commit."""
+
+    entry: Entry
+    ops: list[BatchOp]
+    flush: _Flush | None
+    #: Its index row alone is among the writes (no state was staged).
+    indexed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -1060,59 +1072,65 @@ class Coordinator:
         """Sweep these workflows, the writes of the light ones in one commit (one
         transaction on a transactional store, as a step's: each state its own
         conditional put, see docs/architecture.md, "Batching"); if that commit fails,
-        they are swept again one at a time. A heavy one is swept and committed alone."""
-        batch = self.store.batch()
-        swept: list[tuple[Entry, _Flush | None, bool]] = []
-        writing: list[str] = []
-        puts = 0
+        each workflow's writes are committed alone, as they were before batching. A
+        heavy workflow is swept and committed on its own."""
+        swept: list[_Swept] = []
         for workflow_id in ids:
-            own = self.store.batch()  # merged only once its work has succeeded
+            own = self.store.batch()
             found = await self._sweep_staged(own, workflow_id, now)
-            if found is None:
-                continue
-            entry, flush, indexed = found
-            if flush is not None:
-                flush = replace(flush, offset=puts)
-            if own.ops:
-                writing.append(workflow_id)
-            puts += sum(isinstance(op, PutOp) for op in own.ops)
-            batch.ops.extend(own.ops)
-            swept.append((entry, flush, indexed))
-        etags = await self._commit_swept(batch, writing, now)
-        if etags is None:  # swept again one at a time: only those that wrote nothing remain
-            failed = set(writing)
-            swept = [s for s in swept if s[0].state.workflow_id not in failed]
-            etags = []
-        for entry, flush, indexed in swept:
-            if flush is not None:
-                await self._settle_contained(flush, etags)
-            elif indexed:
-                self._indexed(entry)
-        for entry, _, _ in swept:
-            workflow_id = entry.state.workflow_id
-            if self._cache.peek(workflow_id) is not entry:
-                continue  # quarantined or evicted as it settled
-            async with self._sweep_boundary(workflow_id):
-                await self._resend_due(entry, now)
-
-    async def _commit_swept(self, batch: Batch, writing: list[str], now: float) -> list[str] | None:
-        """Commit a sweep's shared batch; None if it failed and the workflows that
-        wrote in it were swept again one at a time (a conflict or a bad write of one
-        does not hold the others back)."""
+            if found is not None:
+                entry, flush, indexed = found
+                swept.append(_Swept(entry, own.ops, flush, indexed))
+        batch = self.store.batch()
+        offsets: list[_Flush | None] = []
+        for s in swept:
+            offset = sum(isinstance(op, PutOp) for op in batch.ops)
+            offsets.append(s.flush and replace(s.flush, offset=offset))
+            batch.ops.extend(s.ops)
+        settling: list[tuple[_Swept, _Flush | None, list[str]]]
         try:
-            return await self._commit(batch)
+            etags = await self._commit(batch)
+            settling = [(s, f, etags) for s, f in zip(swept, offsets, strict=True)]
         except LeaseLost:
             raise
         except DagqError as exc:
             if isinstance(exc, ConflictError):
                 self.stats.conflicts += 1
             else:
-                log.warning("writing a sweep failed, sweeping one workflow at a time: %s", exc)
-        for workflow_id in writing:
-            self._evict(workflow_id)
-        for workflow_id in writing:
-            await self._sweep_contained(workflow_id, now)
-        return None
+                log.warning("writing a sweep failed, retrying one workflow at a time: %s", exc)
+            settling = [(s, s.flush, etags) async for s, etags in self._commit_each(swept)]
+        for s, flush, etags in settling:
+            if flush is not None:
+                await self._settle_contained(flush, etags)
+            elif s.indexed:
+                self._indexed(s.entry)
+        for s, _, _ in settling:
+            workflow_id = s.entry.state.workflow_id
+            if self._cache.peek(workflow_id) is not s.entry:
+                continue  # quarantined or evicted as it settled
+            async with self._sweep_boundary(workflow_id):
+                await self._resend_due(s.entry, now)
+
+    async def _commit_each(self, swept: list[_Swept]) -> AsyncIterator[tuple[_Swept, list[str]]]:
+        """Commit each workflow's sweep writes alone; one whose write fails is evicted
+        (read again when next needed), the others are yielded with their etags."""
+        for s in swept:
+            workflow_id = s.entry.state.workflow_id
+            batch = self.store.batch()
+            batch.ops = list(s.ops)
+            try:
+                etags = await self._commit(batch)
+            except LeaseLost:
+                raise
+            except ConflictError:
+                self.stats.conflicts += 1
+                self._evict(workflow_id)
+                continue
+            except DagqError as exc:
+                log.warning("sweeping %s failed, will retry: %s", workflow_id, exc)
+                self._evict(workflow_id)
+                continue
+            yield s, etags
 
     async def _sweep_staged(
         self, batch: Batch, workflow_id: str, now: float

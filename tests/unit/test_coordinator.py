@@ -21,7 +21,7 @@ from dagq.messages import (
     encode_events,
 )
 from dagq.persistence import read_state
-from dagq.stores.base import OutgoingMessage, Store
+from dagq.stores.base import OutgoingMessage, Store, UpsertOp, commit_in_order
 from dagq.stores.memory import open_memory_store
 from dagq.submission import request_cancel, submit
 from tests.conformance.conftest import FakeClock
@@ -385,3 +385,98 @@ async def test_a_workflow_reopened_by_a_retry_is_swept_again(
     await coord.sweep()
     st = await load_state(store, "w", result.plan)
     assert st.status == "failed" and "within the 5s timeout" in (st.errors.get(0) or "")
+
+
+class Commits:
+    """A committer that records each batch and commits it in order (as without one)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.batches: list[list[Any]] = []
+
+    async def __call__(self, ops: Any) -> list[str]:
+        self.batches.append(list(ops))
+        return await commit_in_order(self.store, ops)
+
+
+async def _running(store: Store, clock: FakeClock, coord: Coordinator, ids: list[str]) -> list[Any]:
+    """Submit fan-outs of 3 and finish their roots: each has 3 tasks dispatched."""
+    for workflow_id in ids:
+        await submit(store, fan_out(3), workflow_id=workflow_id, clock=clock)
+    await coord.step()
+    roots = await take_tasks(store)
+    await post(store, *[finished(t, clock) for t in roots])
+    await coord.step()
+    tasks = await take_tasks(store)
+    assert len(tasks) == 3 * len(ids)
+    return tasks
+
+
+async def test_a_sweep_commits_many_workflows_writes_together(
+    store: Store, clock: FakeClock
+) -> None:
+    coord = coordinator(store, clock, index_interval_s=5.0, confirm_after_s=5.0)
+    ids = [f"w{i}" for i in range(5)]
+    await _running(store, clock, coord, ids)
+    commits = Commits(store)
+    store.committer = commits
+    clock.advance(5)
+    before = store.documents.puts["states"]
+    await coord.sweep()  # every state owes its confirmation, every row its counts
+    assert len(commits.batches) == 1
+    [ops] = commits.batches
+    assert sum(isinstance(op, UpsertOp) for op in ops) == len(ids)  # the counts moved
+    assert store.documents.puts["states"] - before == len(ids)
+    for workflow_id in ids:
+        found = await read_state(store, workflow_id, coord._cache.peek(workflow_id).plan)  # type: ignore[union-attr]
+        assert found is not None and not found[0].unconfirmed
+        row = await store.index.get(workflow_id)
+        assert row is not None and row.data["counts"] == {"completed": 1, "ready": 3}
+    await coord.sweep()  # nothing owed: nothing written
+    assert len(commits.batches) == 1
+
+
+async def test_a_sweep_writes_owed_index_rows_in_one_commit(store: Store, clock: FakeClock) -> None:
+    coord = coordinator(store, clock, index_interval_s=5.0, confirm_after_s=1000.0)
+    ids = [f"w{i}" for i in range(4)]
+    tasks = await _running(store, clock, coord, ids)
+    clock.advance(5)
+    await coord.sweep()  # the rows say the tasks went out
+    first = {t.workflow_id: t for t in tasks}  # one task of each workflow
+    started = [
+        TaskStarted(workflow_id=t.workflow_id, task=t.task, attempt=t.attempt, at=clock())
+        for t in first.values()
+    ]
+    await post(store, *started)
+    await coord.step()  # counts move, but the rows are not due yet
+    commits = Commits(store)
+    store.committer = commits
+    clock.advance(5)
+    await coord.sweep()
+    assert len(commits.batches) == 1
+    [ops] = commits.batches
+    assert sum(isinstance(op, UpsertOp) for op in ops) == len(ids)
+    for workflow_id in ids:
+        row = await store.index.get(workflow_id)
+        assert row is not None and row.data["counts"]["running"] == 1
+
+
+async def test_a_conflict_in_a_sweeps_commit_holds_no_other_workflow_back(
+    store: Store, clock: FakeClock
+) -> None:
+    coord = coordinator(store, clock, confirm_after_s=5.0)
+    ids = [f"w{i}" for i in range(4)]
+    await _running(store, clock, coord, ids)
+    plan = coord._cache.peek("w0").plan  # type: ignore[union-attr]
+    # Another writer moved w2's state on: this coordinator's copy is stale.
+    doc = await store.documents.get(keys.state("w2"))
+    assert doc is not None
+    await store.documents.put(keys.state("w2"), doc.data, if_match=doc.etag)
+    clock.advance(5)
+    await coord.sweep()
+    assert coord.stats.conflicts >= 1
+    for workflow_id in ("w0", "w1", "w3"):  # their confirmations are written all the same
+        found = await read_state(store, workflow_id, plan)
+        assert found is not None and not found[0].unconfirmed, workflow_id
+    found = await read_state(store, "w2", plan)
+    assert found is not None and found[0].unconfirmed  # untouched: what the other wrote
