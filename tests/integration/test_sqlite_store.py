@@ -228,6 +228,34 @@ async def test_a_write_waiting_for_another_process_lock_waits_off_the_loop(
     await store.close()
 
 
+async def test_a_receive_of_an_empty_queue_does_not_wait_for_another_process_lock(
+    tmp_path: Path,
+) -> None:
+    # Two workers woken by one send: the one that finds the queue empty must not take
+    # (nor wait for) the write lock the other process's commits need.
+    store = open_sqlite_store(tmp_path / "dagq.db")
+    await store.queues.send("other", [OutgoingMessage(body=b"m")])
+    holder = sqlite3.connect(tmp_path / "dagq.db", isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        empty = await asyncio.wait_for(
+            store.queues.receive("q", max_messages=5, visibility_timeout_s=30), 2
+        )
+        assert empty == []
+        taking = asyncio.create_task(
+            store.queues.receive("other", max_messages=5, visibility_timeout_s=30)
+        )
+        for _ in range(10):  # a visible message: the receive waits for the lock
+            await asyncio.sleep(0.01)
+        assert not taking.done()
+        holder.execute("COMMIT")
+        [message] = await asyncio.wait_for(taking, 10)
+        assert message.body == b"m"
+    finally:
+        holder.close()
+        await store.close()
+
+
 async def test_closing_the_store_ends_its_threads(tmp_path: Path) -> None:
     before = set(threading.enumerate())
     store = open_sqlite_store(tmp_path / "dagq.db")

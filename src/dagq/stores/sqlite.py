@@ -626,6 +626,18 @@ def _take(
     return c.execute(_TAKE_VISIBLE, (now + vt, queue, now, limit)).fetchall()
 
 
+#: Is any message of a queue visible (to take, or to dead-letter)? Read without a lock.
+_ANY_VISIBLE = "SELECT 1 FROM messages WHERE queue = ? AND visible_at <= ? LIMIT 1"
+
+
+def _none_visible(c: sqlite3.Connection, queue: str, now: float) -> bool:
+    """No message :func:`_take` would touch, as of the last commit: a receive that
+    finds the queue empty (another receiver was woken by the same send and took it,
+    or a poll of an idle queue) then ends without the write lock, which every other
+    process's commit on the file needs (WAL: this read waits for no writer)."""
+    return c.execute(_ANY_VISIBLE, (queue, now)).fetchone() is None
+
+
 def _messages(queue: str, rows: list[Any]) -> list[Message]:
     return [Message(queue, row[1], row[2], row[3], row[4], row[5]) for row in sorted(rows)]
 
@@ -694,6 +706,8 @@ class SqliteQueues:
         most = self._max_deliveries
 
         def work(c: sqlite3.Connection) -> list[Any]:
+            if not self.claims.holding() and _none_visible(c, queue, now):
+                return []  # nothing to take nor dead-letter: the write lock is not taken
             with _immediate(c):
                 self.unclaim_expired(c, now)
                 return _take(c, queue, now, vt=visibility_timeout_s, limit=max_messages, most=most)

@@ -88,6 +88,10 @@ class Claims:
         with self._lock:
             return {q: self._asks.pop(q) for q in queues if q in self._asks}
 
+    def holding(self) -> bool:
+        """Are any claimed messages kept here (some may be due to go back)?"""
+        return bool(self._kept)
+
     def keep(
         self, queue: str, messages: list[Message], *, seen: int, capped: bool, vt: float
     ) -> None:
