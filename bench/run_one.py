@@ -356,20 +356,29 @@ def _step_gaps(st: RunState) -> list[float]:
     return [starts[i + 1] - ends[i] for i in range(len(ends) - 1) if starts[i + 1] >= ends[i] >= 0]
 
 
-def _telemetry(here: bool) -> subprocess.Popen[bytes]:
+def _telemetry(here: bool) -> tuple[subprocess.Popen[bytes], float | None]:
     """Turn traces and metrics on, as ``OTEL_EXPORTER_OTLP_ENDPOINT`` and
     ``--metrics-port`` would (child processes inherit the endpoint; the ``dagq``
     processes get a ``--metrics-port`` each); in this process too if ``here`` (it runs
-    the coordinator and worker, or submits). The sink."""
+    the coordinator and worker, or submits). The sink, and this process's telemetry
+    start-up in seconds (None if not ``here``): importing the SDK and prometheus-client,
+    and its span helper up (its own imports done, ~0.3 s of CPU) — before the clock, as
+    a service starts its telemetry once at its start and a cluster's processes are up
+    before the clock (``startup_s``)."""
     sink = subprocess.Popen(
         [sys.executable, "-m", "bench.otlp_sink"], cwd=ROOT, stdout=subprocess.PIPE
     )
     assert sink.stdout is not None
     port = int(sink.stdout.readline())
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
-    if here:
-        observability.start("bench", free_port())
-    return sink
+    if not here:
+        return sink, None
+    began = time.perf_counter()
+    observability.start("bench", free_port())
+    from dagq.observability import tracing
+
+    tracing.flush()  # returns once the helper has answered: its imports are done
+    return sink, time.perf_counter() - began
 
 
 def free_port() -> int:
@@ -463,7 +472,7 @@ def main() -> None:
         raise SystemExit(2) from None
     definition = build()
     tree_started = _tree_cpu()
-    sink = _telemetry(args.mode != "run") if args.telemetry else None
+    sink, telemetry_startup = _telemetry(args.mode != "run") if args.telemetry else (None, None)
     where = {"workload": args.workload, "size": args.size}
     if args.mode == "inproc":
         check = final(args.workload, args.size)
@@ -487,6 +496,8 @@ def main() -> None:
     else:
         result = _with_store(args, body, definition, count)
     _closed(result, sink, tree_started)
+    if telemetry_startup is not None:
+        result["telemetry_startup_s"] = round(telemetry_startup, 4)
     result.setdefault("slots", args.workers)
     chain = args.workload == "W2"
     if not chain:

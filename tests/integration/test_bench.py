@@ -240,6 +240,9 @@ def test_benchmark_runs_with_telemetry_off_and_on() -> None:
     assert all(r["status"] == ["completed"] and r["cpu_s"] > 0 for r in lines)
     assert all(r["tree_cpu_s"] >= r["cpu_s"] for r in lines)  # the helper's CPU is in it
     assert all(r["helper_cpu_s"] > 0 for r in lines if r["telemetry"])
+    # The benchmark process's telemetry (its span helper up) started before the clock.
+    assert all(r["telemetry_startup_s"] > 0 for r in lines if r["telemetry"])
+    assert not any("telemetry_startup_s" in r for r in lines if not r["telemetry"])
 
 
 @pytest.mark.timeout(240)
@@ -250,6 +253,9 @@ def test_dagq_run_and_the_cluster_run_with_telemetry_on() -> None:
     assert {(r["mode"], r["telemetry"]) for r in lines} == {("run", True), ("multiproc", True)}
     assert all(r["status"] == ["completed"] and r["result_ok"] for r in lines)
     assert all(r["tree_cpu_us_per_task"] > 0 for r in lines)
+    # dagq run starts its own telemetry (its start-up is in start-up s); the benchmark
+    # process, submitting to the cluster, starts its own before the clock.
+    assert all(("telemetry_startup_s" in r) == (r["mode"] == "multiproc") for r in lines)
 
 
 @pytest.mark.timeout(180)

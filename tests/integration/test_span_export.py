@@ -7,6 +7,7 @@ stopping still arrive."""
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -178,3 +179,48 @@ def test_a_slow_collector_makes_the_helper_drop_spans_not_the_process_wait() -> 
     assert "dropping some" in done.stderr
     assert 0 < sum(received) < 3000
     assert max(received) <= 100
+
+
+_HELPER = """
+import atexit, runpy, sys
+# Stands for the interpreter's teardown: the helper must not go through it.
+atexit.register(lambda: print("torn down", file=sys.stderr, flush=True))
+sys.argv = ["exporting", "dagq-probe", sys.argv[1]]
+runpy.run_module("dagq.observability.exporting", run_name="__main__")
+"""
+
+
+def test_the_helper_exits_at_once_once_its_spans_are_exported() -> None:
+    """At the end of its stdin the helper exports what it has, then ends without the
+    interpreter's teardown (atexit handlers, freeing the SDK's modules): the traced
+    process waits for it to exit (Forwarder.close)."""
+    receiver = Receiver()
+    otlp = _serve(receiver)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{otlp.server_port}"
+    now_ns = time.time_ns()
+    trace = ids.trace_id("ended-1")
+    record = ("run", trace, 0xAB, None, "internal", {"k": 1}, (), now_ns, now_ns, None)
+    acks, acks_out = os.pipe()
+    try:
+        with subprocess.Popen(
+            [sys.executable, "-c", _HELPER, str(acks_out)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(acks_out,),
+        ) as helper:
+            assert helper.stdin is not None and helper.stderr is not None
+            data = pickle.dumps(("spans", [record]))
+            helper.stdin.write(len(data).to_bytes(4, "big") + data)
+            helper.stdin.close()
+            assert helper.wait(30) == 0
+            errors = helper.stderr.read().decode()
+        got = receiver.snapshot()
+        assert [(s.name, s.trace_id, s.span_id) for s in got] == [("run", trace, 0xAB)], errors
+        assert "torn down" not in errors
+    finally:
+        os.close(acks)
+        os.close(acks_out)
+        otlp.shutdown()
+        otlp.server_close()

@@ -330,6 +330,37 @@ def test_a_buckets_exemplar_is_its_latest_observation(recorder: metrics.Metrics)
     assert f'status="ok"}} 1.0 # {{trace_id="{ids.trace_hex("wf-old")}"}}' in text
 
 
+async def test_the_counted_store_counts_each_request_by_kind_and_submits_at_once(
+    recorder: metrics.Metrics, tmp_path: Any
+) -> None:
+    from dagq.observability import sampling
+    from dagq.stores import open_store
+    from dagq.submission import submit
+
+    store = open_store(f"sqlite:///{tmp_path / 'dagq.db'}")
+    view = sampling.counted(store, recorder)
+    try:
+        await view.documents.put("k", b"v")
+        await view.documents.get("k")
+        await view.documents.get("k")
+        await view.queues.wait("default", 0.001)  # a local sleep: not a request
+        assert view.queues.wakes == store.queues.wakes  # attributes as they are
+        # A store whose batches are all or nothing stays so behind the counting view: a
+        # new workflow is one batch (one commit), not its writes one by one.
+        assert getattr(view.committer, "atomic", False)
+        await submit(view, definition([{"name": "a"}], name="w"), workflow_id="w1")
+        got = {
+            s.labels["kind"]: s.value
+            for s in samples(recorder)["dagq_storage_requests_total"]
+            if s.labels["store"] == "sqlite"
+        }
+        assert got["documents.put"] == 1.0 and got["documents.get"] >= 2.0
+        assert got["batch.commit"] == 1.0
+        assert "queues.wait" not in got and "queues.wakes" not in got
+    finally:
+        await store.close()
+
+
 def test_a_send_traceparent_gives_its_span_only_in_its_own_trace() -> None:
     trace = ids.trace_id("wf-t")
     header = ids.traceparent(trace, 0xABC)

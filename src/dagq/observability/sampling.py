@@ -9,14 +9,13 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from dagq import keys, registry
 from dagq.errors import DagqError
-from dagq.observability.metrics import Metrics
+from dagq.observability.metrics import Metrics, Tally
 from dagq.stores.base import Store
-from dagq.stores.intercepting import intercepted
 
 log = logging.getLogger("dagq.observability")
 
@@ -35,20 +34,60 @@ class Advancing(Protocol):
 
 def counted(store: Store, metrics: Metrics) -> Store:
     """A view of ``store`` that counts each operation in ``dagq_storage_requests_total``
-    (``store``: the URL's scheme; ``kind``: ``documents.put``, ``queues.receive``, ...)."""
+    (``store``: the URL's scheme; ``kind``: ``documents.put``, ``queues.receive``, ...,
+    ``batch.commit`` for a batch committed natively).
+
+    A count is a dict update in plain Python (:class:`~dagq.observability.metrics.Tally`),
+    made by a wrapper made once per method and kept on the view (each call then finds
+    it as an attribute): the call itself is the store's own, its awaitable returned as
+    is (no coroutine of the view's in between). A batch counts once: its writes inside
+    are not counted again (:func:`dagq.stores.intercepting.intercepted`, ``rebind``)."""
     scheme = store.url.split(":", 1)[0] or "store"
-    counters: dict[str, Any] = {}
+    tally = metrics.storage_requests
+    view = Store(
+        url=store.url,
+        documents=_Counted(store.documents, "documents", scheme, tally),
+        queues=_Counted(store.queues, "queues", scheme, tally),
+        index=_Counted(store.index, "index", scheme, tally),
+        leases=_Counted(store.leases, "leases", scheme, tally),
+        closers=[store.close],
+        transactions=store.transactions,
+        changes=store.changes,
+    )
+    committer = store.committer
+    if committer is not None:
+        view.committer = _counting(committer, tally.counter((scheme, "batch.commit")))
+    return view
 
-    async def count(
-        operation: str, _args: tuple[Any, ...], call: Callable[[], Awaitable[Any]]
-    ) -> Any:
-        counter = counters.get(operation)
-        if counter is None:
-            counter = counters[operation] = metrics.storage_requests.labels(scheme, operation)
-        counter.inc()
-        return await call()
 
-    return intercepted(store, count, rebind=False)
+class _Counted:
+    """One part of a store (its documents, queues, ...), counting each call of its
+    methods (attributes that are not methods, and ``wait``, a local sleep, as they are)."""
+
+    def __init__(self, inner: Any, prefix: str, scheme: str, tally: Tally) -> None:
+        self._inner, self._prefix, self._scheme, self._tally = inner, prefix, scheme, tally
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._inner, name)
+        if not callable(attribute) or name == "wait":
+            return attribute
+        wrapper = _counting(
+            attribute, self._tally.counter((self._scheme, f"{self._prefix}.{name}"))
+        )
+        self.__dict__[name] = wrapper  # found as an attribute from now on
+        return wrapper
+
+
+def _counting(call: Any, count: Callable[[], None]) -> Any:
+    """``call``, counting each call (an ``atomic`` committer stays atomic)."""
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        count()
+        return call(*args, **kwargs)
+
+    if getattr(call, "atomic", False):
+        counted.atomic = True  # type: ignore[attr-defined]
+    return counted
 
 
 def start(
