@@ -61,6 +61,8 @@ _MAX_CHUNKS = 15
 #: An entity group transaction holds at most 100 entities and 4 MiB.
 _GROUP_ROWS = 100
 _GROUP_BYTES = 3 * 1024 * 1024
+#: Tries of an entity group transaction whose connection failed (not sent or reset).
+_SEND_ATTEMPTS = 4
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+\Z")
 _Where = tuple[str, float]  # (status, created_at): where a row entity is
 #: RowKeys of row entities start "r|", of pointers "w|"; "}" sorts right after "|".
@@ -474,12 +476,17 @@ class AzureIndex:
             await c.table.submit_transaction(operations)
 
         expected = (ServiceRequestError, TableTransactionError)
-        try:
-            await self._service.call("table.batch", submit, expect=expected)
-        except ServiceRequestError:
-            # A kept-alive connection the service had closed (the SDK does not send a
-            # transaction's body twice): nothing was applied, so once more.
-            await self._service.call("table.batch", submit, expect=(TableTransactionError,))
+        for attempt in range(_SEND_ATTEMPTS):
+            try:
+                await self._service.call("table.batch", submit, expect=expected)
+                return
+            except ServiceRequestError as exc:
+                # A kept-alive connection the service had closed or reset (the SDK does
+                # not send a transaction's body twice): again. Applied already, the
+                # upserts change nothing and a delete fails: the caller looks again.
+                if attempt + 1 == _SEND_ATTEMPTS:
+                    raise self._service.unavailable("table.batch", exc) from exc
+                await asyncio.sleep(0.05 * 2**attempt)
 
     async def _read(
         self, pk: str, rk: str, *, select: list[str] | None = None
