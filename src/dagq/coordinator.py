@@ -37,7 +37,7 @@ from dagq.compiled import PLANS
 from dagq.containment import Held, WorkflowFault, step
 from dagq.dispatching import Outgoing, SharedInputs, bundle, bundle_sends, task_message
 from dagq.errors import ConflictError, DagqError, DamagedData, LeaseLost, TransientError
-from dagq.history import encode_chunk
+from dagq.history import stage_chunk
 from dagq.leasing import LeaseKeeper
 from dagq.messages import (
     Event,
@@ -591,9 +591,8 @@ class Coordinator:
         if not (st.dirty or fx.history or fx.dispatch or fx.documents or entry.releasing):
             return None
         workflow_id = st.workflow_id
-        if fx.history:
-            batch.put(keys.history(workflow_id, st.history_seq), encode_chunk(fx.history))
-            st.history_seq += 1
+        if fx.history:  # in the state's tail, or spilled with it to documents before it
+            stage_chunk(batch, st, fx.history)
         for key, data in fx.documents:  # foreach items, assembled outputs: before the state
             batch.put(key, data)
         st.unconfirmed = _unconfirmed(entry, fx.dispatch)

@@ -61,6 +61,9 @@ class Header(msgspec.Struct, array_like=True, kw_only=True):
     #: Signals no wait has taken yet, by name, oldest first. (Documents written before
     #: this field keep one signal per name in ``signals`` instead.)
     signal_queue: dict[str, list[Any]] = msgspec.field(default_factory=dict)
+    #: The last history chunks (``RunState.history_tail``), not in documents of their
+    #: own. (Documents written before this field have every chunk in its own.)
+    history_tail: list[bytes] = msgspec.field(default_factory=list)
 
 
 class Unconfirmed(msgspec.Struct, array_like=True):
@@ -180,6 +183,7 @@ def header(state: RunState, **where: Any) -> Header:
         unconfirmed=_encode_unconfirmed(state.unconfirmed),
         requests=state.requests,
         signal_queue=state.signals,
+        history_tail=state.history_tail,
         **where,
     )
 
@@ -259,6 +263,7 @@ def empty_state(head: Header) -> RunState:
     state.cancelled_at = head.cancelled_at
     state.final_on_cancel = head.final_on_cancel
     state.history_seq = head.history_seq
+    state.history_tail = list(head.history_tail)
     state.epoch = head.epoch
     state.signals = {name: list(queued) for name, queued in head.signal_queue.items()}
     for name, data in head.signals.items():  # an older document: the last one of each name

@@ -92,6 +92,7 @@ class RunState:
         "groups",
         "held",
         "history_seq",
+        "history_tail",
         "in_flight",
         "iteration",
         "n_bad",
@@ -130,6 +131,10 @@ class RunState:
         self.cancelled_at = UNSET
         self.final_on_cancel = "cancelled"
         self.history_seq = 0
+        #: The last history chunks, kept in the state document rather than each in a
+        #: document of its own (docs/architecture.md): they are the chunks
+        #: ``history_seq - len(history_tail)`` up to ``history_seq - 1``.
+        self.history_tail: list[bytes] = []
         #: Bumped by every retry request: attempts sent before a stop carry an older one.
         self.epoch = 0
         self.task_status = bytearray(n_tasks)

@@ -336,6 +336,67 @@ async def test_a_steady_upsert_is_one_transaction(store: Store) -> None:
     assert store.transactions - before == {"table.upsert": 1}
 
 
+async def test_a_status_move_is_one_transaction(store: Store) -> None:
+    await store.index.upsert(
+        IndexRow(id="v", name="n", status="completed", created_at=1.0, updated_at=1.0)
+    )
+    row = IndexRow(id="w", name="n", status="running", created_at=1.0, updated_at=1.0)
+    await store.index.upsert(row)
+    assert store.transactions is not None
+    before = store.transactions.copy()
+    moved = IndexRow(id="w", name="n", status="completed", created_at=1.0, updated_at=2.0)
+    await store.index.upsert(moved)
+    assert store.transactions - before == {"table.batch": 1}  # row, pointer, old row's delete
+    assert (await store.index.query(status=["running"])).rows == []
+    assert await store.index.get("w") == moved
+
+
+async def test_a_batch_moves_the_rows_of_one_shard_in_one_transaction(store: Store) -> None:
+    ids = [f"wf-{i}" for i in range(400) if shard(f"wf-{i}") == 3][:12]
+    await store.index.upsert(
+        IndexRow(id="v", name="n", status="completed", created_at=-1.0, updated_at=1.0)
+    )
+    batch = store.batch()
+    for n, workflow_id in enumerate(ids):
+        batch.upsert(
+            IndexRow(
+                id=workflow_id, name="n", status="running", created_at=float(n), updated_at=1.0
+            )
+        )
+    await batch.commit()
+    assert store.transactions is not None
+    before = store.transactions.copy()
+    batch = store.batch()
+    for n, workflow_id in enumerate(ids):
+        batch.upsert(
+            IndexRow(
+                id=workflow_id, name="n", status="completed", created_at=float(n), updated_at=1.0
+            )
+        )
+    await batch.commit()
+    assert store.transactions - before == {"table.batch": 1}
+    assert (await store.index.query(status=["running"])).rows == []
+    listed = [row.id for row in (await store.index.query(status=["completed"])).rows]
+    assert listed == [*reversed(ids), "v"]  # newest first
+
+
+async def test_a_row_another_process_moved_is_moved_on_from_where_it_is(store: Store) -> None:
+    await store.index.upsert(
+        IndexRow(id="w", name="n", status="running", created_at=1.0, updated_at=1.0)
+    )
+    other = open_azure_store(store.url, environ={})
+    try:  # this store still thinks the row is "running"
+        await other.index.upsert(
+            IndexRow(id="w", name="n", status="cancelling", created_at=1.0, updated_at=1.0)
+        )
+    finally:
+        await other.close()
+    failed = IndexRow(id="w", name="n", status="failed", created_at=1.0, updated_at=3.0)
+    await store.index.upsert(failed)
+    assert (await store.index.query()).rows == [failed]
+    assert await store.index.count() == {"failed": 1}
+
+
 # --- batches, counts, leases, existence ---------------------------------------------
 
 

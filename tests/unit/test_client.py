@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import dagq.history
 from dagq import Workflow, keys
 from dagq.client import (
     Client,
@@ -465,8 +466,14 @@ async def test_dead_letters_are_described_replayed_and_purged(client: Client, st
     assert await client.dead_letters() == []
 
 
+@pytest.fixture
+def spilling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every history chunk in a document of its own (none kept in the state)."""
+    monkeypatch.setattr(dagq.history, "TAIL_CHUNKS", 0)
+
+
 async def test_events_show_a_damaged_history_chunk_as_one_entry_and_go_on(
-    client: Client, finished: str, store: Store
+    spilling: None, client: Client, finished: str, store: Store
 ) -> None:
     chunks = await store.documents.list(keys.history_prefix(finished))
     assert len(chunks) >= 3

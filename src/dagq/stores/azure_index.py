@@ -1,28 +1,29 @@
 """The index in Azure Table Storage: one table per store prefix.
 
 Listing by status must stay fast with 100,000 workflows, so rows are kept where a
-listing reads them in order:
+listing reads them in order. Every workflow's entities live in one of 16 shard
+partitions ``x:{shard}`` (by a hash of the id, so no partition runs hot):
 
-* a **row entity** per workflow in partition ``s:{status}:{shard}`` (16 shards by a
-  hash of the id, so no partition runs hot), RowKey = inverted ``created_at`` then
-  inverted id: a partition reads newest first, as ``query`` answers (created_at
-  DESC, id DESC, like sqlite). A page is a k-way merge of the shards (of every
-  status asked for), each read a small page at a time only as far as the merge
-  needs; the cursor is the last row's (created_at, id), as on every backend.
-* a **pointer entity** per workflow (``w:{id}``) naming its status and created_at,
-  written only when they change: a move writes the new row entity, the pointer, then
-  deletes the old row entity. An in-process cache of where each row is saves reading
+* a **row entity** per workflow, RowKey ``r|{status}|`` then the inverted
+  ``created_at`` and inverted id: a status reads newest first within a shard, as
+  ``query`` answers (created_at DESC, id DESC, like sqlite). A page is a k-way merge
+  of the shards (of every status asked for), each read a small page at a time only as
+  far as the merge needs; the cursor is the last row's (created_at, id), as on every
+  backend.
+* a **pointer entity** per workflow (RowKey ``w|{id}``, same partition) naming its
+  status and created_at, written only when they change. A move (the new row entity,
+  the pointer, the old row entity's delete) is one entity group transaction, since
+  the three share a partition. An in-process cache of where each row is saves reading
   the pointer before every upsert, so a steady upsert is one transaction.
-* a **status entity** per status ever used (``statuses``), so a query without a
-  status filter knows which partitions to read.
+* a **status entity** per status ever used (partition ``statuses``), so a query
+  without a status filter knows which statuses to read.
 
-Rows of one batch that stay where they are (a running workflow's counts) are written
-together: one entity group transaction per partition (up to 100 rows, one request
-each), so a coordinator batch touching many workflows pays per partition, not per
-row (:meth:`AzureIndex.upsert_many`).
+The rows of one batch are written together: one entity group transaction per shard
+partition (up to 100 entities), moves and steady rows alike, so a coordinator batch
+touching many workflows pays per shard, not per row (:meth:`AzureIndex.upsert_many`).
 
 Row entities carry ``updated_at`` as a property, so ``changed`` (what changed since a
-moment, for the server's stream) is one filtered query over the row partitions.
+moment, for the server's stream) is one filtered query over the row entities.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError, ServiceRequestError
-from azure.data.tables import UpdateMode
+from azure.data.tables import TableTransactionError, UpdateMode
 
 from dagq.errors import ValidationError
 from dagq.stores.azure_service import AzureService, Clients
@@ -55,14 +56,20 @@ from dagq.stores.common import (
 
 SHARDS = 16
 _STATUSES = "statuses"
-_POINTER_ROW = "w"
 _CHUNK = 60_000  # bytes per binary property (Azure's limit is 64 KiB)
 _MAX_CHUNKS = 15
 #: An entity group transaction holds at most 100 entities and 4 MiB.
 _GROUP_ROWS = 100
 _GROUP_BYTES = 3 * 1024 * 1024
+#: Tries of an entity group transaction whose connection failed (not sent or reset).
+_SEND_ATTEMPTS = 4
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+\Z")
 _Where = tuple[str, float]  # (status, created_at): where a row entity is
+#: RowKeys of row entities start "r|", of pointers "w|"; "}" sorts right after "|".
+_ROWS_LOW, _ROWS_HIGH = "r|", "r}"
+_SHARDS_LOW, _SHARDS_HIGH = "x:", "x;"
+#: One operation of an entity group transaction: (kind, entity, options).
+_Operation = tuple[str, dict[str, Any], dict[str, Any]]
 
 
 def key_text(text: str) -> str:
@@ -71,17 +78,22 @@ def key_text(text: str) -> str:
 
 
 def shard(workflow_id: str) -> int:
-    """The shard of a workflow's row entities (stable across processes)."""
+    """The shard of a workflow's entities (stable across processes)."""
     return hashlib.blake2b(workflow_id.encode(), digest_size=2).digest()[0] % SHARDS
 
 
-def partition(status: str, shard_number: int) -> str:
-    """The partition of rows with ``status`` in one shard."""
-    return f"s:{key_text(status)}:{shard_number:02x}"
+def partition(shard_number: int) -> str:
+    """The partition of one shard's row and pointer entities."""
+    return f"x:{shard_number:02x}"
+
+
+def status_prefix(status: str) -> str:
+    """The start of the RowKeys of the row entities with ``status``."""
+    return f"r|{key_text(status)}|"
 
 
 def row_key(created_at: float, workflow_id: str) -> str:
-    """A RowKey that sorts newest first, then by id descending."""
+    """The part of a row entity's RowKey that sorts newest first, then by id descending."""
     (bits,) = struct.unpack(">Q", struct.pack(">d", created_at))
     ordered = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | 1 << 63  # floats → uints
     inverted_id = bytes(255 - b for b in workflow_id.encode()).hex()
@@ -89,8 +101,13 @@ def row_key(created_at: float, workflow_id: str) -> str:
     return f"{ordered ^ 0xFFFFFFFFFFFFFFFF:016x}-{inverted_id}~"
 
 
-def _pointer(workflow_id: str) -> str:
-    return f"w:{key_text(workflow_id)}"
+def _row_at(where: _Where, workflow_id: str) -> tuple[str, str]:
+    """(PartitionKey, RowKey) of a workflow's row entity with this status and created_at."""
+    return partition(shard(workflow_id)), status_prefix(where[0]) + row_key(where[1], workflow_id)
+
+
+def _pointer(workflow_id: str) -> tuple[str, str]:
+    return partition(shard(workflow_id)), f"w|{key_text(workflow_id)}"
 
 
 def _row_properties(row: IndexRow) -> dict[str, Any]:
@@ -121,8 +138,37 @@ def _row_of(entity: Any) -> IndexRow:
     return decode_row(b"".join(chunks))
 
 
+def _writes(row: IndexRow, where: _Where | None) -> list[_Operation]:
+    """The operations that put ``row`` where it belongs, its row entity having been at
+    ``where``: the row entity alone if it stays; else also the pointer and the old
+    row entity's delete (all in the workflow's shard partition)."""
+    pk, rk = _row_at((row.status, row.created_at), row.id)
+    properties = _row_properties(row)
+    replace = {"mode": UpdateMode.REPLACE}
+    operations: list[_Operation] = [
+        ("upsert", {"PartitionKey": pk, "RowKey": rk, **properties}, replace)
+    ]
+    if where == (row.status, row.created_at):
+        return operations
+    _, pointer = _pointer(row.id)
+    entity = {"PartitionKey": pk, "RowKey": pointer, "status": row.status}
+    operations.append(("upsert", {**entity, "created_at": row.created_at, **properties}, replace))
+    if where is not None:
+        _, old = _row_at(where, row.id)
+        operations.append(("delete", {"PartitionKey": pk, "RowKey": old}, {}))
+    return operations
+
+
+def _size(operations: list[_Operation]) -> int:
+    return sum(
+        sum(len(v) for v in entity.values() if isinstance(v, bytes | str)) + 512
+        for _, entity, _ in operations
+    )
+
+
 class _ShardReader:
-    """The matching rows of one partition, in RowKey order, fetched a page at a time."""
+    """The matching rows of one partition, in RowKey order, fetched a page at a time
+    (each keyed by its RowKey without the status prefix, to merge across statuses)."""
 
     def __init__(
         self, service: AzureService, query: str, parameters: dict[str, Any], page_size: int
@@ -144,7 +190,7 @@ class _ShardReader:
             except StopAsyncIteration:
                 self._done = True
                 return
-            self.rows.extend((str(e["RowKey"]), _row_of(e)) for e in page)
+            self.rows.extend((str(e["RowKey"]).rsplit("|", 1)[1], _row_of(e)) for e in page)
 
     async def close(self) -> None:
         """Stop the listing (its generator holds an open pager)."""
@@ -169,7 +215,7 @@ async def _merge(readers: list[_ShardReader], count: int) -> list[IndexRow]:
 
 
 class AzureIndex:
-    """Index rows in Table Storage, sharded by status for fast listing."""
+    """Index rows in Table Storage, sharded for fast listing by status."""
 
     def __init__(self, service: AzureService, changes: ChangeFeed | None = None) -> None:
         self._service = service
@@ -178,67 +224,70 @@ class AzureIndex:
         self._changes = changes
 
     async def upsert(self, row: IndexRow) -> None:
-        await self._upsert(row)
+        await self.upsert_many([row])
+
+    async def upsert_many(self, rows: Sequence[IndexRow]) -> None:
+        """Upsert rows of distinct workflows: one entity group transaction per shard
+        partition (and per 100 entities), a move's three operations always together."""
+        unknown = [row.id for row in rows if row.id not in self._where]
+        await asyncio.gather(*(self._locate(workflow_id) for workflow_id in unknown))
+        await asyncio.gather(*(self._register(s) for s in {row.status for row in rows}))
+        groups: dict[str, list[list[IndexRow]]] = defaultdict(lambda: [[]])
+        planned: dict[str, list[_Operation]] = {}
+        counts: dict[str, int] = defaultdict(int)
+        sizes: dict[str, int] = defaultdict(int)
+        for row in rows:
+            operations = planned[row.id] = _writes(row, self._where[row.id])
+            pk = partition(shard(row.id))
+            size = _size(operations)
+            full = counts[pk] + len(operations) > _GROUP_ROWS or sizes[pk] + size > _GROUP_BYTES
+            if full and groups[pk][-1]:
+                groups[pk].append([])
+                counts[pk] = sizes[pk] = 0
+            groups[pk][-1].append(row)
+            counts[pk] += len(operations)
+            sizes[pk] += size
+        await asyncio.gather(
+            *(
+                self._write_group(group, planned)
+                for chunks in groups.values()
+                for group in chunks
+                if group
+            )
+        )
         if self._changes is not None:  # this process's streams only: the feed polls
             self._changes.notify([INDEX_TOPIC])
 
-    async def _upsert(self, row: IndexRow) -> None:
-        where = self._where[row.id] if row.id in self._where else await self._locate(row.id)
-        entity = {
-            "PartitionKey": partition(row.status, shard(row.id)),
-            "RowKey": row_key(row.created_at, row.id),
-            **_row_properties(row),
-        }
-        if where == (row.status, row.created_at):
-            await self._put(entity)
+    async def _write_group(
+        self, rows: list[IndexRow], planned: Mapping[str, list[_Operation]]
+    ) -> None:
+        operations = [operation for row in rows for operation in planned[row.id]]
+        try:
+            await self._submit(operations)
+        except TableTransactionError:
+            # A row entity was not where this process thought (another process moved
+            # it): nothing was written; each row again, from its pointer.
+            for row in rows:
+                await self._locate(row.id)
+                try:
+                    await self._submit(_writes(row, self._where[row.id]))
+                except TableTransactionError as exc:  # moved again meanwhile
+                    raise self._service.unavailable("table.batch", exc) from exc
+                self._where[row.id] = (row.status, row.created_at)
             return
-        await self._register(row.status)
-        await self._put(entity)
-        pointer = {
-            "PartitionKey": _pointer(row.id),
-            "RowKey": _POINTER_ROW,
-            "status": row.status,
-            "created_at": row.created_at,
-            **_row_properties(row),
-        }
-        await self._put(pointer)
-        if where is not None:
-            await self._remove(partition(where[0], shard(row.id)), row_key(where[1], row.id))
-        self._where[row.id] = (row.status, row.created_at)
-
-    async def upsert_many(self, rows: Sequence[IndexRow]) -> None:
-        """Upsert rows of distinct workflows: those that stay in their partition in one
-        entity group transaction per partition (and per 100 rows); moves one by one."""
-        groups: dict[str, list[list[dict[str, Any]]]] = defaultdict(lambda: [[]])
-        sizes: dict[str, int] = defaultdict(int)
-        alone: list[IndexRow] = []
         for row in rows:
-            if self._where.get(row.id) != (row.status, row.created_at):
-                alone.append(row)
-                continue
-            pk = partition(row.status, shard(row.id))
-            entity = {"PartitionKey": pk, "RowKey": row_key(row.created_at, row.id)}
-            entity.update(_row_properties(row))
-            size = sum(len(v) for v in entity.values() if isinstance(v, bytes | str)) + 512
-            if len(groups[pk][-1]) >= _GROUP_ROWS or sizes[pk] + size > _GROUP_BYTES:
-                groups[pk].append([])
-                sizes[pk] = 0
-            groups[pk][-1].append(entity)
-            sizes[pk] += size
-        writes = [self._put_group(group) for chunks in groups.values() for group in chunks]
-        await asyncio.gather(*writes, *(self.upsert(row) for row in alone))
+            self._where[row.id] = (row.status, row.created_at)
 
     async def get(self, workflow_id: str) -> IndexRow | None:
+        pk, pointer_key = _pointer(workflow_id)
         for _ in range(2):  # a move may happen between the two reads: look again
-            pointer = await self._read(_pointer(workflow_id), _POINTER_ROW)
+            pointer = await self._read(pk, pointer_key)
             if pointer is None:
                 self._where[workflow_id] = None
                 return None
             where = (str(pointer["status"]), float(pointer["created_at"]))
             self._where[workflow_id] = where
-            entity = await self._read(
-                partition(where[0], shard(workflow_id)), row_key(where[1], workflow_id)
-            )
+            entity = await self._read(*_row_at(where, workflow_id))
             if entity is not None:
                 return _row_of(entity)
         return _row_of(pointer)
@@ -256,21 +305,29 @@ class AzureIndex:
         check_statuses(status)
         after = decode_cursor(cursor) if cursor is not None else None
         statuses = list(dict.fromkeys(status)) if status is not None else await self._known()
-        conditions = ["PartitionKey eq @pk"]
+        conditions = ["PartitionKey eq @pk", "RowKey gt @low", "RowKey lt @high"]
         parameters: dict[str, Any] = {}
-        if after is not None:
-            conditions.append("RowKey gt @after")
-            parameters["after"] = row_key(*after)
         for field, value in (("name", name), ("tenant", tenant)):
             if value is not None:
                 conditions.append(f"{field} eq @{field}")
                 parameters[field] = value
         query = " and ".join(conditions)
+
+        def bounds(s: str) -> dict[str, str]:
+            prefix = status_prefix(s)
+            low = prefix + row_key(*after) if after is not None else prefix
+            return {"low": low, "high": prefix[:-1] + "}"}
+
         # Each shard is read newest first, a page at a time, only as far as the merge
         # needs: about limit/SHARDS rows each, not limit rows from every shard.
         page_size = min(1000, max(8, (limit + 1) * 3 // (2 * SHARDS) + 1))
         readers = [
-            _ShardReader(self._service, query, {**parameters, "pk": partition(s, n)}, page_size)
+            _ShardReader(
+                self._service,
+                query,
+                {**parameters, **bounds(s), "pk": partition(n)},
+                page_size,
+            )
             for s in statuses
             for n in range(SHARDS)
         ]
@@ -285,12 +342,21 @@ class AzureIndex:
 
     async def changed(self, after: float, *, limit: int = 100) -> list[IndexRow]:
         check_page_size(limit)
-        # Row entities only (their partitions start "s:"; pointers "w:"); a row caught
-        # mid-move is in two partitions: the later write wins.
-        query = "PartitionKey ge 's:' and PartitionKey lt 's;' and updated_at gt @after"
+        # Row entities only (RowKeys "r|..."; pointers are "w|...").
+        query = (
+            "PartitionKey ge @pk_low and PartitionKey lt @pk_high and RowKey ge @low "
+            "and RowKey lt @high and updated_at gt @after"
+        )
+        parameters = {
+            "pk_low": _SHARDS_LOW,
+            "pk_high": _SHARDS_HIGH,
+            "low": _ROWS_LOW,
+            "high": _ROWS_HIGH,
+            "after": float(after),
+        }
         pages = self._service.pages(
             "table.query",
-            lambda c: c.table.query_entities(query, parameters={"after": float(after)}),
+            lambda c: c.table.query_entities(query, parameters=parameters),
         )
         found: dict[str, IndexRow] = {}
         async for page in pages:
@@ -309,30 +375,31 @@ class AzureIndex:
         created_after: float | None = None,
         created_before: float | None = None,
     ) -> dict[str, int]:
-        # One query per status over its shards' partitions; the created range is a
-        # RowKey range (RowKeys start with the inverted created_at). Without labels
-        # the entities come back as their RowKey alone (a projection).
-        conditions = ["PartitionKey ge @low", "PartitionKey lt @high"]
-        parameters: dict[str, Any] = {}
+        # One query per status over the shard partitions; the created range is a
+        # RowKey range (after the status, RowKeys go on with the inverted created_at).
+        # Without labels the entities come back as their RowKey alone (a projection).
+        conditions = [
+            "PartitionKey ge @pk_low",
+            "PartitionKey lt @pk_high",
+            "RowKey gt @low",
+            "RowKey lt @high",
+        ]
+        parameters: dict[str, Any] = {"pk_low": _SHARDS_LOW, "pk_high": _SHARDS_HIGH}
         for field, value in (("name", name), ("tenant", tenant)):
             if value is not None:
                 conditions.append(f"{field} eq @{field}")
                 parameters[field] = value
-        if created_before is not None:  # older: a greater RowKey
-            conditions.append("RowKey gt @before")
-            parameters["before"] = row_key(created_before, "")[:16] + "~"
-        if created_after is not None:
-            conditions.append("RowKey lt @after")
-            parameters["after"] = row_key(created_after, "")[:16] + "~"
         select = [f"r{i}" for i in range(_MAX_CHUNKS)] if labels else ["RowKey"]
         counts: dict[str, int] = {}
         for status in await self._known():
-            prefix = partition(status, 0)[:-2]
+            prefix = status_prefix(status)
+            low, high = prefix, prefix[:-1] + "}"
+            if created_before is not None:  # older: a greater RowKey
+                low = prefix + row_key(created_before, "")[:16] + "~"
+            if created_after is not None:
+                high = prefix + row_key(created_after, "")[:16] + "~"
             found = await self._count(
-                " and ".join(conditions),
-                {**parameters, "low": prefix, "high": prefix[:-1] + ";"},
-                select,
-                labels,
+                " and ".join(conditions), {**parameters, "low": low, "high": high}, select, labels
             )
             if found:
                 counts[status] = found
@@ -360,16 +427,14 @@ class AzureIndex:
         self._where.pop(workflow_id, None)
         if where is None:
             return False
-        await self._remove(partition(where[0], shard(workflow_id)), row_key(where[1], workflow_id))
-        await self._remove(_pointer(workflow_id), _POINTER_ROW)
+        await self._remove(*_row_at(where, workflow_id))
+        await self._remove(*_pointer(workflow_id))
         return True
 
     # --- storage calls -------------------------------------------------------------
 
     async def _locate(self, workflow_id: str) -> _Where | None:
-        pointer = await self._read(
-            _pointer(workflow_id), _POINTER_ROW, select=["status", "created_at"]
-        )
+        pointer = await self._read(*_pointer(workflow_id), select=["status", "created_at"])
         where = None if pointer is None else (str(pointer["status"]), float(pointer["created_at"]))
         self._where[workflow_id] = where
         return where
@@ -400,22 +465,28 @@ class AzureIndex:
 
         await self._service.call("table.upsert", upsert)
 
-    async def _put_group(self, entities: list[dict[str, Any]]) -> None:
-        if len(entities) == 1:
-            await self._put(entities[0])
+    async def _submit(self, operations: list[_Operation]) -> None:
+        """One entity group transaction (one entity upsert: a plain request).
+        A failed delete raises TableTransactionError, nothing written."""
+        if len(operations) == 1 and operations[0][0] == "upsert":
+            await self._put(operations[0][1])
             return
 
         async def submit(c: Clients) -> None:
-            await c.table.submit_transaction(
-                [("upsert", entity, {"mode": UpdateMode.REPLACE}) for entity in entities]
-            )
+            await c.table.submit_transaction(operations)
 
-        try:
-            await self._service.call("table.batch", submit, expect=(ServiceRequestError,))
-        except ServiceRequestError:
-            # A kept-alive connection the service had closed (the SDK does not send a
-            # transaction's body twice): upserts are idempotent, so once more.
-            await self._service.call("table.batch", submit)
+        expected = (ServiceRequestError, TableTransactionError)
+        for attempt in range(_SEND_ATTEMPTS):
+            try:
+                await self._service.call("table.batch", submit, expect=expected)
+                return
+            except ServiceRequestError as exc:
+                # A kept-alive connection the service had closed or reset (the SDK does
+                # not send a transaction's body twice): again. Applied already, the
+                # upserts change nothing and a delete fails: the caller looks again.
+                if attempt + 1 == _SEND_ATTEMPTS:
+                    raise self._service.unavailable("table.batch", exc) from exc
+                await asyncio.sleep(0.05 * 2**attempt)
 
     async def _read(
         self, pk: str, rk: str, *, select: list[str] | None = None

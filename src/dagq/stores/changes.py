@@ -143,6 +143,8 @@ class ChangeFeed:
 def batch_topics(keys: Sequence[str], upserts: int) -> set[str]:
     """The topics a batch that wrote documents ``keys`` and ``upserts`` rows changed."""
     topics = {topic_of(key) for key in keys}
+    # A state document carries its workflow's last history chunks (dagq.history).
+    topics.update(f"history/{key[7:]}/" for key in keys if key.startswith("states/"))
     if upserts:
         topics.add(INDEX_TOPIC)
     return topics
