@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from bench.workloads import data, final, shape
+from bench.workloads import data, final, is_foreach, shape
 from dagq import Client
 from dagq.coordinator import Coordinator
 from dagq.errors import UsageError
@@ -149,6 +149,8 @@ async def settle(
     starts = [t.started_at for t in first if t.started_at is not None]
     ended = max(s.finished_at or s.updated_at for s in statuses)
     n_tasks = sum(s.total for s in statuses)
+    if is_foreach(workload, size):  # the foreach task counts its instances
+        n_tasks += len(ids) * (shape(workload, size)[0][0] - 1)
     wall = ended - started
     result: dict[str, Any] = {
         "status": sorted({s.status for s in statuses}),

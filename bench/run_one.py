@@ -327,7 +327,8 @@ def _result(
     ops: dict[str, int] | None = None,
     transactions: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    n_tasks = sum(s.n_tasks for s in states)
+    # A foreach task counts its instances (W1 as a foreach: root, n instances, join).
+    n_tasks = sum(s.n_tasks + sum(g.n - 1 for g in s.groups.values()) for s in states)
     result: dict[str, Any] = {
         "status": sorted({s.status for s in states}),
         "tasks": n_tasks,

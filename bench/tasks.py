@@ -24,6 +24,21 @@ def total(inputs: dict[str, Any]) -> int:
     return sum(inputs.values())
 
 
+def ones(n: int) -> list[int]:
+    """The root of W1 as a foreach: the list of n items (each 1) to fan out over."""
+    return [1] * n
+
+
+def item_plus_one(item: int) -> int:
+    """A foreach instance of W1: its item (the root's value) + 1."""
+    return item + 1
+
+
+def total_items(inputs: dict[str, Any]) -> int:
+    """W1's join after a foreach: the sum of the list of its instances' outputs."""
+    return sum(sum(v) for v in inputs.values())
+
+
 def noop(**_: Any) -> None:
     """Do nothing (for the benchmarks of the server and the console)."""
 

@@ -30,6 +30,28 @@ def fan_out_data(n: int, module: str = TASKS) -> dict[str, Any]:
     return {"name": f"w1-fan-out-{n}", "tasks": tasks}
 
 
+def fan_out_foreach_data(n: int, module: str = TASKS) -> dict[str, Any]:
+    """W1 as users write a wide fan-out: a root makes the list of n items, one ``foreach``
+    task runs ``item + 1`` over it (n instances), the join sums the list of their outputs.
+
+    The same data flow and final value (2n) as :func:`fan_out_data`, in three tasks: a
+    static definition of 1,000,002 tasks is over ``validation.MAX_TASKS`` and the 32 MiB
+    definition bound, which stay (they guard the coordinator against hostile input)."""
+    return {
+        "name": f"w1-foreach-{n}",
+        "tasks": [
+            {"name": "root", "call": f"{module}:ones", "args": {"n": n}},
+            {
+                "name": "mid",
+                "call": f"{module}:item_plus_one",
+                "depends_on": ["root"],
+                "foreach": "inputs.root",
+            },
+            {"name": "join", "call": f"{module}:total_items", "depends_on": ["mid"]},
+        ],
+    }
+
+
 def chain_data(n: int, module: str = TASKS, name: str = "w2-chain") -> dict[str, Any]:
     """W2 (and W4's unit): n tasks in strict sequence, each the previous output + 1."""
     tasks: list[dict[str, Any]] = [{"name": "s0", "call": f"{module}:one"}]
@@ -81,7 +103,7 @@ SHAPES: dict[str, dict[str, tuple[tuple[int, ...], int]]] = {
         "small": ((1_000,), 1),
         "full": ((10_000,), 1),
         "huge": ((100_000,), 1),
-        "scale": ((1_000_000,), 1),
+        "scale": ((1_000_000,), 1),  # as a foreach (FOREACH)
     },
     "W2": {"tiny": ((20,), 1), "small": ((200,), 1), "full": ((200,), 1), "huge": ((200,), 1)},
     "W3": {
@@ -98,6 +120,9 @@ SHAPES: dict[str, dict[str, tuple[tuple[int, ...], int]]] = {
         "scale": ((5,), 100_000),  # W4 x 500
     },
 }
+#: W1's sizes run as a ``foreach`` fan-out (:func:`fan_out_foreach_data`): ``scale`` (a
+#: static definition of a million tasks is refused), and any ``foreach=COUNT``.
+FOREACH = ("scale",)
 #: The workloads whose size may also be given as ``n=COUNT``: W1's fan-out width, W2's
 #: chain length, W4's number of workflows.
 COUNTED = ("W1", "W2", "W4")
@@ -111,9 +136,11 @@ def shape(workload: str, size: str) -> tuple[tuple[int, ...], int]:
     if size in sizes:
         return sizes[size]
     key, sep, value = size.partition("=")
-    if workload not in COUNTED or key != "n" or not sep:
+    keys = ("n", "foreach") if workload == "W1" else ("n",)
+    if workload not in COUNTED or key not in keys or not sep:
         labels = ", ".join(sorted(sizes))
         counted = " or n=COUNT" if workload in COUNTED else ""
+        counted += " or foreach=COUNT" if workload == "W1" else ""
         raise ValueError(f"unknown size {size!r} for {workload}: {labels}{counted}")
     try:
         n = int(value.replace("_", "").replace(",", ""))
@@ -126,9 +153,17 @@ def shape(workload: str, size: str) -> tuple[tuple[int, ...], int]:
     return (n,), 1
 
 
+def is_foreach(workload: str, size: str) -> bool:
+    """Does ``workload`` at ``size`` fan out with a ``foreach`` (W1 ``scale``,
+    ``foreach=COUNT``)?"""
+    return workload == "W1" and (size in FOREACH or size.startswith("foreach="))
+
+
 def data(workload: str, size: str, module: str = TASKS) -> dict[str, Any]:
     """The definition of one workflow of ``workload``, as a file would hold it."""
     (*dims,), _ = shape(workload, size)
+    if is_foreach(workload, size):
+        return fan_out_foreach_data(dims[0], module)
     if workload == "W1":
         return fan_out_data(dims[0], module)
     if workload == "W3":

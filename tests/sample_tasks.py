@@ -152,6 +152,13 @@ def jobq_helpers(ctx: TaskContext) -> None:
     )
 
 
+def upstream_by_helper() -> Any:
+    """Names neither inputs nor ctx: reads its parents through a dagq.jobq helper."""
+    from dagq.jobq import get_upstream_outputs
+
+    return get_upstream_outputs()
+
+
 def returns_despite_set_output() -> str:
     from dagq.jobq import set_output
 

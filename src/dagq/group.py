@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from itertools import compress
 from typing import Any, TypeVar
 
 import msgspec
@@ -20,6 +21,7 @@ from dagq.state import TERMINAL, UNSET, TaskStatus
 
 T = TypeVar("T")
 
+_PENDING = int(TaskStatus.PENDING)
 #: Items up to this size (encoded) ride in the group (and their messages); larger
 #: lists are stored once as a document and instances fetch their item from it.
 INLINE_ITEMS_LIMIT = 16 * 1024
@@ -65,18 +67,19 @@ class Group:
         self.unsent: deque[int] = deque(range(n))
 
     def recount(self) -> None:
-        """Rebuild the derived counters from the stored columns."""
-        self.sent = sum(1 for s in self.status if s in (TaskStatus.READY, TaskStatus.RUNNING))
-        self.settled = sum(1 for s in self.status if s in TERMINAL)
-        self.unsent = deque(k for k, s in enumerate(self.status) if s == TaskStatus.PENDING)
+        """Rebuild the derived counters from the stored columns (C loops: a group may
+        have a million instances, and each delta replayed recounts)."""
+        self.sent = self.in_flight()
+        self.settled = sum(self.status.count(s) for s in TERMINAL)
+        self.unsent = deque(self.pending())
 
     def in_flight(self) -> int:
         """Instances sent and not finished."""
-        return sum(1 for s in self.status if s in (TaskStatus.READY, TaskStatus.RUNNING))
+        return self.status.count(TaskStatus.READY) + self.status.count(TaskStatus.RUNNING)
 
     def pending(self) -> list[int]:
         """Instances not sent yet, in index order."""
-        return [k for k, s in enumerate(self.status) if s == TaskStatus.PENDING]
+        return list(compress(range(self.n), map(_PENDING.__eq__, self.status)))
 
     def done(self) -> bool:
         """Has every instance finished for good?"""

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +52,15 @@ class TaskScope:
     cancel_file: str
     output: Any = None
     has_output: bool = False
+    #: Decodes the inputs when a helper first asks for them (a pool process leaves
+    #: them encoded for a function that names neither ``inputs`` nor ``ctx``).
+    load: Callable[[], dict[str, Any]] | None = None
+
+    def upstream(self) -> dict[str, Any]:
+        """The task's inputs, decoded at the first call if they were left encoded."""
+        if self.load is not None:
+            self.inputs, self.load = self.load(), None
+        return self.inputs
 
 
 _current: ContextVar[TaskScope | None] = ContextVar("dagq_jobq_task", default=None)
@@ -60,10 +69,12 @@ _refs_cache: dict[str, dict[str, Any]] = {}
 
 
 @contextlib.contextmanager
-def task_scope(ctx: TaskContext) -> Iterator[TaskScope]:
+def task_scope(
+    ctx: TaskContext, load: Callable[[], dict[str, Any]] | None = None
+) -> Iterator[TaskScope]:
     """Make ``ctx`` the task the helpers serve while a Python task's function runs
-    (the runners do this)."""
-    scope = TaskScope(ctx.task, ctx.inputs, ctx.cancel_file)
+    (the runners do this; ``load``: decodes its inputs, left encoded in ``ctx``)."""
+    scope = TaskScope(ctx.task, ctx.inputs, ctx.cancel_file, load=load)
     token = _current.set(scope)
     try:
         yield scope
@@ -75,9 +86,10 @@ def get_upstream_output(task_name: str) -> Any:
     """The output of the direct parent ``task_name``, or None if it has none."""
     scope = _current.get()
     if scope is not None:
-        if task_name not in scope.inputs:
+        inputs = scope.upstream()
+        if task_name not in inputs:
             raise KeyError(f"'{task_name}' is not a direct upstream of '{scope.task}'")
-        return scope.inputs[task_name]
+        return inputs[task_name]
     refs = _refs("get_upstream_output")
     if task_name not in refs:
         task = os.environ.get("JOBQ_WORKFLOW_TASK", "")
@@ -89,7 +101,7 @@ def get_upstream_outputs() -> dict[str, Any]:
     """``{parent: output}`` for every direct parent that has an output."""
     scope = _current.get()
     if scope is not None:
-        return {name: value for name, value in scope.inputs.items() if value is not None}
+        return {name: value for name, value in scope.upstream().items() if value is not None}
     refs = _refs("get_upstream_outputs")
     return {name: _value(ref) for name, ref in refs.items() if ref is not None}
 

@@ -111,6 +111,38 @@ def test_a_size_may_be_given_as_a_count() -> None:
         assert refused.stderr.strip() == f"error: {why}"
 
 
+@pytest.mark.timeout(240)
+def test_w1_may_fan_out_as_a_foreach() -> None:
+    """``foreach=COUNT`` (and ``scale``: a million) is W1 as users write a wide fan-out:
+    root -> one foreach task -> join, each instance counted as a task, the join's sum
+    checked as for the static fan-out."""
+    for mode in ("inproc", "client"):
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.run_one", "W1", "foreach=40", mode],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        line = json.loads(done.stdout.splitlines()[-1])
+        assert (line["tasks"], line["result"], line["result_ok"]) == (42, 80, True), mode
+    refused = subprocess.run(
+        [sys.executable, "-m", "bench", "--workloads", "W2", "--sizes", "foreach=3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert (
+        refused.stderr.strip()
+        == "error: unknown size 'foreach=3' for W2: full, huge, small, tiny or n=COUNT"
+    )
+
+
 @pytest.mark.timeout(120)
 def test_a_run_whose_data_did_not_flow_fails_the_suite(tmp_path: Path) -> None:
     """The check can fail: with tasks that ignore their inputs, the final value is wrong

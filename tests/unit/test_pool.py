@@ -201,13 +201,57 @@ async def test_a_damaged_stored_input_fails_the_attempt_and_not_the_process() ->
     damaged = StoredInputs(document=b"{not json", document_key="inputs/w/t")
     pool = TaskPool(1)
     try:
-        failed = await pool.run("tests.sample_tasks:pid", {}, CTX, None, inputs=damaged)
+        failed = await pool.run("tests.sample_tasks:inputs_of", {}, CTX, None, inputs=damaged)
+        by_helper = await pool.run(
+            "tests.sample_tasks:upstream_by_helper", {}, CTX, None, inputs=damaged
+        )
         after = await pool.run("tests.sample_tasks:pid", {}, CTX, None)
     finally:
         await pool.close()
     assert not failed.ok
     assert (failed.error or "").startswith("cannot load upstream outputs: inputs document")
+    assert not by_helper.ok and "inputs document (inputs/w/t)" in (by_helper.error or "")
     assert after.ok and pool.started == 1
+
+
+async def test_inputs_are_decoded_only_for_a_function_that_can_see_them() -> None:
+    """A function naming neither ``inputs`` nor ``ctx`` (a foreach instance that reads
+    only its item) does not pay for decoding them; a dagq.jobq helper decodes them when
+    it is asked."""
+    damaged = StoredInputs(document=b"{not json", document_key="inputs/w/t")
+    stored = StoredInputs(inline={"a": 1}, document=b'{"b": 2}', document_key="inputs/w/u")
+    pool = TaskPool(1)
+    try:
+        unread = await pool.run("tests.sample_tasks:pid", {}, CTX, None, inputs=damaged)
+        helper = await pool.run(
+            "tests.sample_tasks:upstream_by_helper", {}, CTX, None, inputs=stored
+        )
+    finally:
+        await pool.close()
+    assert unread.ok, unread.error
+    assert helper.ok and helper.output == {"a": 1, "b": 2}
+
+
+async def test_stored_inputs_cross_to_a_process_once_and_fresh_bytes_again() -> None:
+    """The instances of a foreach share their parents' outputs: a process is sent a
+    document once and holds it; the same key with bytes fetched anew is sent anew."""
+    first = StoredInputs(outputs=(("root", "outputs/w/root", b"[" + b"1," * 500_000 + b"1]"),))
+    again = StoredInputs(outputs=(("root", "outputs/w/root", b"[1, 2]"),))
+    pool = TaskPool(1)
+    try:
+        counted = [
+            await pool.run("tests.sample_tasks:length", None, CTX, 30, inputs=first)
+            for _ in range(20)
+        ]
+        (process,) = pool._processes
+        held = len(process.held)
+        fresh = await pool.run("tests.sample_tasks:length", None, CTX, 30, inputs=again)
+        assert pool.started == 1
+    finally:
+        await pool.close()
+    assert [o.output for o in counted] == [500_001] * 20
+    assert held == 1
+    assert fresh.output == 2
 
 
 async def test_large_requests_and_replies_cross_whole_and_the_next_task_follows() -> None:

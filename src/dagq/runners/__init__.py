@@ -51,22 +51,28 @@ class StoredInputs:
 
     #: The inputs carried in the task message itself.
     inline: dict[str, Any] = field(default_factory=dict)
-    #: The task's inputs document (JSON: parent name -> output), if it has one.
+    #: The task's inputs document (JSON: parent name -> output), if it has one. On the
+    #: way to a pool process that holds it already, a document's bytes are left out
+    #: (None; :mod:`dagq.runners.held`).
     document: bytes | None = None
     document_key: str = ""
     #: Outputs stored one by one: (parent name, document key, JSON).
-    outputs: tuple[tuple[str, str, bytes], ...] = ()
+    outputs: tuple[tuple[str, str, bytes | None], ...] = ()
 
     def decode(self) -> dict[str, Any]:
         """The inputs by parent name (DamagedData if a document cannot be decoded)."""
         inputs = dict(self.inline)
-        if self.document is not None:
+        if self.document_key:
             what = f"inputs document ({self.document_key})"
+            if self.document is None:
+                raise DamagedData(f"{what} was not received")
             merged = decode_json(self.document, what)
             if not isinstance(merged, dict):
                 raise DamagedData(f"{what} is not a mapping of outputs by parent name")
             inputs.update(merged)
         for name, key, data in self.outputs:
+            if data is None:
+                raise DamagedData(f"the output of '{name}' ({key}) was not received")
             inputs[name] = decode_json(data, f"the output of '{name}' ({key})")
         return inputs
 

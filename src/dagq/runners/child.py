@@ -41,6 +41,7 @@ from dagq.jobq import task_scope
 from dagq.observability import tracing
 from dagq.payloads import MAX_DEPTH, MAX_OUTPUT_BYTES, output_too_large, too_deep
 from dagq.runners import StoredInputs, TaskContext
+from dagq.runners.held import Held
 
 #: What the engine passes to a function whose signature names it (never via **kwargs).
 PROVIDED = ("inputs", "ctx", "item", "index")
@@ -97,6 +98,16 @@ class Request(NamedTuple):
         call, args, ctx, paths, processor, stored, logs = pickle.loads(data)
         inputs = None if stored is None else StoredInputs(*stored)
         return cls(call, args, TaskContext(*ctx), paths, processor, inputs, logs)
+
+    def wants_inputs(self) -> bool:
+        """Does the function see its inputs, by naming ``inputs`` or ``ctx``? (If it
+        cannot be imported, no: calling it says why.) One that does not gets them
+        decoded only if it asks a :mod:`dagq.jobq` helper for them."""
+        try:
+            _, _, wanted = resolve(self.call)
+        except ImportFailed:
+            return False
+        return "ctx" in wanted or (not self.processor and "inputs" in wanted)
 
     def context(self) -> TaskContext:
         """The task's context, its inputs decoded (DamagedData if they cannot be)."""
@@ -156,17 +167,25 @@ def prepare(
     return function, is_async, positional, keywords
 
 
-def call_task(call: str, args: Any, ctx: TaskContext, *, processor: bool = False) -> Reply:
+def call_task(
+    call: str,
+    args: Any,
+    ctx: TaskContext,
+    *,
+    processor: bool = False,
+    load: Callable[[], dict[str, Any]] | None = None,
+) -> Reply:
     """Run the task's function to its end, here, and say how it ended.
 
-    While it runs, :mod:`dagq.jobq`'s helpers serve it; a value it gave ``set_output``
-    is its output if it returns None.
+    While it runs, :mod:`dagq.jobq`'s helpers serve it (``load``: decodes the inputs
+    ``ctx`` leaves out, if a helper asks for them); a value it gave ``set_output`` is
+    its output if it returns None.
     """
     try:
         function, is_async, positional, keywords = prepare(call, args, ctx, processor=processor)
     except ImportFailed as exc:
         return Reply(ok=False, error=str(exc), retryable=False)
-    with task_scope(ctx) as scope, tracing.joined(ctx.traceparent):
+    with task_scope(ctx, load) as scope, tracing.joined(ctx.traceparent):
         try:
             if is_async:
                 result = _event_loop().run_until_complete(function(*positional, **keywords))
@@ -347,6 +366,7 @@ def main(argv: list[str]) -> None:
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     frames = _Frames(requests)
+    held = Held()  # the stored inputs the worker sent, kept for the requests after
     while True:
         frame = frames.next()
         if frame is None:
@@ -356,14 +376,28 @@ def main(argv: list[str]) -> None:
             sys.path[:] = request.paths
             importlib.invalidate_caches()
             resolve.cache_clear()
+        try:
+            if request.inputs is not None:  # every request, to stay in step with the worker
+                request = request._replace(inputs=held.fill_in(request.inputs))
+        except DamagedData as exc:  # out of step: this process ends, a fresh one follows
+            reply = Reply(ok=False, error=f"cannot load upstream outputs: {exc}")
+            with contextlib.suppress(BrokenPipeError):
+                _write(replies, pickle.dumps(tuple(reply), protocol=pickle.HIGHEST_PROTOCOL))
+            return
         with redirected(request.logs):
+            load = None
             try:
-                ctx = request.context()
+                if request.inputs is None or request.wants_inputs():
+                    ctx = request.context()
+                else:
+                    ctx, load = request.ctx, request.inputs.decode
             except DamagedData as exc:
                 reply = Reply(ok=False, error=f"cannot load upstream outputs: {exc}")
             else:
                 try:
-                    reply = call_task(request.call, request.args, ctx, processor=request.processor)
+                    reply = call_task(
+                        request.call, request.args, ctx, processor=request.processor, load=load
+                    )
                 except Exception as exc:  # a fault here fails this task, not the process
                     reply = Reply(ok=False, error=f"the pool process failed it: {describe(exc)}")
                 if tracing.enabled():  # its spans out before the reply (it may be killed)

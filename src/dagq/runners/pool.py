@@ -39,6 +39,7 @@ from dagq.payloads import OUTPUT_INLINE_BYTES
 from dagq.runners import Outcome, StoredInputs, TaskContext, zygote
 from dagq.runners.capture import ProcessOutput, Sink
 from dagq.runners.child import HEADER, Reply, Request
+from dagq.runners.held import Held
 
 log = logging.getLogger("dagq.worker")
 
@@ -143,6 +144,8 @@ class _Process:
     killed: bool = False
     #: Where its tasks' stdout and stderr go (made at its first task).
     output: ProcessOutput | None = None
+    #: The stored inputs it holds (sent once, then left out of its requests).
+    held: Held = field(default_factory=Held)
 
     @property
     def alive(self) -> bool:
@@ -342,7 +345,8 @@ class TaskPool:
             paths = sys.path
             changed = None if paths == process.paths else list(paths)
             logs = None if output is None else output.paths
-            data = Request(call, args, ctx, changed, processor, inputs, logs).pack()
+            stored = None if inputs is None else process.held.leave_out(inputs)
+            data = Request(call, args, ctx, changed, processor, stored, logs).pack()
             if changed is not None:
                 process.paths = changed
             replied = process.call(data)
