@@ -1052,22 +1052,72 @@ class Coordinator:
         if now >= self._next_rescan:
             self._next_rescan = now + self.options.rescan_interval_s
             await self.rescan()
-        for entry in self._cache.active_entries():
-            await self._sweep_contained(entry.state.workflow_id, now)
+        active = [entry.state.workflow_id for entry in self._cache.active_entries()]
+        for start in range(0, len(active), self.options.batch_size):
+            await self._sweep_together(active[start : start + self.options.batch_size], now)
         for workflow_id in self._cache.due(now):
             await self._sweep_contained(workflow_id, now)
         return 0
 
-    async def _sweep_contained(self, workflow_id: str, now: float) -> None:
-        """Sweep one workflow inside its boundary."""
+    async def _sweep_together(self, ids: list[str], now: float) -> None:
+        """Sweep workflows, committing what they stage as one batch (one transaction on
+        a transactional store, not one per workflow). Should that commit fail, they are
+        evicted and swept again one at a time (reloaded), as a failed batch of events
+        is retried: a workflow whose writes fail holds back no other."""
+        batch = self.store.batch()
+        flushes: list[_Flush] = []
+        indexed: list[Entry] = []
+        swept: list[Entry] = []
+        puts = 0
+        for workflow_id in ids:
+            own = self.store.batch()  # merged only once its work has succeeded
+            staged = await self._sweep_contained(workflow_id, now, own)
+            if staged is None:
+                continue
+            entry, flush, index = staged
+            if flush is not None:
+                flushes.append(replace(flush, offset=puts))
+            elif index:
+                indexed.append(entry)
+            puts += sum(isinstance(op, PutOp) for op in own.ops)
+            batch.ops.extend(own.ops)
+            swept.append(entry)
+        try:
+            etags = await self._commit(batch)
+        except LeaseLost:
+            raise
+        except DagqError as exc:
+            if isinstance(exc, ConflictError):
+                self.stats.conflicts += 1
+            else:
+                log.warning("sweeping %d workflows together failed: %s", len(swept), exc)
+            for entry in swept:
+                self._evict(entry.state.workflow_id)
+            for entry in swept:
+                await self._sweep_contained(entry.state.workflow_id, now)
+            return
+        for flush in flushes:
+            await self._settle_contained(flush, etags)
+        for entry in indexed:
+            self._indexed(entry)
+        for entry in swept:
+            await self._repair_contained(entry, now)
+
+    async def _sweep_contained(
+        self, workflow_id: str, now: float, batch: Batch | None = None
+    ) -> tuple[Entry, _Flush | None, bool] | None:
+        """Sweep one workflow inside its boundary. With ``batch``, only stage its writes
+        there: then its entry, and what :meth:`_sweep_stage` says (None if it failed)."""
         try:
             with step("load"):
                 entry = await self._entry(workflow_id)
             if entry is None:
                 self._forget(workflow_id, 0)
-                return
+                return None
             entry.fresh = False
             with step("sweep"):
+                if batch is not None:
+                    return (entry, *await self._sweep_stage(batch, entry, now))
                 await self._sweep_one(entry, now)
         except LeaseLost:
             raise
@@ -1083,21 +1133,52 @@ class Coordinator:
         except WorkflowFault as fault:
             self._evict(workflow_id)
             await self._keep_alone(workflow_id, [], fault=fault)
+        return None
 
-    async def _sweep_one(self, entry: Entry, now: float) -> None:
+    async def _sweep_stage(
+        self, batch: Batch, entry: Entry, now: float
+    ) -> tuple[_Flush | None, bool]:
+        """Stage in ``batch`` what a sweep of ``entry`` writes: its flush, if any, else
+        its index row if one is owed and due (whether it was staged)."""
         st = entry.state
         if entry.replay:  # released from quarantine while no event came: apply its kept ones
             await self._resolve_refs(entry, entry.replay)
         off_loop = heavy(entry.plan, st)
-        batch = self.store.batch()
         with garbage.young_only(off_loop):
             flush = await self.offload.run(st.workflow_id, off_loop, self._swept, batch, entry, now)
-            if flush is not None:
-                await self._settle(flush, await self._commit(batch))
-        if entry.index_owed and self._index_due(entry):  # counts that moved since
-            self.lease.check()
-            await self.store.index.upsert(index_row(entry))
+        if flush is None and entry.index_owed and self._index_due(entry):  # counts moved
+            batch.upsert(index_row(entry))
+            return None, True
+        return flush, False
+
+    async def _repair_contained(self, entry: Entry, now: float) -> None:
+        """Send a swept workflow's due repairs, inside its boundary."""
+        workflow_id = entry.state.workflow_id
+        try:
+            with step("sweep"):
+                await self._sweep_repairs(entry, now)
+        except LeaseLost:
+            raise
+        except TransientError as exc:
+            log.warning("sweeping %s failed, will retry: %s", workflow_id, exc)
+            self._evict(workflow_id)
+        except WorkflowFault as fault:
+            self._evict(workflow_id)
+            await self._keep_alone(workflow_id, [], fault=fault)
+
+    async def _sweep_one(self, entry: Entry, now: float) -> None:
+        batch = self.store.batch()
+        flush, index = await self._sweep_stage(batch, entry, now)
+        etags = await self._commit(batch)
+        if flush is not None:
+            await self._settle(flush, etags)
+        if index:
             self._indexed(entry)
+        await self._sweep_repairs(entry, now)
+
+    async def _sweep_repairs(self, entry: Entry, now: float) -> None:
+        st = entry.state
+        off_loop = heavy(entry.plan, st)
         repairing = off_loop and bool(entry.repairs or entry.unsent)
         pending = await self.offload.run(st.workflow_id, repairing, self._repairs_due, entry, now)
         if pending:
