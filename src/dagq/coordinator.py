@@ -65,6 +65,7 @@ from dagq.state import (
 )
 from dagq.stores.base import (
     Batch,
+    BatchOp,
     IndexRow,
     Message,
     OutgoingMessage,
@@ -1061,47 +1062,67 @@ class Coordinator:
 
     async def _sweep_together(self, ids: list[str], now: float) -> None:
         """Sweep workflows, committing what they stage as one batch (one transaction on
-        a transactional store, not one per workflow). Should that commit fail, they are
-        evicted and swept again one at a time (reloaded), as a failed batch of events
-        is retried: a workflow whose writes fail holds back no other."""
+        a transactional store, not one per workflow). Should that commit fail, each
+        workflow's writes are committed alone, as a failed batch of events is retried:
+        a workflow whose writes fail holds back no other."""
         batch = self.store.batch()
+        staged: list[tuple[Entry, list[BatchOp], _Flush | None, bool]] = []
         flushes: list[_Flush] = []
         indexed: list[Entry] = []
-        swept: list[Entry] = []
         puts = 0
         for workflow_id in ids:
             own = self.store.batch()  # merged only once its work has succeeded
-            staged = await self._sweep_contained(workflow_id, now, own)
-            if staged is None:
+            found = await self._sweep_contained(workflow_id, now, own)
+            if found is None:
                 continue
-            entry, flush, index = staged
+            entry, flush, index = found
+            staged.append((entry, list(own.ops), flush, index))
             if flush is not None:
                 flushes.append(replace(flush, offset=puts))
             elif index:
                 indexed.append(entry)
             puts += sum(isinstance(op, PutOp) for op in own.ops)
             batch.ops.extend(own.ops)
-            swept.append(entry)
         try:
             etags = await self._commit(batch)
         except LeaseLost:
             raise
         except DagqError as exc:
-            if isinstance(exc, ConflictError):
-                self.stats.conflicts += 1
-            else:
-                log.warning("sweeping %d workflows together failed: %s", len(swept), exc)
-            for entry in swept:
-                self._evict(entry.state.workflow_id)
-            for entry in swept:
-                await self._sweep_contained(entry.state.workflow_id, now)
+            log.warning("sweeping %d workflows together failed: %s", len(staged), exc)
+            for entry, ops, flush, index in staged:
+                await self._sweep_alone(entry, ops, flush, index, now)
             return
         for flush in flushes:
             await self._settle_contained(flush, etags)
         for entry in indexed:
             self._indexed(entry)
-        for entry in swept:
+        for entry, *_ in staged:
             await self._repair_contained(entry, now)
+
+    async def _sweep_alone(
+        self, entry: Entry, ops: list[BatchOp], flush: _Flush | None, index: bool, now: float
+    ) -> None:
+        """Commit what a sweep staged for one workflow on its own, then its repairs."""
+        workflow_id = entry.state.workflow_id
+        batch = self.store.batch()
+        batch.ops.extend(ops)
+        try:
+            etags = await self._commit(batch)
+        except LeaseLost:
+            raise
+        except ConflictError:
+            self.stats.conflicts += 1
+            self._evict(workflow_id)
+            return
+        except DagqError as exc:
+            log.warning("sweeping %s failed, will retry: %s", workflow_id, exc)
+            self._evict(workflow_id)
+            return
+        if flush is not None:
+            await self._settle_contained(flush, etags)
+        elif index:
+            self._indexed(entry)
+        await self._repair_contained(entry, now)
 
     async def _sweep_contained(
         self, workflow_id: str, now: float, batch: Batch | None = None
