@@ -49,8 +49,8 @@ def row_args(row: IndexRow) -> tuple[Any, ...]:
 
 _UPSERT_MANY = """
 INSERT INTO {s}.index_rows (id, name, status, tenant, created_at, updated_at, row)
-SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[],
-    %s::float8[], %s::bytea[])
+SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::float8[],
+    %b::float8[], %b::bytea[])
 ON CONFLICT (id) DO UPDATE SET name = excluded.name, status = excluded.status,
     tenant = excluded.tenant, created_at = excluded.created_at,
     updated_at = excluded.updated_at, row = excluded.row

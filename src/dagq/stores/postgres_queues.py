@@ -38,7 +38,7 @@ _SEND = """
 WITH sent AS (
     INSERT INTO {s}.messages (queue, id, body, enqueued_at, visible_at)
     SELECT %(queue)s, m.id, m.body, %(now)s, %(now)s + m.delay
-    FROM unnest(%(ids)s::text[], %(bodies)s::bytea[], %(delays)s::float8[])
+    FROM unnest(%(ids)b::text[], %(bodies)b::bytea[], %(delays)b::float8[])
         WITH ORDINALITY AS m (id, body, delay, n)
     ORDER BY m.n
     ON CONFLICT (queue, id) DO NOTHING
