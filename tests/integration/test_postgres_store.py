@@ -202,9 +202,10 @@ async def test_waiting_for_another_queue_keeps_the_first_one_heard(
     store = open_store(url)
     try:
         await store.queues.wait("a", 0.01)
-        await store.queues.wait("b", 0.01)  # listens on a new connection, for both
+        # Listens on a new connection, for all three (as a worker of two queues waits).
+        await asyncio.gather(store.queues.wait("b", 0.01), store.queues.wait("c", 0.01))
         with psycopg.connect(postgres_cluster.url, autocommit=True) as admin:
-            for queue in ("a", "b"):
+            for queue in ("a", "b", "c"):
                 waiter = asyncio.create_task(store.queues.wait(queue, 30))
                 await asyncio.sleep(0.05)
                 started = time.monotonic()

@@ -66,8 +66,10 @@ class Listener:
         self.channel = f"dagq:{db.target.schema}"
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[object] | None = None
-        #: The queues whose channels the listening connection LISTENs on.
+        #: The queues waited for in this process: their channels are to be LISTENed on.
         self._queues: set[str] = set()
+        #: Those the listening connection LISTENs on.
+        self._heard: frozenset[str] = frozenset()
         self._lock: asyncio.Lock | None = None
         self._retry_at = 0.0
         #: False once the start-up check failed: waits poll.
@@ -80,7 +82,7 @@ class Listener:
 
     def _listening(self, queue: str | None) -> bool:
         running = self._task is not None and not self._task.done()
-        return running and (queue is None or queue in self._queues)
+        return running and (queue is None or queue in self._heard)
 
     async def start(self, queue: str | None = None) -> None:
         """Listen (for sends to ``queue`` too), unless listening already or known not to
@@ -92,12 +94,12 @@ class Listener:
             return
         if self._lock is None:
             self._lock = asyncio.Lock()
+        if queue is not None:  # waits for several queues at once need one new connection
+            self._queues.add(queue)
         async with self._lock:
             if self._listening(queue):
                 return
             running = self._task is not None and not self._task.done()
-            if queue is not None:
-                self._queues.add(queue)
             try:
                 await (self._extend() if running else self._listen())
             except (psycopg.Error, OSError) as exc:
@@ -146,16 +148,17 @@ class Listener:
         conn = await psycopg.AsyncConnection.connect(
             self._db.target.conninfo, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S)
         )
+        queues = frozenset(self._queues)
         try:
             # The store's channel last: what a look at pg_stat_activity shows.
-            for queue in sorted(self._queues):
+            for queue in sorted(queues):
                 await conn.execute(f"LISTEN {_quote(queue_channel(self._db.target.schema, queue))}")
             await conn.execute(f"LISTEN {_quote(self.channel)}")
         except BaseException:
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
             raise
-        self._conn = conn
+        self._conn, self._heard = conn, queues
         return conn
 
     async def _serve(
