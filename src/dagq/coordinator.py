@@ -1063,8 +1063,13 @@ class Coordinator:
         if now >= self._next_rescan:
             self._next_rescan = now + self.options.rescan_interval_s
             await self.rescan()
-        await self._sweep_all([e.state.workflow_id for e in self._cache.active_entries()], now)
-        await self._sweep_all(self._cache.due(now), now)
+        size = self.options.batch_size
+        for ids in (
+            [e.state.workflow_id for e in self._cache.active_entries()],
+            self._cache.due(now),
+        ):
+            for start in range(0, len(ids), size):  # one commit a batch_size of workflows
+                await self._sweep_all(ids[start : start + size], now)
         return 0
 
     async def _sweep_all(self, ids: list[str], now: float) -> None:

@@ -20,6 +20,7 @@ from dagq.errors import ConflictError
 from dagq.stores import open_store
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
 from dagq.stores.postgres_schema import VERSION
+from dagq.stores.postgres_wakeups import queue_channel
 from tests.conftest import postgres_url
 from tests.integration.cli_harness import DagqCli
 from tests.postgres import Cluster
@@ -163,6 +164,54 @@ async def test_a_send_in_another_process_wakes_a_waiter_at_once(
             sender.communicate(timeout=20)
         messages = await store.queues.receive("q", max_messages=5, visibility_timeout_s=30)
         assert [m.body for m in messages] == [b"x"]
+    finally:
+        await store.close()
+
+
+async def test_a_send_is_heard_only_by_the_listeners_of_its_queue(
+    postgres_cluster: Cluster, tmp_path: Path
+) -> None:
+    url = postgres_url(postgres_cluster)
+    store, other = open_store(url), open_store(url)
+    trace = tmp_path / "listen.trace"
+    try:
+        await store.queues.wait("tasks", 0.01)  # the listener is started and checked
+        listening = store.queues._listener._conn  # type: ignore[attr-defined]
+        with trace.open("w") as out:
+            listening.pgconn.trace(out.fileno())
+            try:
+                waiter = asyncio.create_task(store.queues.wait("tasks", 30))
+                await other.queues.send("events", [OutgoingMessage(b"e")])
+                await other.queues.send("tasks", [OutgoingMessage(b"t")])
+                await asyncio.wait_for(waiter, 10)
+                await asyncio.sleep(0.2)  # a notification of "events" would be in by now
+            finally:
+                listening.pgconn.untrace()
+        heard = [line for line in trace.read_text().splitlines() if "NotificationResponse" in line]
+        assert len(heard) == 1 and '"tasks"' in heard[0], heard
+    finally:
+        await other.close()
+        await store.close()
+
+
+async def test_waiting_for_another_queue_keeps_the_first_one_heard(
+    postgres_cluster: Cluster,
+) -> None:
+    url = postgres_url(postgres_cluster)
+    schema = url.rpartition("schema=")[2]
+    store = open_store(url)
+    try:
+        await store.queues.wait("a", 0.01)
+        # Listens on a new connection, for all three (as a worker of two queues waits).
+        await asyncio.gather(store.queues.wait("b", 0.01), store.queues.wait("c", 0.01))
+        with psycopg.connect(postgres_cluster.url, autocommit=True) as admin:
+            for queue in ("a", "b", "c"):
+                waiter = asyncio.create_task(store.queues.wait(queue, 30))
+                await asyncio.sleep(0.05)
+                started = time.monotonic()
+                admin.execute("SELECT pg_notify(%s, %s)", (queue_channel(schema, queue), queue))
+                await asyncio.wait_for(waiter, 10)
+                assert time.monotonic() - started < 2  # not the 30 s of a poll
     finally:
         await store.close()
 

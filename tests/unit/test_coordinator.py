@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
 from typing import Any
 
@@ -178,6 +179,67 @@ async def test_index_counts_are_rewritten_at_most_once_an_interval_but_status_at
     row = await store.index.get("w")
     assert row is not None and row.status == "completed"
     assert row.data["counts"] == {"completed": 4}
+
+
+class IndexCommits:
+    """Wraps a store's committer: records each batch's index rows; can fail batches
+    that write the rows of several workflows."""
+
+    def __init__(self, store: Store) -> None:
+        self.inner = store.committer or functools.partial(commit_in_order, store)
+        self.batches: list[list[str]] = []
+        self.refuse_shared = False
+        store.committer = self
+
+    async def __call__(self, ops: Any) -> list[str]:
+        rows = [op.row.id for op in ops if isinstance(op, UpsertOp)]
+        self.batches.append(rows)
+        if self.refuse_shared and len(set(rows)) > 1:
+            raise StoreUnavailable("injected failure of a shared batch")
+        return list(await self.inner(ops))
+
+
+async def _owing_counts(store: Store, clock: FakeClock, coord: Coordinator, n: int) -> None:
+    """Submit ``n`` workflows and finish a task of each: their index counts are owed."""
+    for i in range(n):
+        await submit(store, fan_out(2), workflow_id=f"w{i}", clock=clock)
+    await coord.step()
+    roots = await take_tasks(store)
+    await post(store, *[finished(root, clock) for root in roots])
+    await coord.step()
+    tasks = await take_tasks(store)
+    await post(store, *[finished(t, clock) for t in tasks if t.name == "t0"])
+    await coord.step()
+
+
+async def test_a_sweep_writes_what_many_workflows_owe_in_one_batch(
+    store: Store, clock: FakeClock
+) -> None:
+    coord = coordinator(store, clock, index_interval_s=5.0)
+    await _owing_counts(store, clock, coord, 3)
+    commits = IndexCommits(store)
+    clock.advance(5)
+    await coord.sweep()
+    assert commits.batches == [["w0", "w1", "w2"]]  # one commit for the three
+    for i in range(3):
+        row = await store.index.get(f"w{i}")
+        assert row is not None and row.data["counts"] == {"completed": 2, "ready": 1}
+
+
+async def test_a_sweep_whose_shared_batch_fails_writes_one_workflow_at_a_time(
+    store: Store, clock: FakeClock
+) -> None:
+    coord = coordinator(store, clock, index_interval_s=5.0)
+    await _owing_counts(store, clock, coord, 3)
+    commits = IndexCommits(store)
+    commits.refuse_shared = True
+    clock.advance(5)
+    await coord.sweep()
+    assert commits.batches[0] == ["w0", "w1", "w2"]
+    assert sorted(commits.batches[1:]) == [["w0"], ["w1"], ["w2"]]
+    for i in range(3):
+        row = await store.index.get(f"w{i}")
+        assert row is not None and row.data["counts"] == {"completed": 2, "ready": 1}
 
 
 async def test_a_crash_between_flush_and_send_is_repaired(store: Store, clock: FakeClock) -> None:

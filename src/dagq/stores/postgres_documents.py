@@ -32,13 +32,13 @@ _GUARDED_SWAP = "WITH written AS (" + _SWAP + _GUARD
 # A batch's writes of several documents, one statement per kind (keys all different).
 _REPLACE_MANY = """
 INSERT INTO {s}.documents (key, data, etag)
-SELECT * FROM unnest(%s::text[], %s::bytea[], %s::text[])
+SELECT * FROM unnest(%b::text[], %b::bytea[], %b::text[])
 ON CONFLICT (key) DO UPDATE SET data = excluded.data, etag = excluded.etag
 """
 # Fails with the guard of a document whose etag was not the one named (if any).
 _SWAP_MANY = """
 WITH v AS (
-    SELECT * FROM unnest(%s::text[], %s::bytea[], %s::text[], %s::text[], %s::text[])
+    SELECT * FROM unnest(%b::text[], %b::bytea[], %b::text[], %b::text[], %b::text[])
         AS v (key, data, etag, if_match, guard)
 ), written AS (
     UPDATE {s}.documents d SET data = v.data, etag = v.etag

@@ -20,7 +20,7 @@ from dagq.stores.common import (
     encode_row,
 )
 from dagq.stores.postgres_database import Conn, Database
-from dagq.stores.postgres_wakeups import notify_changes
+from dagq.stores.postgres_wakeups import changes_payload
 
 _UPSERT = """
 INSERT INTO {s}.index_rows (id, name, status, tenant, created_at, updated_at, row)
@@ -29,6 +29,9 @@ ON CONFLICT (id) DO UPDATE SET name = excluded.name, status = excluded.status,
     tenant = excluded.tenant, created_at = excluded.created_at,
     updated_at = excluded.updated_at, row = excluded.row
 """
+#: The same, and the announcement of the change, in one statement (one round trip; an
+#: autocommitted statement is atomic on its own, so the notification goes out with it).
+_UPSERT_AND_NOTIFY = "WITH up AS (" + _UPSERT.strip() + ")\nSELECT pg_notify(%s, %s)"
 
 
 def row_args(row: IndexRow) -> tuple[Any, ...]:
@@ -46,8 +49,8 @@ def row_args(row: IndexRow) -> tuple[Any, ...]:
 
 _UPSERT_MANY = """
 INSERT INTO {s}.index_rows (id, name, status, tenant, created_at, updated_at, row)
-SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[],
-    %s::float8[], %s::bytea[])
+SELECT * FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::float8[],
+    %b::float8[], %b::bytea[])
 ON CONFLICT (id) DO UPDATE SET name = excluded.name, status = excluded.status,
     tenant = excluded.tenant, created_at = excluded.created_at,
     updated_at = excluded.updated_at, row = excluded.row
@@ -72,9 +75,8 @@ class PostgresIndex:
         self._channel = channel
 
     async def upsert(self, row: IndexRow) -> None:
-        async with self._db.connection() as conn, conn.transaction():
-            await upsert(self._db, conn, [row])
-            await notify_changes(conn, self._channel, {INDEX_TOPIC})
+        args = (*row_args(row), self._channel, changes_payload({INDEX_TOPIC}))
+        await self._db.rows(_UPSERT_AND_NOTIFY, args)
 
     async def get(self, workflow_id: str) -> IndexRow | None:
         found = await self._db.row("SELECT row FROM {s}.index_rows WHERE id = %s", (workflow_id,))

@@ -2,8 +2,8 @@
 
 * **send**: one ``INSERT … SELECT FROM unnest(…)`` per batch, ``ON CONFLICT DO
   NOTHING`` on ``(queue, id)`` (a duplicate id still queued is dropped), and a
-  ``pg_notify`` naming the queue, delivered when the insert commits (see
-  :mod:`.postgres_wakeups`).
+  ``pg_notify`` on the queue's own channel, delivered when the insert commits (see
+  :mod:`.postgres_wakeups`): only processes waiting for that queue hear it.
 * **receive**: one statement that claims up to ``max_messages`` visible messages with
   ``FOR UPDATE SKIP LOCKED`` over the ``(queue, visible_at, seq)`` index, so concurrent
   receivers never wait for each other nor take the same message, and moves those of
@@ -31,21 +31,21 @@ from dagq.stores.common import (
     stale_receipt,
 )
 from dagq.stores.postgres_database import Conn, Cursor, Database
-from dagq.stores.postgres_wakeups import Listener
+from dagq.stores.postgres_wakeups import Listener, queue_channel
 from dagq.stores.transfer import PendingMessage
 
 _SEND = """
 WITH sent AS (
     INSERT INTO {s}.messages (queue, id, body, enqueued_at, visible_at)
     SELECT %(queue)s, m.id, m.body, %(now)s, %(now)s + m.delay
-    FROM unnest(%(ids)s::text[], %(bodies)s::bytea[], %(delays)s::float8[])
+    FROM unnest(%(ids)b::text[], %(bodies)b::bytea[], %(delays)b::float8[])
         WITH ORDINALITY AS m (id, body, delay, n)
     ORDER BY m.n
     ON CONFLICT (queue, id) DO NOTHING
 )
-SELECT pg_notify(%(channel)s, %(queue)s)
+SELECT pg_notify(%(wake)s, %(queue)s)
 """
-#: The same, and a second notification on the channel (a batch's changes).
+#: The same, and a second notification on the store's channel (a batch's changes).
 _SEND_AND_NOTIFY = _SEND.rstrip() + ", pg_notify(%(channel)s, %(also)s)\n"
 
 # One walk of the queue's index, in order, takes up to ``limit`` visible messages;
@@ -109,14 +109,15 @@ def _dead_letter(row: tuple[object, ...]) -> DeadLetter:
 async def send(
     db: Database, conn: Conn, op: SendOp, now: float, channel: str, *, also: str | None = None
 ) -> None:
-    """Insert ``op``'s messages on ``conn`` and announce them on ``channel`` (and
-    ``also`` there, in the same statement)."""
+    """Insert ``op``'s messages on ``conn`` and announce them on the queue's channel
+    (and ``also`` on the store's ``channel``, in the same statement)."""
     args = {
         "queue": op.queue,
         "now": now,
         "ids": [m.id or new_message_id() for m in op.messages],
         "bodies": [bytes(m.body) for m in op.messages],
         "delays": [float(m.delay_s) for m in op.messages],
+        "wake": queue_channel(db.target.schema, op.queue),
         "channel": channel,
     }
     if also is not None:
@@ -255,7 +256,7 @@ class PostgresQueues:
         # Noted before the listener starts: a send meanwhile ends the wait at once.
         seen = self._seen.get(queue, self._wakeups.sends(queue))
         started = time.monotonic()
-        await self._listener.start()
+        await self._listener.start(queue)
         left = timeout_s - (time.monotonic() - started)
         await self._wakeups.wait(queue, max(left, 0.0), seen=seen)
 

@@ -1,12 +1,20 @@
 """Wake-ups across processes for the PostgreSQL store: LISTEN/NOTIFY.
 
-Every send notifies the store's channel with the queue's name as payload, delivered
-when the send commits. The first ``wait`` of a store opens one extra connection that
-LISTENs and turns each notification into a local wake-up of that queue's waiters, so
-a task chain across processes is not paced by a polling interval. Before relying on
-it, the listener checks that a notification of its own actually arrives; behind a
-pooler in transaction mode (PgBouncer ``pool_mode = transaction``) it does not, and
-the store falls back to polling (``wait`` sleeps its timeout) with a warning.
+Every send notifies the queue's own channel (:func:`queue_channel`) with the queue's
+name as payload, delivered when the send commits. The first ``wait`` of a store opens
+one extra connection that LISTENs on the store's channel and on the channel of each
+queue waited for in this process, and turns each notification into a local wake-up of
+that queue's waiters, so a task chain across processes is not paced by a polling
+interval — and a process is woken only by sends to the queues it waits for (workers
+are not woken by the completions they send the coordinator, nor the coordinator by
+task messages). A wait for a queue not listened to yet has the listener LISTEN on a
+new connection (that LISTENs on every channel so far) before the old one is closed,
+so no notification falls between them. Before relying on it, the listener checks that
+a notification of its own actually arrives; behind a pooler in transaction mode
+(PgBouncer ``pool_mode = transaction``) it does not, and the store falls back to
+polling (``wait`` sleeps its timeout) with a warning. A notification naming a queue on
+the store's channel (as earlier versions of dagq sent them) still wakes that queue's
+waiters.
 
 A commit that writes documents or index rows notifies the same channel with
 :data:`CHANGES` and the topics it changed (:mod:`.changes`): the listener hands them
@@ -22,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
 import logging
 
 import psycopg
@@ -56,6 +66,10 @@ class Listener:
         self.channel = f"dagq:{db.target.schema}"
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[object] | None = None
+        #: The queues waited for in this process: their channels are to be LISTENed on.
+        self._queues: set[str] = set()
+        #: Those the listening connection LISTENs on.
+        self._heard: frozenset[str] = frozenset()
         self._lock: asyncio.Lock | None = None
         self._retry_at = 0.0
         #: False once the start-up check failed: waits poll.
@@ -66,23 +80,48 @@ class Listener:
         await self.start()
         return self.working and self._task is not None and not self._task.done()
 
-    async def start(self) -> None:
-        """Listen, unless listening already or known not to work here."""
-        if self._task is not None and not self._task.done():
+    def _listening(self, queue: str | None) -> bool:
+        running = self._task is not None and not self._task.done()
+        return running and (queue is None or queue in self._heard)
+
+    async def start(self, queue: str | None = None) -> None:
+        """Listen (for sends to ``queue`` too), unless listening already or known not to
+        work here."""
+        if self._listening(queue):
             return
         loop = asyncio.get_running_loop()
         if not self.working or loop.time() < self._retry_at:
             return
         if self._lock is None:
             self._lock = asyncio.Lock()
+        if queue is not None:  # waits for several queues at once need one new connection
+            self._queues.add(queue)
         async with self._lock:
-            if self._task is not None and not self._task.done():
+            if self._listening(queue):
                 return
+            running = self._task is not None and not self._task.done()
             try:
-                await self._listen()
+                await (self._extend() if running else self._listen())
             except (psycopg.Error, OSError) as exc:
                 self._retry_at = loop.time() + RETRY_AFTER_S
                 log.warning("postgres store %s: cannot LISTEN (%s); polling", self._db.url, exc)
+
+    async def _extend(self) -> None:
+        """LISTEN on every channel (a new queue's too) on a new connection, then let the
+        old one go: both listen meanwhile, so no notification is lost in between."""
+        old_task, old_conn = self._task, self._conn
+        conn = await self._connect()
+        arrived = asyncio.get_running_loop().create_future()
+        arrived.set_result(None)  # the check was made on the first connection
+        probe = f"\x01probe-{new_token()}"  # never sent
+        self._task = asyncio.create_task(self._serve(conn, probe, arrived), name="dagq-pg-listen")
+        if old_task is not None:
+            old_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await old_task
+        if old_conn is not None and old_conn is not conn:
+            with contextlib.suppress(psycopg.Error):
+                await old_conn.close()
 
     async def _listen(self) -> None:
         await self._db.pool()  # the schema exists, the URL works
@@ -109,13 +148,17 @@ class Listener:
         conn = await psycopg.AsyncConnection.connect(
             self._db.target.conninfo, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S)
         )
+        queues = frozenset(self._queues)
         try:
+            # The store's channel last: what a look at pg_stat_activity shows.
+            for queue in sorted(queues):
+                await conn.execute(f"LISTEN {_quote(queue_channel(self._db.target.schema, queue))}")
             await conn.execute(f"LISTEN {_quote(self.channel)}")
         except BaseException:
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
             raise
-        self._conn = conn
+        self._conn, self._heard = conn, queues
         return conn
 
     async def _serve(
@@ -189,6 +232,16 @@ def changes_payload(topics: set[str]) -> str:
 async def notify_changes(conn: Conn, channel: str, topics: set[str]) -> None:
     """Announce, when the transaction on ``conn`` commits, that it changed ``topics``."""
     await conn.execute("SELECT pg_notify(%s, %s)", (channel, changes_payload(topics)))
+
+
+@functools.lru_cache(maxsize=1024)
+def queue_channel(schema: str, queue: str) -> str:
+    """The channel on which sends to ``queue`` of the store in ``schema`` are announced.
+
+    A digest of both, so that it fits PostgreSQL's 63-byte names whatever their length.
+    """
+    digest = hashlib.blake2b(f"{schema}\0{queue}".encode(), digest_size=12).hexdigest()
+    return f"dagq:q:{digest}"
 
 
 def _quote(channel: str) -> str:
