@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from dagq.state import TERMINAL, UNSET, TaskStatus
+from dagq.state import TERMINAL, UNSET, TaskStatus, counters
 
 T = TypeVar("T")
 
@@ -53,7 +53,7 @@ class Group:
         self.items = items
         self.items_ref = items_ref
         self.status = bytearray(n)
-        self.attempt = [0] * n
+        self.attempt = counters(n)  # an array: not walked by the collector
         self.dispatched_at = array("d", [UNSET]) * n
         self.started_at = array("d", [UNSET]) * n
         self.finished_at = array("d", [UNSET]) * n
@@ -131,7 +131,7 @@ def encode_group(group: Group) -> bytes:
             items=group.items,
             items_ref=group.items_ref,
             status=bytes(group.status),
-            attempt=group.attempt,
+            attempt=group.attempt.tolist(),
             dispatched_at=group.dispatched_at.tobytes(),
             started_at=group.started_at.tobytes(),
             finished_at=group.finished_at.tobytes(),
@@ -148,7 +148,7 @@ def decode_group(data: bytes) -> Group:
     doc = _decoder.decode(data)
     group = Group(doc.n, doc.items, doc.items_ref)
     group.status = bytearray(doc.status)
-    group.attempt = doc.attempt
+    group.attempt = array("q", doc.attempt)
     for name in ("dispatched_at", "started_at", "finished_at"):
         column = array("d")
         column.frombytes(getattr(doc, name))

@@ -287,7 +287,7 @@ def copy_tasks(state: RunState) -> _Tasks:
     """The task columns, copied: another thread may encode them while ``state`` moves on."""
     return _Tasks(
         task_status=bytes(state.task_status),
-        attempt=list(state.attempt),
+        attempt=state.attempt.tolist(),
         dispatched_at=_pack(state.dispatched_at),
         started_at=_pack(state.started_at),
         task_finished_at=_pack(state.task_finished_at),
@@ -308,7 +308,7 @@ def load_tasks(state: RunState, data: bytes) -> None:
     if len(columns.task_status) != n:
         raise ValueError(f"state document is damaged: {len(columns.task_status)} tasks, not {n}")
     state.task_status = bytearray(columns.task_status)
-    state.attempt = columns.attempt
+    state.attempt = array("q", columns.attempt)
     state.dispatched_at = _unpack(columns.dispatched_at, n)
     state.started_at = _unpack(columns.started_at, n)
     state.task_finished_at = _unpack(columns.task_finished_at, n)

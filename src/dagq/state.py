@@ -138,7 +138,10 @@ class RunState:
         #: Bumped by every retry request: attempts sent before a stop carry an older one.
         self.epoch = 0
         self.task_status = bytearray(n_tasks)
-        self.attempt = [0] * n_tasks
+        # Per-task numbers are arrays, not lists: the collector neither tracks nor walks
+        # them (a full collection visited each entry of a 100,000-int list: 1-2 ms a
+        # column). See docs/architecture.md (memory and the garbage collector).
+        self.attempt = counters(n_tasks)
         # Times are arrays of doubles: they encode as raw bytes, with no per-task work.
         self.dispatched_at = array("d", [UNSET]) * n_tasks
         self.started_at = array("d", [UNSET]) * n_tasks
@@ -177,9 +180,9 @@ class RunState:
         #: was kept): every ready task may be.
         self.unconfirmed: set[int] | None = set()
         # --- derived (rebuilt by ``rebuild``; never stored)
-        self.n_done = [0] * n_tasks
-        self.n_skip = [0] * n_tasks
-        self.n_bad = [0] * n_tasks
+        self.n_done = counters(n_tasks)
+        self.n_skip = counters(n_tasks)
+        self.n_bad = counters(n_tasks)
         self.counts = [0] * len(TaskStatus)
         self.counts[TaskStatus.PENDING] = n_tasks
         self.n_terminal = 0
@@ -261,9 +264,9 @@ class RunState:
     def rebuild(self, plan: Plan) -> None:
         """Recompute everything derived from the stored columns."""
         n = self.n_tasks
-        self.n_done = [0] * n
-        self.n_skip = [0] * n
-        self.n_bad = [0] * n
+        self.n_done = counters(n)
+        self.n_skip = counters(n)
+        self.n_bad = counters(n)
         self.counts = [0] * len(TaskStatus)
         self.n_terminal = 0
         self.in_flight = 0
@@ -283,12 +286,17 @@ class RunState:
             elif status is TaskStatus.READY:
                 self.held.append(i)
 
-    def _counter_for(self, status: TaskStatus) -> list[int]:
+    def _counter_for(self, status: TaskStatus) -> array[int]:
         if status is TaskStatus.COMPLETED:
             return self.n_done
         if status is TaskStatus.SKIPPED:
             return self.n_skip
         return self.n_bad
+
+
+def counters(n: int) -> array[int]:
+    """``n`` zeros, as a column of 64-bit ints (one object the collector never walks)."""
+    return array("q", bytes(8 * n))
 
 
 def dispatch_key(task: int, item: int = -1, undo: bool = False) -> int:

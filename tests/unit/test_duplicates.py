@@ -206,7 +206,7 @@ async def test_a_retry_request_delivered_again_after_the_rerun_failed_changes_no
     await step(store, clock)
 
     after = await stored(store)
-    assert (after.status, after.attempt) == ("failed", [2])
+    assert (after.status, after.attempt.tolist()) == ("failed", [2])
     assert await take_tasks(store) == []
     assert [e.kind for e in await read_history(store, "w")].count("retry_requested") == 1
 

@@ -62,7 +62,7 @@ def test_a_retry_delivered_again_after_the_rerun_failed_leaves_the_run_failed() 
 
     fx = sim.apply(retry)
 
-    assert sim.state.status == "failed" and sim.state.attempt == [2]
+    assert sim.state.status == "failed" and sim.state.attempt.tolist() == [2]
     assert fx.dispatch == [] and fx.history == []
     assert snapshots.encode(sim.state) == before
 
@@ -223,6 +223,6 @@ def test_cancel_and_retry_delivered_twice_act_once() -> None:
     twice(sim, CancelRequested(workflow_id="wf-1", request_id="c1"))
     assert sim.state.status == "cancelled"
     twice(sim, RetryRequested(workflow_id="wf-1", request_id="r1"))
-    assert sim.state.status == "running" and sim.state.attempt == [2]
+    assert sim.state.status == "running" and sim.state.attempt.tolist() == [2]
     twice(sim, CancelRequested(workflow_id="wf-1", request_id="c2"))
     assert sim.state.status == "cancelled"
