@@ -189,6 +189,7 @@ async def test_a_new_store_is_marked_at_first_use_and_read_once(url: str) -> Non
     try:
         assert (await store.index.query()).rows == []
         await store.index.query()
+        assert store.transactions is not None
         assert store.transactions["table.get"] == 1  # the marker, read once
     finally:
         await store.close()
