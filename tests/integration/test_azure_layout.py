@@ -152,6 +152,9 @@ def test_an_old_layout_store_is_refused_then_migrated_listed_and_finished(cli: D
     [line] = refused.stderr.strip().splitlines()
     assert line.startswith(f"error: azure store {cli.store_url} ")
     assert line.endswith(f"run 'dagq store migrate --store {cli.store_url}'")
+    coordinator = cli.run("coordinator", timeout_s=60)  # refused too, not retrying
+    assert coordinator.code == 2, coordinator.output
+    assert "dagq store migrate --store" in coordinator.stderr
 
     migrated = cli.run("store", "migrate", "--store", cli.store_url, timeout_s=60)
     assert migrated.code == 0, migrated.output
