@@ -1142,7 +1142,8 @@ def store_group() -> None:
 @store_group.command("migrate")
 @store_option
 def store_migrate(*, store_url: str) -> None:
-    """Create or upgrade a PostgreSQL store's tables (also done at first use)."""
+    """Create or upgrade a PostgreSQL store's tables (also done at first use), or
+    convert an Azure store's index to this dagq's layout."""
     from dagq.cli.store_admin import run_migrate
 
     _exit(lambda: run_migrate(store_url))

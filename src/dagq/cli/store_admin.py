@@ -11,10 +11,15 @@ from dagq.stores.transfer import CopyReport
 
 
 def run_migrate(store_url: str) -> int:
-    """``dagq store migrate``: bring a PostgreSQL store's tables to this dagq's version."""
+    """``dagq store migrate``: bring a PostgreSQL store's tables, or an Azure store's
+    index layout, to this dagq's version."""
+    if store_url.startswith("azure:"):
+        return _migrate_azure(store_url)
     if not store_url.startswith(("postgresql:", "postgres:")):
         asyncio.run(_check(store_url))  # a bad URL or a missing store is still an error
-        console().print(f"{store_url}: nothing to migrate (only PostgreSQL stores have versions)")
+        console().print(
+            f"{store_url}: nothing to migrate (only PostgreSQL and Azure stores have versions)"
+        )
         return EXIT_OK
     try:
         from dagq.stores.postgres import migrate_postgres_store
@@ -30,6 +35,22 @@ def run_migrate(store_url: str) -> int:
         console().print(f"{store_url}: created, schema version {after}")
     else:
         console().print(f"{store_url}: migrated from schema version {before} to {after}")
+    return EXIT_OK
+
+
+def _migrate_azure(store_url: str) -> int:
+    open_store(store_url, create=False)  # the URL checked, the azure extra installed
+    from dagq.stores.azure_layout import LAYOUT, migrate_azure_store
+
+    before, converted = asyncio.run(migrate_azure_store(store_url))
+    if converted:
+        console().print(
+            f"{store_url}: migrated {converted} workflow(s) from index layout 1 to {LAYOUT}"
+        )
+    elif before == LAYOUT:
+        console().print(f"{store_url}: index layout {LAYOUT}, up to date")
+    else:
+        console().print(f"{store_url}: marked as index layout {LAYOUT}")
     return EXIT_OK
 
 

@@ -4,9 +4,11 @@ queues per store prefix.
 
 ``open_store("azure://ACCOUNT/PREFIX")`` opens it without touching the network: the
 async SDK clients are built, and the container and table created, on first use (see
-:mod:`.azure_service`); sign-in is chosen as :mod:`.azure_auth` describes. The
-modules: :mod:`.azure_documents`, :mod:`.azure_queues` (with :mod:`.azure_messages`
-and :mod:`.azure_dead_letters`), :mod:`.azure_index`, :mod:`.azure_leases`.
+:mod:`.azure_service`); sign-in is chosen as :mod:`.azure_auth` describes. At that
+first use the index's layout marker is read, once (:mod:`.azure_layout`): a store of
+another layout is refused. The modules: :mod:`.azure_documents`, :mod:`.azure_queues`
+(with :mod:`.azure_messages` and :mod:`.azure_dead_letters`), :mod:`.azure_index`,
+:mod:`.azure_leases`.
 
 Batches: Azure has no transactions across blobs, queues and tables, so
 :class:`PhasedCommitter` commits a batch in phases, concurrently inside each:
@@ -41,6 +43,7 @@ from dagq.stores.azure_auth import parse_azure_url, resolve_auth
 from dagq.stores.azure_dead_letters import DeadLetterBlobs
 from dagq.stores.azure_documents import AzureDocuments
 from dagq.stores.azure_index import AzureIndex
+from dagq.stores.azure_layout import check_layout
 from dagq.stores.azure_leases import AzureLeases
 from dagq.stores.azure_queues import AzureQueues
 from dagq.stores.azure_service import DEFAULT_CONCURRENCY, AzureService
@@ -84,7 +87,9 @@ def open_azure_store(
     check_max_deliveries(max_deliveries)
     target = parse_azure_url(url)
     auth = resolve_auth(target.account, os.environ if environ is None else environ)
-    service = AzureService(target, auth, create=create, concurrency=concurrency)
+    service = AzureService(
+        target, auth, create=create, concurrency=concurrency, on_open=check_layout
+    )
     with _WAKEUPS_LOCK:
         wakeups = _WAKEUPS.setdefault((auth.endpoints.queue, target.prefix), Wakeups())
     documents = AzureDocuments(service)

@@ -128,7 +128,7 @@ def _row_properties(row: IndexRow) -> dict[str, Any]:
     return properties
 
 
-def _row_of(entity: Any) -> IndexRow:
+def row_of(entity: Any) -> IndexRow:
     chunks = []
     for i in range(_MAX_CHUNKS):
         chunk = entity.get(f"r{i}")
@@ -190,7 +190,7 @@ class _ShardReader:
             except StopAsyncIteration:
                 self._done = True
                 return
-            self.rows.extend((str(e["RowKey"]).rsplit("|", 1)[1], _row_of(e)) for e in page)
+            self.rows.extend((str(e["RowKey"]).rsplit("|", 1)[1], row_of(e)) for e in page)
 
     async def close(self) -> None:
         """Stop the listing (its generator holds an open pager)."""
@@ -289,8 +289,8 @@ class AzureIndex:
             self._where[workflow_id] = where
             entity = await self._read(*_row_at(where, workflow_id))
             if entity is not None:
-                return _row_of(entity)
-        return _row_of(pointer)
+                return row_of(entity)
+        return row_of(pointer)
 
     async def query(
         self,
@@ -361,7 +361,7 @@ class AzureIndex:
         found: dict[str, IndexRow] = {}
         async for page in pages:
             for entity in page:
-                row = _row_of(entity)
+                row = row_of(entity)
                 if row.id not in found or found[row.id].updated_at < row.updated_at:
                     found[row.id] = row
         return sorted(found.values(), key=lambda row: (row.updated_at, row.id))[:limit]
@@ -419,7 +419,7 @@ class AzureIndex:
         count = 0
         async for page in pages:
             for entity in page:
-                count += 1 if not labels or has_labels(_row_of(entity), labels) else 0
+                count += 1 if not labels or has_labels(row_of(entity), labels) else 0
         return count
 
     async def delete(self, workflow_id: str) -> bool:

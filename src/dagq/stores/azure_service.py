@@ -91,7 +91,12 @@ class Clients:
 
 
 class AzureService:
-    """The clients, counters and limits shared by the four azure primitives of a store."""
+    """The clients, counters and limits shared by the four azure primitives of a store.
+
+    ``on_open`` runs once the clients are built and the container and table made sure
+    of, before any call goes through (the index layout check,
+    :func:`.azure_layout.check_layout`); its error is every call's.
+    """
 
     def __init__(
         self,
@@ -100,8 +105,10 @@ class AzureService:
         *,
         create: bool = True,
         concurrency: int = DEFAULT_CONCURRENCY,
+        on_open: Callable[[AzureService, Clients], Awaitable[None]] | None = None,
     ) -> None:
         self.target = target
+        self._on_open = on_open
         self.auth = auth
         self.create = create
         self.container_name = target.prefix
@@ -137,6 +144,8 @@ class AzureService:
                 built = self._build()
                 try:
                     await self._prepare(built)
+                    if self._on_open is not None:
+                        await self._on_open(self, built)
                 except BaseException:
                     await _close_clients(built)
                     raise
