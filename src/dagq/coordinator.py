@@ -1097,7 +1097,7 @@ class Coordinator:
             settling = [(s, f, etags) for s, f in zip(swept, offsets, strict=True)]
         except LeaseLost:
             raise
-        except DagqError as exc:
+        except Exception as exc:  # whatever it was, one workflow's own commit tells
             if isinstance(exc, ConflictError):
                 self.stats.conflicts += 1
             else:
@@ -1117,22 +1117,28 @@ class Coordinator:
 
     async def _commit_each(self, swept: list[_Swept]) -> AsyncIterator[tuple[_Swept, list[str]]]:
         """Commit each workflow's sweep writes alone; one whose write fails is evicted
-        (read again when next needed), the others are yielded with their etags."""
+        (read again when next needed), or quarantined if it failed for good (as a sweep
+        committed alone was); the others are yielded with their etags."""
         for s in swept:
             workflow_id = s.entry.state.workflow_id
             batch = self.store.batch()
             batch.ops = list(s.ops)
             try:
-                etags = await self._commit(batch)
+                with step("commit"):
+                    etags = await self._commit(batch)
             except LeaseLost:
                 raise
             except ConflictError:
                 self.stats.conflicts += 1
                 self._evict(workflow_id)
                 continue
-            except DagqError as exc:
+            except TransientError as exc:
                 log.warning("sweeping %s failed, will retry: %s", workflow_id, exc)
                 self._evict(workflow_id)
+                continue
+            except WorkflowFault as fault:
+                self._evict(workflow_id)
+                await self._keep_alone(workflow_id, [], fault=fault)
                 continue
             yield s, etags
 

@@ -93,7 +93,9 @@ async def read_chunks(
         for name in names:
             doc = await store.documents.get(name)
             if doc is not None and name[len(prefix) :].isdigit():
-                found[int(name[len(prefix) :])] = (name, doc.data)
+                # The state is the commit point: a document at a number its tail holds
+                # is a copy of that chunk, or what a flush that never committed left.
+                found.setdefault(int(name[len(prefix) :]), (name, doc.data))
         if len(names) < 1000:
             break
         start = names[-1]

@@ -12,7 +12,7 @@ import pytest
 
 from dagq import keys, state
 from dagq.coordinator import Coordinator, CoordinatorOptions
-from dagq.errors import LeaseHeld, LeaseLost, StoreUnavailable
+from dagq.errors import LeaseHeld, LeaseLost, MessageTooLarge, StoreUnavailable
 from dagq.messages import (
     RetryRequested,
     SubmitRequested,
@@ -542,3 +542,40 @@ async def test_a_conflict_in_a_sweeps_commit_holds_no_other_workflow_back(
         assert found is not None and not found[0].unconfirmed, workflow_id
     found = await read_state(store, "w2", plan)
     assert found is not None and found[0].unconfirmed  # untouched: what the other wrote
+
+
+class RefusesOne:
+    """A committer that fails, with ``error``, every batch writing one workflow's state."""
+
+    def __init__(self, store: Store, workflow_id: str, error: Exception) -> None:
+        self.store = store
+        self.key = keys.state(workflow_id)
+        self.error = error
+
+    async def __call__(self, ops: Any) -> list[str]:
+        if any(getattr(op, "key", None) == self.key for op in ops):
+            raise self.error
+        return await commit_in_order(self.store, ops)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeError("a surprise in the commit"), MessageTooLarge("a message too large")],
+    ids=["unexpected", "permanent"],
+)
+async def test_a_sweep_commit_that_fails_for_good_quarantines_that_workflow_alone(
+    store: Store, clock: FakeClock, error: Exception
+) -> None:
+    coord = coordinator(store, clock, confirm_after_s=5.0)
+    ids = [f"w{i}" for i in range(4)]
+    await _running(store, clock, coord, ids)
+    plan = coord._cache.peek("w0").plan  # type: ignore[union-attr]
+    store.committer = RefusesOne(store, "w2", error)
+    clock.advance(5)
+    await coord.sweep()  # every state owes its confirmation; w2's write cannot be made
+    for workflow_id in ("w0", "w1", "w3"):  # their confirmations are written all the same
+        found = await read_state(store, workflow_id, plan)
+        assert found is not None and not found[0].unconfirmed, workflow_id
+    assert coord.quarantine_reason("w2") is not None  # set aside, not retried as it is
+    row = await store.index.get("w2")
+    assert row is not None and row.status == state.QUARANTINED

@@ -9,7 +9,15 @@ import pytest
 from dagq import keys
 from dagq.client import Client
 from dagq.coordinator import Coordinator, CoordinatorOptions
-from dagq.history import TAIL_CHUNKS, read_chunks, read_history
+from dagq.history import (
+    TAIL_BYTES,
+    TAIL_CHUNKS,
+    HistoryEntry,
+    read_chunks,
+    read_history,
+    stage_chunk,
+)
+from dagq.persistence import read_state, stage_state
 from dagq.stores.base import Store
 from dagq.stores.changes import batch_topics, topic_of
 from dagq.stores.memory import open_memory_store
@@ -73,3 +81,38 @@ def test_a_state_write_wakes_the_readers_of_its_history() -> None:
     topics = batch_topics([keys.state("w"), keys.definition("v")], 0)
     assert topic_of(keys.history("w", 0)) in topics
     assert topic_of(keys.history("v", 0)) not in topics
+
+
+async def test_a_chunk_in_the_state_outranks_a_document_an_unfinished_spill_left(
+    store: Store, clock: FakeClock
+) -> None:
+    """On a store without transactions (Azure) a spill's documents can be written and
+    its state not (a throttled put, a crash, a fenced holder): the flush is applied again,
+    and a smaller chunk fits the tail. The state is the commit point: its chunk is the
+    one at that sequence number, not the document the failed flush left."""
+    await Client(store).submit(chain(3), workflow_id="w")  # type: ignore[arg-type]
+    coord = Coordinator(store, CoordinatorOptions(), clock=clock)
+    await drive(coord, store, clock, rounds=6)
+    plan = coord.plan_of("w")
+    assert plan is not None
+    found = await read_state(store, "w", plan)
+    assert found is not None
+    st, _ = found
+    seq = st.history_seq
+    big = [HistoryEntry(at=clock(), kind="note", detail="x" * TAIL_BYTES)]
+    cut_short = store.batch()
+    stage_chunk(cut_short, st, big)  # spills: the tail and this chunk to documents...
+    assert cut_short.ops
+    await cut_short.commit()  # ...and its state is never written
+    found = await read_state(store, "w", plan)
+    assert found is not None
+    st, stored = found
+    small = [HistoryEntry(at=clock(), kind="note", detail="applied again")]
+    again = store.batch()
+    stage_chunk(again, st, small)  # fits the tail this time
+    stage_state(again, st, stored)
+    await again.commit()
+    chunks = await read_chunks(store, "w")
+    assert [s for s, _ in chunks] == list(range(seq + 1))
+    assert chunks[-1] == (seq, small)
+    assert all(e.detail != big[0].detail for e in await read_history(store, "w"))
