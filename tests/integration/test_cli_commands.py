@@ -573,6 +573,10 @@ def test_purge_removes_state_outputs_logs_history_and_index_row(cli: DagqCli) ->
     tasks = [
         {"name": "big", "call": "tests.sample_tasks:big", "args": {"size": size}},
         {"name": "talk", "cmd": "echo hello"},
+    ]  # and a chain whose history outgrows the state's tail into documents
+    tasks += [
+        {"name": f"c{i}", "cmd": "true", "depends_on": [f"c{i - 1}"] if i else []}
+        for i in range(24)
     ]
     assert finished(cli, "purgeme", tasks) == "completed"
     before = _documents_of(cli, "purgeme")

@@ -200,15 +200,13 @@ def test_two_dagq_runs_from_different_directories_both_finish(tmp_path: Path) ->
 
 
 def test_a_damaged_history_chunk_gives_one_line_not_a_traceback(tmp_path: Path) -> None:
-    wf = write(
-        tmp_path / "ok.yaml",
-        """\
-        name: ok
-        tasks:
-          - {name: a, cmd: "true"}
-          - {name: b, cmd: "true", depends_on: [a]}
-        """,
+    # a chain long enough that its history outgrows the state's tail into documents
+    chain = "".join(
+        f'  - {{name: t{i}, cmd: "true"{f", depends_on: [t{i - 1}]" if i else ""}}}\n'
+        for i in range(24)
     )
+    wf = tmp_path / "ok.yaml"
+    wf.write_text(f"name: ok\ntasks:\n{chain}")
     store = f"sqlite:///{tmp_path}/dagq.db"
     code, _, err = dagq("run", str(wf), "--store", store, "--id", "h1", cwd=tmp_path)
     assert code == 0, err
