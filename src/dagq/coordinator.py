@@ -1120,27 +1120,14 @@ class Coordinator:
         (read again when next needed), or quarantined if it failed for good (as a sweep
         committed alone was); the others are yielded with their etags."""
         for s in swept:
-            workflow_id = s.entry.state.workflow_id
             batch = self.store.batch()
             batch.ops = list(s.ops)
-            try:
+            etags: list[str] | None = None
+            async with self._sweep_boundary(s.entry.state.workflow_id):
                 with step("commit"):
                     etags = await self._commit(batch)
-            except LeaseLost:
-                raise
-            except ConflictError:
-                self.stats.conflicts += 1
-                self._evict(workflow_id)
-                continue
-            except TransientError as exc:
-                log.warning("sweeping %s failed, will retry: %s", workflow_id, exc)
-                self._evict(workflow_id)
-                continue
-            except WorkflowFault as fault:
-                self._evict(workflow_id)
-                await self._keep_alone(workflow_id, [], fault=fault)
-                continue
-            yield s, etags
+            if etags is not None:
+                yield s, etags
 
     async def _sweep_staged(
         self, batch: Batch, workflow_id: str, now: float
@@ -1169,18 +1156,6 @@ class Coordinator:
             return entry, flush, indexed
         batch.ops.clear()
         return None
-
-    async def _sweep_contained(self, workflow_id: str, now: float) -> None:
-        """Sweep one workflow inside its boundary."""
-        async with self._sweep_boundary(workflow_id):
-            with step("load"):
-                entry = await self._entry(workflow_id)
-            if entry is None:
-                self._forget(workflow_id, 0)
-                return
-            entry.fresh = False
-            with step("sweep"):
-                await self._sweep_one(entry, now)
 
     @contextlib.asynccontextmanager
     async def _sweep_boundary(self, workflow_id: str) -> AsyncIterator[None]:
