@@ -11,7 +11,6 @@ import asyncio
 import builtins
 import functools
 import time
-import zlib
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -34,7 +33,7 @@ from dagq.messages import decode_tasks
 from dagq.payloads import decode_json, echo
 from dagq.plan import Plan
 from dagq.quarantine import QuarantineInfo
-from dagq.snapshots import decode_header
+from dagq.snapshots import DAMAGED_HEADER, decode_header
 from dagq.state import (
     BAD,
     QUARANTINED,
@@ -66,7 +65,6 @@ SCAN_WORKFLOWS = 1000
 _UNDO_LABELS = {1: "queued", 2: "sent", 3: "done", 4: "failed"}
 _TERMINAL_LABELS = frozenset(s.label for s in TERMINAL)
 #: What decoding a damaged state header raises (``Client.status`` says what is wrong).
-_HEADER_ERRORS = (ValueError, zlib.error, msgspec.MsgspecError)
 
 
 class TaskInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -807,7 +805,7 @@ class Client:
             return None
         try:
             status = decode_header(header.data).status
-        except _HEADER_ERRORS:
+        except DAMAGED_HEADER:
             return None
         return None if status in WORKFLOW_TERMINAL else status
 

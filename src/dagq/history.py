@@ -119,7 +119,7 @@ async def _tail(store: Store, workflow_id: str) -> list[tuple[int, tuple[str, by
         return []
     try:
         head = snapshots.decode_header(doc.data)
-    except (ValueError, msgspec.DecodeError):
+    except snapshots.DAMAGED_HEADER:
         return []
     first = head.history_seq - len(head.history_tail)
     name = keys.state(workflow_id)

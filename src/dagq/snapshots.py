@@ -243,6 +243,10 @@ def encode_header(head: Header) -> bytes:
     return b"r" + _encoder.encode(head)
 
 
+#: What :func:`decode_header` raises for bytes that are not a header it can read.
+DAMAGED_HEADER = (ValueError, zlib.error, msgspec.MsgspecError)
+
+
 def decode_header(data: bytes) -> Header:
     """A header from its bytes."""
     body = zlib.decompress(data[1:]) if data[:1] == b"z" else data[1:]

@@ -116,3 +116,14 @@ async def test_a_chunk_in_the_state_outranks_a_document_an_unfinished_spill_left
     assert [s for s, _ in chunks] == list(range(seq + 1))
     assert chunks[-1] == (seq, small)
     assert all(e.detail != big[0].detail for e in await read_history(store, "w"))
+
+
+async def test_a_state_document_that_cannot_be_decompressed_hides_no_spilled_chunk(
+    store: Store, clock: FakeClock
+) -> None:
+    await run(store, clock, 3 * TAIL_CHUNKS)
+    spilled = await store.documents.list(keys.history_prefix("w"))
+    assert spilled
+    await store.documents.put(keys.state("w"), b"z not zlib")  # zlib.error, not ValueError
+    chunks = await read_chunks(store, "w")
+    assert [seq for seq, _ in chunks] == list(range(len(spilled)))
