@@ -16,6 +16,11 @@ def big(size: int) -> str:
     return "x" * size
 
 
+def padded(word: str, size: int) -> dict[str, Any]:
+    """``word`` in an output of over ``size`` bytes (stored by reference when large)."""
+    return {"word": word, "pad": "x" * size}
+
+
 def length(inputs: dict[str, Any]) -> int:
     return sum(len(v) for v in inputs.values())
 

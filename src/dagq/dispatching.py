@@ -143,6 +143,7 @@ def task_message(
         due_at=due_at,
         workflow_name=workflow_name,
         dispatched_at=dispatched_at,
+        run=state.created_at,
     )
     body = encode_task(message)
     if len(body) > TASK_MESSAGE_INLINE_BYTES:

@@ -95,6 +95,11 @@ class TaskMessage(msgspec.Struct, frozen=True, omit_defaults=True, kw_only=True)
     #: messages written before it was added): the workflow was running then, so a
     #: worker that starts the attempt soon after need not read its control document.
     dispatched_at: float = 0.0
+    #: When this run of the workflow was submitted (its state's ``created_at``; 0: not
+    #: said). A workflow purged and submitted again under the same id writes its
+    #: documents (outputs, inputs, specs) under the same keys as the run before, so a
+    #: worker keeps the documents it read by run and key.
+    run: float = 0.0
 
 
 # --- events to the coordinator ----------------------------------------------

@@ -201,10 +201,11 @@ class Worker:
             self._pool = TaskPool(self.options.concurrency)
         self._controls: dict[str, tuple[float, _Control]] = {}
         self._control_reads: dict[str, asyncio.Future[_Control]] = {}
-        #: Immutable documents (items, outputs, inputs) lately decoded, by key.
-        self._documents: dict[str, Any] = {}
+        #: Immutable documents (items, outputs, inputs) lately decoded, by run and key
+        #: (a run purged and submitted again reuses its keys: see TaskMessage.run).
+        self._documents: dict[tuple[float, str], Any] = {}
         #: Immutable documents lately read, as stored (inputs for pool processes).
-        self._raw_documents: dict[str, bytes] = {}
+        self._raw_documents: dict[tuple[float, str], bytes] = {}
         #: Tasks per received message lately (bundles make it more than one): a receive
         #: asks for as many messages as are likely to fill the free slots.
         self._per_message = float(self._bundle_size)
@@ -869,7 +870,8 @@ class Worker:
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 raise DamagedData(f"{task.body_ref} cannot be decoded: {exc}") from None
         if task.spec_ref is not None:
-            spec = self._documents.get(task.spec_ref)  # shared by attempts and instances
+            cached = (task.run, task.spec_ref)
+            spec = self._documents.get(cached)  # shared by attempts and instances
             if not isinstance(spec, TaskSpec):
                 doc = await self.store.documents.get(task.spec_ref)
                 if doc is None:
@@ -878,7 +880,7 @@ class Worker:
                     spec = msgspec.msgpack.decode(doc.data, type=TaskSpec)
                 except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
                     raise DamagedData(f"{task.spec_ref} is not a task spec: {exc}") from None
-                _remember(self._documents, task.spec_ref, spec)
+                _remember(self._documents, cached, spec)
             task = msgspec.structs.replace(task, spec=spec, spec_ref=None)
         return task
 
@@ -886,7 +888,7 @@ class Worker:
         """A foreach instance's item: in its message, or in the group's items document."""
         if task.item_ref is None:
             return task.item
-        items = await self._document(task.item_ref, "the items of this foreach")
+        items = await self._document(task, task.item_ref, "the items of this foreach")
         return items[task.item_index]
 
     async def _previous(self, task: TaskMessage) -> Any:
@@ -900,46 +902,49 @@ class Worker:
     async def _inputs(self, task: TaskMessage) -> dict[str, Any]:
         inputs = dict(task.inputs)
         if task.inputs_ref is not None:
-            inputs.update(await self._document(task.inputs_ref, "inputs document"))
+            inputs.update(await self._document(task, task.inputs_ref, "inputs document"))
         for name, ref in task.input_refs.items():
-            inputs[name] = await self._document(ref, f"the output of '{name}'")
+            inputs[name] = await self._document(task, ref, f"the output of '{name}'")
         return inputs
 
     async def _stored_inputs(self, task: TaskMessage) -> StoredInputs:
         """The task's inputs as stored, for a pool process to decode."""
         document = None
         if task.inputs_ref is not None:
-            document = await self._raw(task.inputs_ref, "inputs document")
+            document = await self._raw(task, task.inputs_ref, "inputs document")
         outputs = [
-            (name, ref, await self._raw(ref, f"the output of '{name}'"))
+            (name, ref, await self._raw(task, ref, f"the output of '{name}'"))
             for name, ref in task.input_refs.items()
         ]
         return StoredInputs(dict(task.inputs), document, task.inputs_ref or "", tuple(outputs))
 
-    async def _document(self, key: str, what: str) -> Any:
-        """A stored output or inputs document, decoded. They never change once written,
-        so the few most recent are kept: a foreach's instances share their inputs."""
-        if key in self._documents:
-            return self._documents[key]
-        data = await self._raw(key, what, keep=False)  # the decoded value is kept
+    async def _document(self, task: TaskMessage, key: str, what: str) -> Any:
+        """A stored output or inputs document of ``task``'s run, decoded. They never
+        change once written, so the few most recent are kept: a foreach's instances
+        share their inputs."""
+        cached = (task.run, key)
+        if cached in self._documents:
+            return self._documents[cached]
+        data = await self._raw(task, key, what, keep=False)  # the decoded value is kept
         # An output may weigh up to payloads.MAX_OUTPUT_BYTES: a large one is decoded
         # in a thread.
         value = await off_loop(len(data), payloads.decode_json, data, f"{what} ({key})")
         if len(data) <= DOCUMENT_CACHE_BYTES:
-            _remember(self._documents, key, value)
+            _remember(self._documents, cached, value)
         return value
 
-    async def _raw(self, key: str, what: str, *, keep: bool = True) -> bytes:
-        """A stored output or inputs document as it is stored (the few most recent are
-        kept if ``keep``, as by :meth:`_document`)."""
-        data = self._raw_documents.get(key)
+    async def _raw(self, task: TaskMessage, key: str, what: str, *, keep: bool = True) -> bytes:
+        """A stored output or inputs document of ``task``'s run as it is stored (the few
+        most recent are kept if ``keep``, as by :meth:`_document`)."""
+        cached = (task.run, key)
+        data = self._raw_documents.get(cached)
         if data is None:
             doc = await self.store.documents.get(key)
             if doc is None:
                 raise DagqError(f"{what} ({key}) is missing")
             data = doc.data
             if keep and len(data) <= DOCUMENT_CACHE_BYTES:
-                _remember(self._raw_documents, key, data)
+                _remember(self._raw_documents, cached, data)
         return data
 
     async def _report(self, task: TaskMessage, outcome: Outcome, started: float) -> TaskFinished:
@@ -1150,7 +1155,7 @@ def _attempt_id(task: TaskMessage) -> str:
     return keys.message_id(task.workflow_id, name, task.attempt)
 
 
-def _remember(cache: dict[str, _V], key: str, value: _V) -> None:
+def _remember(cache: dict[tuple[float, str], _V], key: tuple[float, str], value: _V) -> None:
     """Keep ``value`` in a cache of the 16 most recently added documents."""
     if len(cache) >= _DOCUMENTS_KEPT:
         cache.pop(next(iter(cache)))

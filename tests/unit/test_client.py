@@ -11,6 +11,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from dagq.client import (
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.errors import UsageError, WorkflowExists, WorkflowNotFound
 from dagq.history import DAMAGED, HistoryEntry
+from dagq.maintenance import purge
 from dagq.messages import OUTPUT_INLINE_LIMIT
 from dagq.stores import open_store
 from dagq.stores.base import OutgoingMessage, Store
@@ -147,6 +149,42 @@ async def test_submit_of_the_same_id_with_another_definition_is_refused(client: 
 
     with pytest.raises(WorkflowExists, match="different definition"):
         await client.submit(pipeline("other"), workflow_id="taken")
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+async def test_a_run_purged_and_submitted_again_feeds_its_tasks_the_new_outputs(
+    client: Client, store: Store, isolation: str
+) -> None:
+    """Outputs, inputs and specs of the two runs have the same keys: a worker that
+    read the first run's (its caches warm) must not give them to the second run."""
+    wf = Workflow("again", params={"word": "first"})
+    wf.call(
+        "up",
+        "tests.sample_tasks:padded",
+        args={"word": "{{ params.word }}", "size": OUTPUT_INLINE_LIMIT},
+    )
+    wf.call(
+        "down", "tests.sample_tasks:echo", args={"word": "{{ inputs.up.word }}"}, depends_on=["up"]
+    )
+    stop = asyncio.Event()
+    running = [
+        asyncio.create_task(Coordinator(store, FAST_COORDINATOR).run(stop)),
+        asyncio.create_task(Worker(store, replace(FAST_WORKER, isolation=isolation)).run(stop)),
+    ]
+    try:
+        await client.submit(wf, workflow_id="w")
+        assert (await client.wait("w", timeout_s=20)).status == "completed"
+        assert await client.output("w", "down") == {"word": "first"}
+        await purge(store, "w", force=True)
+
+        await client.submit(wf, params={"word": "second"}, workflow_id="w")
+
+        assert (await client.wait("w", timeout_s=20)).status == "completed"
+        assert (await client.output("w", "up"))["word"] == "second"
+        assert await client.output("w", "down") == {"word": "second"}
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*running), 10)
 
 
 # --- typed results -----------------------------------------------------------------------
