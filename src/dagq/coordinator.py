@@ -426,7 +426,7 @@ class Coordinator:
             etags = await self._commit(batch)
         except LeaseLost:
             raise
-        except DagqError as exc:
+        except Exception as exc:  # whatever it was, one workflow's own commit tells
             if isinstance(exc, ConflictError):
                 self.stats.conflicts += 1
             else:
@@ -489,7 +489,8 @@ class Coordinator:
         for _ in range(_CAS_ATTEMPTS):
             batch = self.store.batch()
             try:
-                flush = await self._apply_and_stage(batch, workflow_id, events, self.clock())
+                with step("advance"):  # what fails outside the named steps
+                    flush = await self._apply_and_stage(batch, workflow_id, events, self.clock())
                 with step("commit"):
                     etags = await self._commit(batch)
             except ConflictError:
@@ -518,7 +519,7 @@ class Coordinator:
         """Stage one workflow's part of a shared batch: its new state, or, if its work
         fails for good (or it is quarantined already), its events kept aside."""
         try:
-            with concerning(Concern(workflow_id)):
+            with concerning(Concern(workflow_id)), step("advance"):
                 return await self._apply_and_stage(batch, workflow_id, events, now)
         except Held as held:
             batch.ops.clear()

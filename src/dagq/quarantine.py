@@ -51,7 +51,7 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True):
     workflow_id: str
     reason: str
     #: The coordinator's step that failed: load, resolve, apply, stage, commit, settle,
-    #: sweep.
+    #: sweep, or advance (between them).
     step: str
     at: float
     #: Batches of events kept for the workflow (each as encoded on the queue), oldest

@@ -28,8 +28,9 @@ from dagq.client import Client
 from dagq.compiled import PLANS
 from dagq.coordinator import Coordinator
 from dagq.errors import DamagedData, PayloadTooLarge
+from dagq.observability.runs import RunTelemetry
 from dagq.state import QUARANTINED
-from dagq.stores.base import Store
+from dagq.stores.base import Batch, PutOp, Store
 from dagq.stores.memory import open_memory_store
 from dagq.submission import submit
 from tests.conformance.conftest import FakeClock
@@ -64,8 +65,9 @@ class Fault:
         self.calls = 0
         self.fired = False
 
-    def hit(self, workflow_id: str) -> None:
-        if workflow_id != self.victim:
+    def hit(self, workflow_ids: str) -> None:
+        """Called for the workflow(s) (comma-separated) a call of the step is about."""
+        if self.victim not in workflow_ids.split(","):
             return
         self.calls += 1
         if self.calls >= self.nth:
@@ -98,6 +100,17 @@ def _decoded(data: bytes) -> str:
 
 _real_decode_header = snapshots.decode_header
 
+
+def _committed(self: Coordinator, batch: Batch) -> str:
+    """The workflows whose state a commit writes: one, or many (a batch of events)."""
+    prefix = keys.state("w").removesuffix("w")
+    return ",".join(
+        op.key.removeprefix(prefix)
+        for op in batch.ops
+        if isinstance(op, PutOp) and op.key.startswith(prefix)
+    )
+
+
 #: step -> (object, attribute, how to find the workflow id in the call's arguments)
 STEPS: dict[str, tuple[Any, str, Callable[..., str]]] = {
     "load": (coordinator_module, "read_state", lambda store, wid, plan: wid),
@@ -109,6 +122,9 @@ STEPS: dict[str, tuple[Any, str, Callable[..., str]]] = {
     "stage": (coordinator_module, "stage_state", lambda b, state, s: state.workflow_id),
     "settle": (coordinator_module, "settle_state", lambda s, state, *_: state.workflow_id),
     "sweep": (Coordinator, "_sweep_one", lambda self, e, now: e.state.workflow_id),
+    # Outside any named step: a commit of many workflows' events, and the run's metrics.
+    "commit": (Coordinator, "_commit", _committed),
+    "telemetry": (RunTelemetry, "applied", lambda self, name, state, *_: state.workflow_id),
 }
 
 
