@@ -168,6 +168,42 @@ async def test_a_send_in_another_process_wakes_a_waiter_at_once(
         await store.close()
 
 
+_SEND_ONE = """
+import asyncio, sys
+from dagq.stores import open_store
+from dagq.stores.base import OutgoingMessage
+
+async def main() -> None:
+    store = open_store(sys.argv[1])
+    await store.queues.send(sys.argv[2], [OutgoingMessage(b"x")])
+    await store.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_send_before_the_first_wait_for_a_queue_ends_that_wait_at_once(
+    postgres_cluster: Cluster,
+) -> None:
+    """The first wait for a queue LISTENs for it: what another process sent after the
+    receive that found nothing, and before the LISTEN, was announced to nobody here."""
+    url = postgres_url(postgres_cluster)
+    store = open_store(url)
+    try:
+        # a: the listener starts; b: it LISTENs on a new connection, for both.
+        for queue in ("a", "b"):
+            assert await store.queues.receive(queue, max_messages=1, visibility_timeout_s=30) == []
+            sender = [sys.executable, "-c", textwrap.dedent(_SEND_ONE), url, queue]
+            await asyncio.to_thread(subprocess.run, sender, check=True, timeout=30)
+            started = time.monotonic()
+            await store.queues.wait(queue, 20)
+            assert time.monotonic() - started < 5, queue  # not the 20 s of a poll
+            messages = await store.queues.receive(queue, max_messages=5, visibility_timeout_s=30)
+            assert [m.body for m in messages] == [b"x"]
+    finally:
+        await store.close()
+
+
 async def test_a_send_is_heard_only_by_the_listeners_of_its_queue(
     postgres_cluster: Cluster, tmp_path: Path
 ) -> None:

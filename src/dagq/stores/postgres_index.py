@@ -128,6 +128,8 @@ class PostgresIndex:
         return count_statuses(rows, labels)
 
     async def delete(self, workflow_id: str) -> bool:
+        # Not announced, as on the other stores: the index's one reader (the server's
+        # listing stream) reads the rows changed since, which a deletion never is.
         sql = "DELETE FROM {s}.index_rows WHERE id = %s"
         return await self._db.count(sql, (workflow_id,)) > 0
 

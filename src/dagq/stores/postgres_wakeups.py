@@ -9,12 +9,13 @@ interval — and a process is woken only by sends to the queues it waits for (wo
 are not woken by the completions they send the coordinator, nor the coordinator by
 task messages). A wait for a queue not listened to yet has the listener LISTEN on a
 new connection (that LISTENs on every channel so far) before the old one is closed,
-so no notification falls between them. Before relying on it, the listener checks that
-a notification of its own actually arrives; behind a pooler in transaction mode
-(PgBouncer ``pool_mode = transaction``) it does not, and the store falls back to
-polling (``wait`` sleeps its timeout) with a warning. A notification naming a queue on
-the store's channel (as earlier versions of dagq sent them) still wakes that queue's
-waiters.
+so no notification falls between them; once a queue is listened to, its waiters are
+woken once, since what was sent before that was announced to nobody here. Before
+relying on it, the listener checks that a notification of its own actually arrives;
+behind a pooler in transaction mode (PgBouncer ``pool_mode = transaction``) it does
+not, and the store falls back to polling (``wait`` sleeps its timeout) with a warning.
+A notification naming a queue on the store's channel (as earlier versions of dagq sent
+them) still wakes that queue's waiters.
 
 A commit that writes documents or index rows notifies the same channel with
 :data:`CHANGES` and the topics it changed (:mod:`.changes`): the listener hands them
@@ -100,11 +101,20 @@ class Listener:
             if self._listening(queue):
                 return
             running = self._task is not None and not self._task.done()
+            heard = self._heard if running else frozenset()
             try:
                 await (self._extend() if running else self._listen())
             except (psycopg.Error, OSError) as exc:
                 self._retry_at = loop.time() + RETRY_AFTER_S
                 log.warning("postgres store %s: cannot LISTEN (%s); polling", self._db.url, exc)
+                return
+            if not self._listening(None):
+                return  # the check failed: waits poll
+            # What was sent before the LISTEN took hold (after a caller's receive, before
+            # its wait) was announced to nobody here: its waiters look again. (A change
+            # feed's reader reads only once its watch is open: that is, listened to.)
+            for newly in self._heard - heard:
+                self._wakeups.notify(newly)
 
     async def _extend(self) -> None:
         """LISTEN on every channel (a new queue's too) on a new connection, then let the
