@@ -237,19 +237,22 @@ def _decode_unconfirmed(found: Unconfirmed | None) -> set[int] | None:
 
 
 def _indexes(values: list[int]) -> bytes:
-    """Little-endian 32-bit indexes, compressed, whatever this machine's byte order."""
+    """Little-endian 32-bit indexes, whatever this machine's byte order: compressed, or
+    a few (a flush's dispatches, most often one) as they are behind a zero byte (which
+    never begins a zlib stream, see :func:`_unpacked`)."""
     if not values:
         return b""
     packed = array("I", values)
     if sys.byteorder == "big":  # pragma: no cover - every supported platform is little-endian
         packed.byteswap()
-    return _compress(packed.tobytes())
+    raw = packed.tobytes()
+    return b"\x00" + raw if len(raw) <= RAW_BYTES else _compress(raw)
 
 
 def _unindex(data: bytes) -> list[int]:
     if not data:
         return []
-    packed = array("I", zlib.decompress(data))
+    packed = array("I", zlib.decompress(data) if data[0] & 0x0F == 8 else data[1:])
     if sys.byteorder == "big":  # pragma: no cover
         packed.byteswap()
     return packed.tolist()

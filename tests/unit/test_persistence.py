@@ -83,6 +83,18 @@ def test_small_task_columns_are_stored_as_they_are_and_compressed_ones_still_rea
         assert loaded.outputs == sim.state.outputs
     delta = snapshots.encode_delta(small.state, [0])
     assert snapshots.delta_tasks(delta) == snapshots.delta_tasks(zlib.compress(delta)) == [0]
+    # So the unconfirmed dispatches a header lists: a few as they are, many compressed.
+    for tasks in ({3}, {3, 7}, set(range(1000))):
+        small.state.unconfirmed = {dispatch_key(i) for i in tasks}
+        head = snapshots.decode_header(snapshots.encode_header(snapshots.header(small.state)))
+        assert head.unconfirmed is not None
+        assert snapshots.empty_state(head).unconfirmed == small.state.unconfirmed
+        if len(tasks) > snapshots.RAW_BYTES // 4:  # over RAW_BYTES: compressed
+            assert zlib.decompress(head.unconfirmed.tasks)
+    older = msgspec.structs.replace(head.unconfirmed, tasks=zlib.compress(bytes([3, 0, 0, 0])))
+    assert snapshots.empty_state(msgspec.structs.replace(head, unconfirmed=older)).unconfirmed == {
+        dispatch_key(3)
+    }
 
 
 async def flush(store: Store, sim: Sim, stored: persistence.Stored) -> persistence.Stored:
