@@ -403,8 +403,11 @@ class Coordinator:
         whose own work fails is quarantined within the same batch, its events kept.
         """
         ids = list(grouped)
-        if len(ids) > 1:  # load concurrently; one event trickling in skips gather's tasks
-            await asyncio.gather(*(self._prefetch(i) for i in ids))
+        # Load the workflows not held here concurrently: a task for each only where two
+        # or more are missing (a batch of held ones, the usual case, creates none).
+        missing = [i for i in ids if i not in self._cache]
+        if len(missing) > 1:
+            await asyncio.gather(*(self._prefetch(i) for i in missing))
         with garbage.young_only(self._heavy(ids)):
             return await self._advance_loaded(grouped, receipts)
 
