@@ -579,3 +579,39 @@ async def test_a_sweep_commit_that_fails_for_good_quarantines_that_workflow_alon
     assert coord.quarantine_reason("w2") is not None  # set aside, not retried as it is
     row = await store.index.get("w2")
     assert row is not None and row.status == state.QUARANTINED
+
+
+async def test_a_sweep_passes_over_workflows_with_nothing_due(
+    store: Store, clock: FakeClock
+) -> None:
+    """Thousands of cached runs waiting on their tasks cost a sweep nothing each; the
+    one whose attempt outlived its timeout is still swept (and retried)."""
+    coord = coordinator(store, clock, timeout_grace_s=5, index_interval_s=1.0, confirm_after_s=60)
+    idle = [f"idle{i}" for i in range(20)]
+    for workflow_id in idle:
+        await submit(store, definition([{"name": "t"}]), workflow_id=workflow_id, clock=clock)
+    slow = definition([{"name": "slow", "timeout_s": 10, "num_retries": 1}])
+    result = await submit(store, slow, workflow_id="w", clock=clock)
+    await coord.step()
+    assert len(await take_tasks(store)) == len(idle) + 1
+    await post(store, TaskStarted(workflow_id="w", task=0, attempt=1, at=clock()))
+    await coord.step()
+    swept: list[str] = []
+    stage = coord._swept
+
+    def counted(batch: Any, entry: Any, now: float) -> Any:
+        swept.append(entry.state.workflow_id)
+        return stage(batch, entry, now)
+
+    coord._swept = counted  # type: ignore[method-assign]
+    clock.advance(2)
+    await coord.sweep()  # what is owed (w's row says it runs) is written...
+    swept.clear()
+    clock.advance(2)
+    await coord.sweep()  # ...and then nothing is due: no run is swept
+    assert swept == []
+    clock.advance(12)
+    await coord.sweep()
+    assert swept == ["w"]
+    st = await load_state(store, "w", result.plan)
+    assert st.attempt[0] == 2 and "timeout" in st.errors[0]

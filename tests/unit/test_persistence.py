@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,38 @@ async def test_small_workflow_state_is_one_document(store: Store) -> None:
     assert await parts(store) == []
     loaded, _ = await read_state(store, "wf-1", sim.plan)  # type: ignore[misc]
     assert loaded.outputs == {0: {"n": 1}}
+
+
+def test_small_task_columns_are_stored_as_they_are_and_compressed_ones_still_read() -> None:
+    small, larger = wide(4), wide(60)
+    for sim in (small, larger):
+        finish(sim, "root", {"n": 1})
+    raw = snapshots.encode_tasks(small.state)
+    assert raw == msgspec.msgpack.encode(snapshots.copy_tasks(small.state))  # no zlib call
+    packed = snapshots.encode_tasks(larger.state)
+    assert len(msgspec.msgpack.encode(snapshots.copy_tasks(larger.state))) > snapshots.RAW_BYTES
+    assert zlib.decompress(packed)  # over RAW_BYTES: compressed, as before
+    # Small columns written compressed (as every version before did) read the same.
+    before = zlib.compress(raw)
+    for data, sim in ((raw, small), (before, small), (packed, larger)):
+        head = snapshots.header(sim.state, inline=data)
+        loaded = snapshots.decode(snapshots.encode_header(head), sim.plan)
+        assert bytes(loaded.task_status) == bytes(sim.state.task_status)
+        assert loaded.outputs == sim.state.outputs
+    delta = snapshots.encode_delta(small.state, [0])
+    assert snapshots.delta_tasks(delta) == snapshots.delta_tasks(zlib.compress(delta)) == [0]
+    # So the unconfirmed dispatches a header lists: a few as they are, many compressed.
+    for tasks in ({3}, {3, 7}, set(range(1000))):
+        small.state.unconfirmed = {dispatch_key(i) for i in tasks}
+        head = snapshots.decode_header(snapshots.encode_header(snapshots.header(small.state)))
+        assert head.unconfirmed is not None
+        assert snapshots.empty_state(head).unconfirmed == small.state.unconfirmed
+        if len(tasks) > snapshots.RAW_BYTES // 4:  # over RAW_BYTES: compressed
+            assert zlib.decompress(head.unconfirmed.tasks)
+    older = msgspec.structs.replace(head.unconfirmed, tasks=zlib.compress(bytes([3, 0, 0, 0])))
+    assert snapshots.empty_state(msgspec.structs.replace(head, unconfirmed=older)).unconfirmed == {
+        dispatch_key(3)
+    }
 
 
 async def flush(store: Store, sim: Sim, stored: persistence.Stored) -> persistence.Stored:
