@@ -194,6 +194,43 @@ async def test_a_send_is_heard_only_by_the_listeners_of_its_queue(
         await store.close()
 
 
+async def test_a_queue_waiter_hears_no_changes_until_its_feed_is_watched(
+    postgres_cluster: Cluster, tmp_path: Path
+) -> None:
+    url = postgres_url(postgres_cluster)
+    store, other = open_store(url), open_store(url)
+    trace = tmp_path / "listen.trace"
+    try:
+        await store.queues.wait("tasks", 0.01)  # as a worker waits: the listener is started
+        listening = store.queues._listener._conn  # type: ignore[attr-defined]
+        with trace.open("w") as out:
+            listening.pgconn.trace(out.fileno())
+            try:
+                waiter = asyncio.create_task(store.queues.wait("tasks", 30))
+                batch = other.batch()  # as a coordinator commits: a state and its change
+                batch.put("states/w1", b"s")
+                batch.send("events", [OutgoingMessage(b"e")])
+                await batch.commit()
+                await other.queues.send("tasks", [OutgoingMessage(b"t")])
+                await asyncio.wait_for(waiter, 10)
+                await asyncio.sleep(0.2)  # a change notification would be in by now
+            finally:
+                listening.pgconn.untrace()
+        heard = [line for line in trace.read_text().splitlines() if "NotificationResponse" in line]
+        assert len(heard) == 1 and '"tasks"' in heard[0], heard
+        # Once a stream watches, the same commits wake it.
+        async with store.changes.watch("history/w1/") as watcher:
+            woken = asyncio.create_task(watcher.wait(30))
+            await asyncio.sleep(0.05)
+            batch = other.batch()
+            batch.put("history/w1/0001", b"h")
+            await batch.commit()
+            assert await asyncio.wait_for(woken, 10) == "history/w1/"
+    finally:
+        await other.close()
+        await store.close()
+
+
 async def test_waiting_for_another_queue_keeps_the_first_one_heard(
     postgres_cluster: Cluster,
 ) -> None:

@@ -87,10 +87,10 @@ def open_postgres_store(
         url=target.url,
         documents=PostgresDocuments(db),
         queues=PostgresQueues(db, wakeups, listener, max_deliveries),
-        index=PostgresIndex(db, listener.channel),
+        index=PostgresIndex(db, listener.changes),
         leases=PostgresLeases(db),
         closers=[db.close],
-        committer=_Committer(db, wakeups, listener.channel),
+        committer=_Committer(db, wakeups, listener.changes),
         changes=changes,
     )
 

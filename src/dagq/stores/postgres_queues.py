@@ -45,7 +45,7 @@ WITH sent AS (
 )
 SELECT pg_notify(%(wake)s, %(queue)s)
 """
-#: The same, and a second notification on the store's channel (a batch's changes).
+#: The same, and a second notification on the store's changes channel (a batch's changes).
 _SEND_AND_NOTIFY = _SEND.rstrip() + ", pg_notify(%(channel)s, %(also)s)\n"
 
 # One walk of the queue's index, in order, takes up to ``limit`` visible messages;
@@ -110,7 +110,7 @@ async def send(
     db: Database, conn: Conn, op: SendOp, now: float, channel: str, *, also: str | None = None
 ) -> None:
     """Insert ``op``'s messages on ``conn`` and announce them on the queue's channel
-    (and ``also`` on the store's ``channel``, in the same statement)."""
+    (and ``also`` on the store's changes ``channel``, in the same statement)."""
     args = {
         "queue": op.queue,
         "now": now,
@@ -162,7 +162,7 @@ class PostgresQueues:
             return
         op = SendOp(queue, messages)
         async with self._db.connection() as conn:
-            await send(self._db, conn, op, self._db.clock(), self._listener.channel)
+            await send(self._db, conn, op, self._db.clock(), self._listener.changes)
         self._wakeups.notify(queue)
 
     async def receive(
