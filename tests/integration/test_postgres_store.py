@@ -320,6 +320,32 @@ async def test_a_batch_commits_in_one_round_trip(postgres_cluster: Cluster, tmp_
         await store.close()
 
 
+async def test_a_workers_report_is_one_statement_without_a_transaction_block(
+    postgres_cluster: Cluster, tmp_path: Path
+) -> None:
+    store = open_store(postgres_url(postgres_cluster))
+    try:
+        await store.queues.send("tasks", [OutgoingMessage(b"t1"), OutgoingMessage(b"t2")])
+        held = await store.queues.receive("tasks", max_messages=2, visibility_timeout_s=60)
+        trace = tmp_path / "libpq.trace"
+        with _traced(store, trace):
+            batch = store.batch()  # as a worker's outbox reports: send, delete what it reports on
+            batch.send("events", [OutgoingMessage(b"done")])
+            acked = batch.ack("tasks", [held[0].receipt, "stale-receipt"])
+            await batch.commit()
+        sent = [line for line in trace.read_text().splitlines() if "\tF\t" in line]
+        assert not [line for line in sent if "BEGIN" in line or "COMMIT" in line], sent
+        assert sum("\tParse\t" in line or "\tBind\t" in line for line in sent) <= 2, sent
+        assert acked is not None and acked.deleted == [1]  # the stale receipt deleted nothing
+        events = await store.queues.receive("events", max_messages=5, visibility_timeout_s=60)
+        assert [m.body for m in events] == [b"done"]
+        left = await store.queues.receive("tasks", max_messages=5, visibility_timeout_s=0.1)
+        assert left == []  # t2 is still held, t1 gone
+        assert (await store.queues.depth("tasks")).invisible == 1
+    finally:
+        await store.close()
+
+
 async def test_a_large_batch_is_a_handful_of_statements(
     postgres_cluster: Cluster, tmp_path: Path
 ) -> None:

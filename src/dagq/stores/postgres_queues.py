@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from dagq.stores.base import DeadLetter, Message, OutgoingMessage, QueueDepth, SendOp
+from dagq.stores.base import AckOp, DeadLetter, Message, OutgoingMessage, QueueDepth, SendOp
 from dagq.stores.common import (
     Wakeups,
     check_limit,
@@ -81,6 +81,23 @@ SELECT NULL, NULL, NULL, NULL, count(*), NULL FROM dead HAVING count(*) > 0
 
 _DELETE = "DELETE FROM {s}.messages WHERE queue = %s AND receipt = ANY(%s)"
 
+#: A worker's report in one statement (its own transaction): the send, and the delete
+#: of the messages it reports on; how many were deleted.
+_SEND_AND_DELETE = """
+WITH acked AS (
+    DELETE FROM {s}.messages WHERE queue = %(acked)s AND receipt = ANY(%(receipts)s)
+    RETURNING 1
+), sent AS (
+    INSERT INTO {s}.messages (queue, id, body, enqueued_at, visible_at)
+    SELECT %(queue)s, m.id, m.body, %(now)s, %(now)s + m.delay
+    FROM unnest(%(ids)b::text[], %(bodies)b::bytea[], %(delays)b::float8[])
+        WITH ORDINALITY AS m (id, body, delay, n)
+    ORDER BY m.n
+    ON CONFLICT (queue, id) DO NOTHING
+)
+SELECT (SELECT count(*) FROM acked), pg_notify(%(wake)s, %(queue)s)
+"""
+
 _DEAD_LETTER = """
 WITH gone AS (
     DELETE FROM {s}.messages WHERE queue = %s AND receipt = %s
@@ -111,7 +128,24 @@ async def send(
 ) -> None:
     """Insert ``op``'s messages on ``conn`` and announce them on the queue's channel
     (and ``also`` on the store's changes ``channel``, in the same statement)."""
-    args = {
+    args = _send_args(db, op, now, channel)
+    if also is not None:
+        args["also"] = also
+    await conn.execute(db.sql(_SEND if also is None else _SEND_AND_NOTIFY), args)
+
+
+async def send_and_delete(db: Database, conn: Conn, op: SendOp, ack: AckOp, now: float) -> int:
+    """Send ``op`` and delete the received messages ``ack`` names (of another queue),
+    in one statement on ``conn``; how many were deleted."""
+    args = _send_args(db, op, now, "")
+    args["acked"], args["receipts"] = ack.queue, list(ack.receipts)
+    cur = await conn.execute(db.sql(_SEND_AND_DELETE), args)
+    row = await cur.fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+def _send_args(db: Database, op: SendOp, now: float, channel: str) -> dict[str, Any]:
+    return {
         "queue": op.queue,
         "now": now,
         "ids": [m.id or new_message_id() for m in op.messages],
@@ -120,9 +154,6 @@ async def send(
         "wake": queue_channel(db.target.schema, op.queue),
         "channel": channel,
     }
-    if also is not None:
-        args["also"] = also
-    await conn.execute(db.sql(_SEND if also is None else _SEND_AND_NOTIFY), args)
 
 
 async def delete(db: Database, conn: Conn, queue: str, receipts: Sequence[str]) -> Cursor:
