@@ -49,7 +49,7 @@ from dagq.stores.postgres_documents import delete as delete_document
 from dagq.stores.postgres_documents import put as put_document
 from dagq.stores.postgres_index import PostgresIndex, upsert
 from dagq.stores.postgres_leases import PostgresLeases, fence, fence_lost
-from dagq.stores.postgres_queues import PostgresQueues, send_and_delete
+from dagq.stores.postgres_queues import PostgresQueues, deleted_by
 from dagq.stores.postgres_queues import delete as delete_messages
 from dagq.stores.postgres_queues import send as send_messages
 from dagq.stores.postgres_schema import FAILED, VERSION
@@ -109,7 +109,7 @@ class _Committer:
             return []
         etags: list[str] = []
         failures: dict[str, DagqError] = {}
-        acks: list[tuple[AckOp, Cursor]] = []
+        acks: list[tuple[AckOp, Cursor, bool]] = []
         async with self._db.connection() as conn:
             # Pipelined, in one round trip: BEGIN, every statement, COMMIT, and the one
             # Sync that leaving the block sends (an explicit ``sync()`` before it would
@@ -128,8 +128,8 @@ class _Committer:
                 if exc.sqlstate == FAILED and message in failures:
                     raise failures[message] from None
                 raise
-        for op, cur in acks:
-            op.deleted.append(max(cur.rowcount, 0))
+        for op, cur, folded in acks:
+            op.deleted.append(await deleted_by(cur) if folded else max(cur.rowcount, 0))
         for queue in {op.queue for op in ops if isinstance(op, SendOp)}:
             self._wakeups.notify(queue)
         return etags
@@ -146,9 +146,8 @@ class _Committer:
             return False
         (send,), (ack,) = sends, acks
         async with self._db.connection() as conn:
-            now = self._db.clock()
-            deleted = await send_and_delete(self._db, conn, send, ack, now)
-        ack.deleted.append(deleted)
+            cur = await send_messages(self._db, conn, send, self._db.clock(), "", ack=ack)
+            ack.deleted.append(await deleted_by(cur))
         self._wakeups.notify(send.queue)
         return True
 
@@ -158,14 +157,15 @@ class _Committer:
         ops: Sequence[BatchOp],
         etags: list[str],
         failures: dict[str, DagqError],
-        acks: list[tuple[AckOp, Cursor]],
+        acks: list[tuple[AckOp, Cursor, bool]],
     ) -> None:
         """Queue the batch's statements on ``conn``: few of them, whatever its size.
 
         Writes of documents, sends to one queue and index rows go out as one statement
         each (arrays unnested), unless a key is written twice: then its writes go one
         by one, in order. A send's notification is folded in its statement, so each
-        queue is announced once per transaction.
+        queue is announced once per transaction, and so is a lone delete of received
+        messages (the events a coordinator's step handled) of a queue not sent to.
         """
         db, now = self._db, self._db.clock()
         rows = [op.row for op in ops if isinstance(op, UpsertOp)]
@@ -173,6 +173,13 @@ class _Committer:
         together = len(set(written)) == len(written)
         puts: list[tuple[PutOp, str, str]] = []
         sends: dict[str, list[OutgoingMessage]] = {}
+        deletes = [op for op in ops if isinstance(op, AckOp)]
+        sent_to = {op.queue for op in ops if isinstance(op, SendOp)}
+        # Folded in a send's statement only where it cannot meet a row that statement
+        # inserts (both see one snapshot): a delete of another queue.
+        fold = None
+        if len(deletes) == 1 and sent_to and deletes[0].queue not in sent_to:
+            fold = deletes[0]
         for n, op in enumerate(ops):
             guard = f"dagq batch operation {n}"
             if isinstance(op, FenceOp):
@@ -189,8 +196,9 @@ class _Committer:
                 await delete_document(db, conn, op.key)
             elif isinstance(op, SendOp):
                 sends.setdefault(op.queue, []).extend(op.messages)
-            elif isinstance(op, AckOp):
-                acks.append((op, await delete_messages(db, conn, op.queue, op.receipts)))
+            elif isinstance(op, AckOp) and op is not fold:
+                cur = await delete_messages(db, conn, op.queue, op.receipts)
+                acks.append((op, cur, False))
         await put_many(db, conn, puts)
         if rows:  # an index row is never read within the batch: all at the end
             await upsert(db, conn, rows)
@@ -200,7 +208,11 @@ class _Committer:
         last = list(sends)[-1] if sends else None
         for queue, messages in sends.items():
             also = changes_payload(topics) if topics is not None and queue == last else None
-            await send_messages(db, conn, SendOp(queue, messages), now, self._channel, also=also)
+            ack = fold if queue == last else None
+            op = SendOp(queue, messages)
+            cur = await send_messages(db, conn, op, now, self._channel, also=also, ack=ack)
+            if ack is not None:
+                acks.append((ack, cur, True))
         if topics is not None and last is None:
             await notify_changes(conn, self._channel, topics)
 
