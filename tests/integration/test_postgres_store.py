@@ -346,6 +346,38 @@ async def test_a_workers_report_is_one_statement_without_a_transaction_block(
         await store.close()
 
 
+async def test_a_steps_delete_of_its_events_goes_in_its_send_statement(
+    postgres_cluster: Cluster, tmp_path: Path
+) -> None:
+    store = open_store(postgres_url(postgres_cluster))
+    try:
+        await store.queues.send("events", [OutgoingMessage(b"e1"), OutgoingMessage(b"e2")])
+        held = await store.queues.receive("events", max_messages=2, visibility_timeout_s=60)
+        trace = tmp_path / "libpq.trace"
+        with _traced(store, trace):
+            batch = store.batch()  # as a coordinator's step: a state, the next task, the events
+            batch.put("states/w1", b"s")
+            batch.send("tasks", [OutgoingMessage(b"t")])
+            acked = batch.ack("events", [m.receipt for m in held] + ["stale-receipt"])
+            await batch.commit()
+        sent = [line for line in trace.read_text().splitlines() if "\tF\t" in line]
+        assert not [line for line in sent if "DELETE FROM" in line and "WITH" not in line], sent
+        assert acked is not None and acked.deleted == [2]
+        assert (await store.queues.depth("events")).invisible == 0
+        tasks = await store.queues.receive("tasks", max_messages=5, visibility_timeout_s=60)
+        assert [m.body for m in tasks] == [b"t"]
+        assert (await store.documents.get("states/w1")).data == b"s"  # type: ignore[union-attr]
+        # An ack of the queue the batch sends to stays a statement of its own.
+        batch = store.batch()
+        batch.send("tasks", [OutgoingMessage(b"t2")])
+        again = batch.ack("tasks", [tasks[0].receipt])
+        await batch.commit()
+        assert again is not None and again.deleted == [1]
+        assert (await store.queues.depth("tasks")).visible == 1
+    finally:
+        await store.close()
+
+
 async def test_a_large_batch_is_a_handful_of_statements(
     postgres_cluster: Cluster, tmp_path: Path
 ) -> None:
