@@ -230,6 +230,43 @@ async def test_a_send_is_heard_only_by_the_listeners_of_its_queue(
         await store.close()
 
 
+async def test_a_queue_waiter_hears_no_changes_until_its_feed_is_watched(
+    postgres_cluster: Cluster, tmp_path: Path
+) -> None:
+    url = postgres_url(postgres_cluster)
+    store, other = open_store(url), open_store(url)
+    trace = tmp_path / "listen.trace"
+    try:
+        await store.queues.wait("tasks", 0.01)  # as a worker waits: the listener is started
+        listening = store.queues._listener._conn  # type: ignore[attr-defined]
+        with trace.open("w") as out:
+            listening.pgconn.trace(out.fileno())
+            try:
+                waiter = asyncio.create_task(store.queues.wait("tasks", 30))
+                batch = other.batch()  # as a coordinator commits: a state and its change
+                batch.put("states/w1", b"s")
+                batch.send("events", [OutgoingMessage(b"e")])
+                await batch.commit()
+                await other.queues.send("tasks", [OutgoingMessage(b"t")])
+                await asyncio.wait_for(waiter, 10)
+                await asyncio.sleep(0.2)  # a change notification would be in by now
+            finally:
+                listening.pgconn.untrace()
+        heard = [line for line in trace.read_text().splitlines() if "NotificationResponse" in line]
+        assert len(heard) == 1 and '"tasks"' in heard[0], heard
+        # Once a stream watches, the same commits wake it.
+        async with store.changes.watch("history/w1/") as watcher:
+            woken = asyncio.create_task(watcher.wait(30))
+            await asyncio.sleep(0.05)
+            batch = other.batch()
+            batch.put("history/w1/0001", b"h")
+            await batch.commit()
+            assert await asyncio.wait_for(woken, 10) == "history/w1/"
+    finally:
+        await other.close()
+        await store.close()
+
+
 async def test_waiting_for_another_queue_keeps_the_first_one_heard(
     postgres_cluster: Cluster,
 ) -> None:
@@ -315,6 +352,64 @@ async def test_a_batch_commits_in_one_round_trip(postgres_cluster: Cluster, tmp_
         answers = [line for line in trace.read_text().splitlines() if "\tReadyForQuery" in line]
         assert len(answers) == 1  # one Sync, one answer: a single round trip
         assert (await store.documents.get("a")).data == b"2"  # type: ignore[union-attr]
+    finally:
+        await store.close()
+
+
+async def test_a_workers_report_is_one_statement_without_a_transaction_block(
+    postgres_cluster: Cluster, tmp_path: Path
+) -> None:
+    store = open_store(postgres_url(postgres_cluster))
+    try:
+        await store.queues.send("tasks", [OutgoingMessage(b"t1"), OutgoingMessage(b"t2")])
+        held = await store.queues.receive("tasks", max_messages=2, visibility_timeout_s=60)
+        trace = tmp_path / "libpq.trace"
+        with _traced(store, trace):
+            batch = store.batch()  # as a worker's outbox reports: send, delete what it reports on
+            batch.send("events", [OutgoingMessage(b"done")])
+            acked = batch.ack("tasks", [held[0].receipt, "stale-receipt"])
+            await batch.commit()
+        sent = [line for line in trace.read_text().splitlines() if "\tF\t" in line]
+        assert not [line for line in sent if "BEGIN" in line or "COMMIT" in line], sent
+        assert sum("\tParse\t" in line or "\tBind\t" in line for line in sent) <= 2, sent
+        assert acked is not None and acked.deleted == [1]  # the stale receipt deleted nothing
+        events = await store.queues.receive("events", max_messages=5, visibility_timeout_s=60)
+        assert [m.body for m in events] == [b"done"]
+        left = await store.queues.receive("tasks", max_messages=5, visibility_timeout_s=0.1)
+        assert left == []  # t2 is still held, t1 gone
+        assert (await store.queues.depth("tasks")).invisible == 1
+    finally:
+        await store.close()
+
+
+async def test_a_steps_delete_of_its_events_goes_in_its_send_statement(
+    postgres_cluster: Cluster, tmp_path: Path
+) -> None:
+    store = open_store(postgres_url(postgres_cluster))
+    try:
+        await store.queues.send("events", [OutgoingMessage(b"e1"), OutgoingMessage(b"e2")])
+        held = await store.queues.receive("events", max_messages=2, visibility_timeout_s=60)
+        trace = tmp_path / "libpq.trace"
+        with _traced(store, trace):
+            batch = store.batch()  # as a coordinator's step: a state, the next task, the events
+            batch.put("states/w1", b"s")
+            batch.send("tasks", [OutgoingMessage(b"t")])
+            acked = batch.ack("events", [m.receipt for m in held] + ["stale-receipt"])
+            await batch.commit()
+        sent = [line for line in trace.read_text().splitlines() if "\tF\t" in line]
+        assert not [line for line in sent if "DELETE FROM" in line and "WITH" not in line], sent
+        assert acked is not None and acked.deleted == [2]
+        assert (await store.queues.depth("events")).invisible == 0
+        tasks = await store.queues.receive("tasks", max_messages=5, visibility_timeout_s=60)
+        assert [m.body for m in tasks] == [b"t"]
+        assert (await store.documents.get("states/w1")).data == b"s"  # type: ignore[union-attr]
+        # An ack of the queue the batch sends to stays a statement of its own.
+        batch = store.batch()
+        batch.send("tasks", [OutgoingMessage(b"t2")])
+        again = batch.ack("tasks", [tasks[0].receipt])
+        await batch.commit()
+        assert again is not None and again.deleted == [1]
+        assert (await store.queues.depth("tasks")).visible == 1
     finally:
         await store.close()
 

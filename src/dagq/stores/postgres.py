@@ -49,7 +49,7 @@ from dagq.stores.postgres_documents import delete as delete_document
 from dagq.stores.postgres_documents import put as put_document
 from dagq.stores.postgres_index import PostgresIndex, upsert
 from dagq.stores.postgres_leases import PostgresLeases, fence, fence_lost
-from dagq.stores.postgres_queues import PostgresQueues
+from dagq.stores.postgres_queues import PostgresQueues, deleted_by
 from dagq.stores.postgres_queues import delete as delete_messages
 from dagq.stores.postgres_queues import send as send_messages
 from dagq.stores.postgres_schema import FAILED, VERSION
@@ -87,10 +87,10 @@ def open_postgres_store(
         url=target.url,
         documents=PostgresDocuments(db),
         queues=PostgresQueues(db, wakeups, listener, max_deliveries),
-        index=PostgresIndex(db, listener.channel),
+        index=PostgresIndex(db, listener.changes),
         leases=PostgresLeases(db),
         closers=[db.close],
-        committer=_Committer(db, wakeups, listener.channel),
+        committer=_Committer(db, wakeups, listener.changes),
         changes=changes,
     )
 
@@ -105,9 +105,11 @@ class _Committer:
 
     async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
         check_batch(ops)
+        if await self._one_statement(ops):
+            return []
         etags: list[str] = []
         failures: dict[str, DagqError] = {}
-        acks: list[tuple[AckOp, Cursor]] = []
+        acks: list[tuple[AckOp, Cursor, bool]] = []
         async with self._db.connection() as conn:
             # Pipelined, in one round trip: BEGIN, every statement, COMMIT, and the one
             # Sync that leaving the block sends (an explicit ``sync()`` before it would
@@ -126,11 +128,28 @@ class _Committer:
                 if exc.sqlstate == FAILED and message in failures:
                     raise failures[message] from None
                 raise
-        for op, cur in acks:
-            op.deleted.append(max(cur.rowcount, 0))
+        for op, cur, folded in acks:
+            op.deleted.append(await deleted_by(cur) if folded else max(cur.rowcount, 0))
         for queue in {op.queue for op in ops if isinstance(op, SendOp)}:
             self._wakeups.notify(queue)
         return etags
+
+    async def _one_statement(self, ops: Sequence[BatchOp]) -> bool:
+        """Commit a worker's report — sends to one queue and the delete of the messages
+        it reports on (of another queue), nothing else — as one statement, its own
+        transaction: no BEGIN and COMMIT around it (a third of the statements). False
+        for any other batch, left to the transaction."""
+        sends = [op for op in ops if isinstance(op, SendOp)]
+        acks = [op for op in ops if isinstance(op, AckOp)]
+        queues = {op.queue for op in sends}
+        if len(sends) != 1 or len(acks) != 1 or len(ops) != 2 or acks[0].queue in queues:
+            return False
+        (send,), (ack,) = sends, acks
+        async with self._db.connection() as conn:
+            cur = await send_messages(self._db, conn, send, self._db.clock(), "", ack=ack)
+            ack.deleted.append(await deleted_by(cur))
+        self._wakeups.notify(send.queue)
+        return True
 
     async def _send_all(
         self,
@@ -138,14 +157,15 @@ class _Committer:
         ops: Sequence[BatchOp],
         etags: list[str],
         failures: dict[str, DagqError],
-        acks: list[tuple[AckOp, Cursor]],
+        acks: list[tuple[AckOp, Cursor, bool]],
     ) -> None:
         """Queue the batch's statements on ``conn``: few of them, whatever its size.
 
         Writes of documents, sends to one queue and index rows go out as one statement
         each (arrays unnested), unless a key is written twice: then its writes go one
         by one, in order. A send's notification is folded in its statement, so each
-        queue is announced once per transaction.
+        queue is announced once per transaction, and so is a lone delete of received
+        messages (the events a coordinator's step handled) of a queue not sent to.
         """
         db, now = self._db, self._db.clock()
         rows = [op.row for op in ops if isinstance(op, UpsertOp)]
@@ -153,6 +173,13 @@ class _Committer:
         together = len(set(written)) == len(written)
         puts: list[tuple[PutOp, str, str]] = []
         sends: dict[str, list[OutgoingMessage]] = {}
+        deletes = [op for op in ops if isinstance(op, AckOp)]
+        sent_to = {op.queue for op in ops if isinstance(op, SendOp)}
+        # Folded in a send's statement only where it cannot meet a row that statement
+        # inserts (both see one snapshot): a delete of another queue.
+        fold = None
+        if len(deletes) == 1 and sent_to and deletes[0].queue not in sent_to:
+            fold = deletes[0]
         for n, op in enumerate(ops):
             guard = f"dagq batch operation {n}"
             if isinstance(op, FenceOp):
@@ -169,8 +196,9 @@ class _Committer:
                 await delete_document(db, conn, op.key)
             elif isinstance(op, SendOp):
                 sends.setdefault(op.queue, []).extend(op.messages)
-            elif isinstance(op, AckOp):
-                acks.append((op, await delete_messages(db, conn, op.queue, op.receipts)))
+            elif isinstance(op, AckOp) and op is not fold:
+                cur = await delete_messages(db, conn, op.queue, op.receipts)
+                acks.append((op, cur, False))
         await put_many(db, conn, puts)
         if rows:  # an index row is never read within the batch: all at the end
             await upsert(db, conn, rows)
@@ -180,7 +208,11 @@ class _Committer:
         last = list(sends)[-1] if sends else None
         for queue, messages in sends.items():
             also = changes_payload(topics) if topics is not None and queue == last else None
-            await send_messages(db, conn, SendOp(queue, messages), now, self._channel, also=also)
+            ack = fold if queue == last else None
+            op = SendOp(queue, messages)
+            cur = await send_messages(db, conn, op, now, self._channel, also=also, ack=ack)
+            if ack is not None:
+                acks.append((ack, cur, True))
         if topics is not None and last is None:
             await notify_changes(conn, self._channel, topics)
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from dagq.stores.base import DeadLetter, Message, OutgoingMessage, QueueDepth, SendOp
+from dagq.stores.base import AckOp, DeadLetter, Message, OutgoingMessage, QueueDepth, SendOp
 from dagq.stores.common import (
     Wakeups,
     check_limit,
@@ -34,19 +34,41 @@ from dagq.stores.postgres_database import Conn, Cursor, Database
 from dagq.stores.postgres_wakeups import Listener, queue_channel
 from dagq.stores.transfer import PendingMessage
 
-_SEND = """
-WITH sent AS (
+_SENT = """
+sent AS (
     INSERT INTO {s}.messages (queue, id, body, enqueued_at, visible_at)
     SELECT %(queue)s, m.id, m.body, %(now)s, %(now)s + m.delay
     FROM unnest(%(ids)b::text[], %(bodies)b::bytea[], %(delays)b::float8[])
         WITH ORDINALITY AS m (id, body, delay, n)
     ORDER BY m.n
     ON CONFLICT (queue, id) DO NOTHING
-)
-SELECT pg_notify(%(wake)s, %(queue)s)
-"""
-#: The same, and a second notification on the store's channel (a batch's changes).
-_SEND_AND_NOTIFY = _SEND.rstrip() + ", pg_notify(%(channel)s, %(also)s)\n"
+)"""
+#: The delete of received messages (of another queue), folded in a send's statement.
+_ACKED = """
+acked AS (
+    DELETE FROM {s}.messages WHERE queue = %(acked)s AND receipt = ANY(%(receipts)s)
+    RETURNING 1
+)"""
+
+
+def _send_statement(*, ack: bool, also: bool) -> str:
+    """A send: its messages inserted and its queue's channel notified; with ``ack``,
+    the delete of received messages too, and how many went as the first column; with
+    ``also``, a second notification on the store's changes channel (a batch's changes)."""
+    columns = ["pg_notify(%(wake)s, %(queue)s)"]
+    if also:
+        columns.append("pg_notify(%(channel)s, %(also)s)")
+    if ack:
+        columns.insert(0, "(SELECT count(*) FROM acked)")
+    ctes = [_ACKED, _SENT] if ack else [_SENT]
+    return "WITH" + ",".join(ctes) + "\nSELECT " + ", ".join(columns) + "\n"
+
+
+_SENDS = {
+    (ack, also): _send_statement(ack=ack, also=also)
+    for ack in (False, True)
+    for also in (False, True)
+}
 
 # One walk of the queue's index, in order, takes up to ``limit`` visible messages;
 # those among them delivered ``most`` times already go to ``dead_letters`` instead of
@@ -107,11 +129,35 @@ def _dead_letter(row: tuple[object, ...]) -> DeadLetter:
 
 
 async def send(
-    db: Database, conn: Conn, op: SendOp, now: float, channel: str, *, also: str | None = None
-) -> None:
+    db: Database,
+    conn: Conn,
+    op: SendOp,
+    now: float,
+    channel: str,
+    *,
+    also: str | None = None,
+    ack: AckOp | None = None,
+) -> Cursor:
     """Insert ``op``'s messages on ``conn`` and announce them on the queue's channel
-    (and ``also`` on the store's ``channel``, in the same statement)."""
-    args = {
+    (and ``also`` on the store's changes ``channel``), in one statement; with ``ack``
+    (of another queue), delete the received messages it names in it too: the first
+    column of the statement's row is how many went."""
+    args = _send_args(db, op, now, channel)
+    if also is not None:
+        args["also"] = also
+    if ack is not None:
+        args["acked"], args["receipts"] = ack.queue, list(ack.receipts)
+    return await conn.execute(db.sql(_SENDS[ack is not None, also is not None]), args)
+
+
+async def deleted_by(cur: Cursor) -> int:
+    """How many received messages the send with an ``ack`` on ``cur`` deleted."""
+    row = await cur.fetchone()
+    return int(row[0]) if row is not None else 0
+
+
+def _send_args(db: Database, op: SendOp, now: float, channel: str) -> dict[str, Any]:
+    return {
         "queue": op.queue,
         "now": now,
         "ids": [m.id or new_message_id() for m in op.messages],
@@ -120,9 +166,6 @@ async def send(
         "wake": queue_channel(db.target.schema, op.queue),
         "channel": channel,
     }
-    if also is not None:
-        args["also"] = also
-    await conn.execute(db.sql(_SEND if also is None else _SEND_AND_NOTIFY), args)
 
 
 async def delete(db: Database, conn: Conn, queue: str, receipts: Sequence[str]) -> Cursor:
@@ -162,7 +205,7 @@ class PostgresQueues:
             return
         op = SendOp(queue, messages)
         async with self._db.connection() as conn:
-            await send(self._db, conn, op, self._db.clock(), self._listener.channel)
+            await send(self._db, conn, op, self._db.clock(), self._listener.changes)
         self._wakeups.notify(queue)
 
     async def receive(
