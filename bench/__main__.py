@@ -92,6 +92,7 @@ def median_of(results: list[dict[str, Any]]) -> dict[str, Any]:
         "cpu_ms_per_task",
         "startup_s",
         "run_s",
+        "teardown_s",
         "waited_s",
     ):
         values = [r[key] for r in results if key in r]
@@ -192,38 +193,46 @@ def _all(args: argparse.Namespace, summaries: list[Any]) -> None:
                             f"{workload} {LABELS[mode]} {store}: not measured ({why})", flush=True
                         )
                         continue
-                    for telemetry in args.telemetry.split(","):
-                        summaries.append(
-                            _runs(workload, size, mode, store, args, telemetry=telemetry)
-                        )
+                    summaries += _runs(
+                        workload, size, mode, store, args, telemetry=args.telemetry.split(",")
+                    )
 
 
 def _runs(
-    workload: str, size: str, mode: str, store: str, args: argparse.Namespace, *, telemetry: str
-) -> Any:
-    results = []
+    workload: str,
+    size: str,
+    mode: str,
+    store: str,
+    args: argparse.Namespace,
+    *,
+    telemetry: list[str],
+) -> list[Any]:
+    """The median of ``args.runs`` runs for each telemetry setting; the settings take
+    turns (off, on, off, on, ...) so that a change in the machine's load falls on both."""
+    results: dict[str, list[dict[str, Any]]] = {t: [] for t in telemetry}
     for _ in range(args.runs):
-        result = run_once(
-            workload,
-            size,
-            mode,
-            args.workers,
-            store,
-            telemetry=telemetry == "on",
-            hold=args.hold_transaction,
-        )
-        print(json.dumps(result), flush=True)
-        if result["status"] != ["completed"]:
-            raise SystemExit(
-                f"{workload} {size} {mode} {store} did not complete: {result['status']}"
+        for setting in telemetry:
+            result = run_once(
+                workload,
+                size,
+                mode,
+                args.workers,
+                store,
+                telemetry=setting == "on",
+                hold=args.hold_transaction,
             )
-        if not result.get("result_ok"):
-            raise SystemExit(
-                f"{workload} {size} {mode} {store}: the final output is "
-                f"{result.get('result')!r}, not {result.get('expected')!r}"
-            )
-        results.append(result)
-    return median_of(results)
+            print(json.dumps(result), flush=True)
+            if result["status"] != ["completed"]:
+                raise SystemExit(
+                    f"{workload} {size} {mode} {store} did not complete: {result['status']}"
+                )
+            if not result.get("result_ok"):
+                raise SystemExit(
+                    f"{workload} {size} {mode} {store}: the final output is "
+                    f"{result.get('result')!r}, not {result.get('expected')!r}"
+                )
+            results[setting].append(result)
+    return [median_of(found) for found in results.values()]
 
 
 def _table(summaries: list[dict[str, Any]], runs: int, notes: list[str]) -> None:
@@ -260,7 +269,8 @@ def _table(summaries: list[dict[str, Any]], runs: int, notes: list[str]) -> None
     console.print(table)
     console.print(
         "wall: from the first submit to the last run's end (dagq run: from launch to exit,"
-        " start-up included; its tasks/s counts from the first task started)"
+        " start-up and teardown included; its tasks/s counts from the first task started"
+        " to the run's end)"
     )
     console.print("vs peer: tasks/s against the peer's on the same workload, same run")
     console.print(

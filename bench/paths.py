@@ -83,11 +83,18 @@ def dagq_run(
         "dagq run": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     }
     result["exit_code"] = done.returncode
+    # The run's end: its last state change (the settled wall is from launch to it).
+    run_ended = launched + result["wall_s"]
     result["wall_s"] = round(ended - launched, 4)  # what the user waited, start-up included
-    run_s = ended - result["first_started_at"]
+    run_s = run_ended - result["first_started_at"]
     result["startup_s"] = round(result["first_started_at"] - launched, 4)
     result["run_s"] = round(run_s, 4)
-    result["tasks_per_s"] = round(result["tasks"] / run_s, 1)  # after start-up
+    # From the run's end to the process's exit: the summary printed, the pool and the
+    # span helper stopped (what it still had exported first).
+    result["teardown_s"] = round(ended - run_ended, 4)
+    # From the first task started to the run's end: neither start-up nor teardown,
+    # each reported apart (both in wall_s).
+    result["tasks_per_s"] = round(result["tasks"] / run_s, 1)
     result["slots"] = 4
     return result
 

@@ -499,6 +499,7 @@ def server(
 
     def body() -> int:
         observability.start("server", metrics_port)
+        observability.ready()  # up before it listens (its exporter is made in start)
         try:
             return run_server(
                 store_url,

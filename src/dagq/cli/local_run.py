@@ -109,6 +109,9 @@ async def drive(
     store = observability.instrument(open_store(store_url))
     try:
         runner = LocalRunner(store, workers=workers, import_paths=import_paths, processor=processor)
+        # The span helper, started with the command, has booted meanwhile (on another
+        # core, mostly): the run's first tasks do not share the machine with its start.
+        observability.ready()
         if retry_tasks is not None:  # dagq retry --run: the run exists and has ended
             assert workflow_id is not None
             start = await runner.start_retry(

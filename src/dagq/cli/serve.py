@@ -70,6 +70,7 @@ def run_coordinator(
     """
     setup_logging()
     observability.start("coordinator", metrics_port)
+    observability.ready()  # up before it takes the lease: not during its first batches
 
     async def body(stop: asyncio.Event) -> int:
         store = observability.instrument(open_store(store_url))
@@ -134,6 +135,7 @@ def run_worker(store_url: str, options: WorkerOptions, *, metrics_port: int | No
     """The body of ``dagq worker``; returns the exit code."""
     setup_logging()
     observability.start("worker", metrics_port)
+    observability.ready()  # up before it registers: not during its first tasks
 
     async def body(stop: asyncio.Event) -> int:
         store = observability.instrument(open_store(store_url))

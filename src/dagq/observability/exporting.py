@@ -1,10 +1,11 @@
 """``python -m dagq.observability.exporting SERVICE ACK_FD``: the helper process that
 exports the spans of a dagq process (:mod:`dagq.observability.forwarding`).
 
-It reads length-prefixed pickled messages from its stdin — ``("spans", [record, ...])``
-and ``("flush",)`` — and exports the records to where the ``OTEL_*`` environment says,
-answers a flush with a byte on ``ACK_FD`` once everything is exported, and at the end
-of its stdin exports what it has and exits.
+It reads length-prefixed pickled messages from its stdin — ``("spans", [record, ...])``,
+``("flush",)`` and ``("ready",)`` — and exports the records to where the ``OTEL_*``
+environment says, answers a flush with a byte on ``ACK_FD`` once everything is
+exported and a ``ready`` at once (it is read once this process's imports are done and
+its exporter is made), and at the end of its stdin exports what it has and exits.
 
 With the OTLP exporter (the default), the records are encoded straight into the
 request's protobuf (:mod:`dagq.observability.otlp`) and posted by the standard
@@ -110,6 +111,8 @@ def main(argv: list[str]) -> int:
             sending.add(message[1])
         elif message[0] == "flush":
             sending.flush()
+        elif message[0] == "ready":  # up: answered at once, whatever waits to be sent
+            os.write(acks, b".")
     sending.end()
     thread.join()
     direct.shutdown()
@@ -185,6 +188,8 @@ def _through_the_sdk(service: str, acks: int) -> int:
                 finished.put(record)
         elif message[0] == "flush":
             provider.force_flush()
+            os.write(acks, b".")
+        elif message[0] == "ready":
             os.write(acks, b".")
     provider.shutdown()
     return 0

@@ -26,6 +26,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import IO
 
@@ -63,6 +64,8 @@ class Forwarder:
         self._closing = False
         self._helper: subprocess.Popen[bytes] | None = None
         self._acks = -1
+        #: Requests that the helper answers on the acknowledgement pipe, and its answers.
+        self._asked = self._acked = 0
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
@@ -87,11 +90,34 @@ class Forwarder:
             return
         with self._lock:
             self._send_pending()
-            if not self._write(("flush",)):
-                return
-            ready, _, _ = select.select([self._acks], [], [], timeout_s)
-            if ready:
-                os.read(self._acks, 1)
+            if self._write(("flush",)):
+                self._answered(timeout_s)
+
+    def ready(self, timeout_s: float) -> bool:
+        """Return once the helper is up — its imports done and its exporter made, which
+        sends nothing: no wait on the collector — or after ``timeout_s``. False if it
+        did not answer by then, or ended first; True at once without one (its start
+        failed, and said so)."""
+        if self._helper is None:
+            return True
+        with self._lock:
+            return self._write(("ready",)) and self._answered(timeout_s)
+
+    def _answered(self, timeout_s: float) -> bool:
+        """Wait for the helper's answers to every request so far (a byte each on the
+        acknowledgement pipe; one that came too late for its request is counted at
+        the next); whether they came within ``timeout_s``."""
+        self._asked += 1
+        deadline = time.monotonic() + timeout_s
+        while self._acked < self._asked:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._acks], [], [], left)[0]:
+                return False
+            got = os.read(self._acks, 64)
+            if not got:  # the helper is gone: no answer will come
+                return False
+            self._acked += len(got)
+        return True
 
     def close(self) -> None:
         """Send what is pending, and wait for the helper to export it and exit."""

@@ -219,6 +219,14 @@ def install(provider: TracerProvider | None) -> None:
         trace.set_tracer_provider(provider)
 
 
+def ready(timeout_s: float) -> bool:
+    """Return once this process's span helper is up (its imports done; nothing is sent
+    to the collector meanwhile), or after ``timeout_s``: False if it did not answer
+    by then. True at once for a process without one."""
+    forwarder = _on.forwarder
+    return forwarder is None or bool(forwarder.ready(timeout_s))
+
+
 def flush(timeout_ms: int = 5000) -> None:
     """Export what is buffered (before a process ends, or a pool process replies)."""
     if _on.forwarder is not None:
