@@ -131,7 +131,7 @@ class CoordinatorOptions:
     #: While it runs, the process's GIL switch interval is at most this (seconds): the
     #: longest the loop waits for the GIL at each hand-over while a heavy step, a large
     #: decode or a store call runs in a thread (:mod:`dagq.switching`). None: unchanged.
-    switch_interval_s: float | None = switching.SWITCH_INTERVAL_S
+    switch_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         switching.check(self.switch_interval_s)

@@ -1,29 +1,27 @@
-"""How long another thread may keep the GIL from the event loop.
+"""How long another thread may keep the GIL from the event loop: an option.
 
 The coordinator runs its heavy steps, large decodes and encodes, and its SQLite calls
 in threads (:mod:`dagq.offload`, :mod:`dagq.persistence`): pure Python that holds the
 GIL until the interpreter asks it to let go, which it does every *switch interval*
 (``sys.setswitchinterval``, 5 ms by default). The loop pays that wait not once per
-wake-up but once per system call it makes meanwhile: each write to a pool process's
-pipe, each ``select``, each call into the store hands the GIL to the busy thread, and
-the loop waits a whole interval for it back. A loop iteration that dispatches a few
-tasks while a 100,000-task step runs in a thread took 15-25 ms of wall time for about
-1 ms of its own CPU.
+wake-up but at each system call it makes meanwhile: a write to a pool process's pipe,
+a read of its reply, a ``select`` hand the GIL to the busy thread, and the loop waits
+up to an interval for it back (``python -m bench.gil_handover``; sampled during a
+100,000-task run's stalls, the loop thread sat mostly in just such calls).
 
-So while a coordinator or a worker runs, the process's switch interval is at most
-:data:`SWITCH_INTERVAL_S` (their ``switch_interval_s`` option; None leaves the
-interpreter's alone): the loop waits a fifth as long at each hand-over. The cost is
-only paid while two threads want the GIL at once — a forced switch every millisecond
-instead of every five, a few microseconds each. A shorter interval an application
-set itself is kept; the one from before is restored once the last holder ends.
+With ``switch_interval_s`` (:class:`~dagq.coordinator.CoordinatorOptions`,
+:class:`~dagq.worker.WorkerOptions`) the process's interval is at most that while a
+coordinator or a worker runs: the loop waits less at each hand-over, for more forced
+switches between threads (measured: 5-7 % more CPU for the process in a 100,000-task
+run at 1 ms). None (the default) leaves the interpreter's interval alone, as the lag
+gain did not show through a loaded machine's noise (bench/README.md, "Event-loop
+lag"). A shorter interval an application set itself is kept; the one from before is
+restored once the last holder ends.
 """
 
 from __future__ import annotations
 
 import sys
-
-#: The longest stretch another thread holds the GIL while the loop waits for it.
-SWITCH_INTERVAL_S = 0.001
 
 
 class _Held:

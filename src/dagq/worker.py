@@ -120,7 +120,7 @@ class WorkerOptions:
     #: While it runs, the process's GIL switch interval is at most this (seconds): the
     #: longest its loop (heartbeats, pipes to the pool) waits for the GIL at each
     #: hand-over while a thread runs Python (:mod:`dagq.switching`). None: unchanged.
-    switch_interval_s: float | None = switching.SWITCH_INTERVAL_S
+    switch_interval_s: float | None = None
     work_dir: str | None = None
     name: str = field(default_factory=default_owner)
     #: Where Python tasks run: "process" (a pool of long-lived child processes, one per

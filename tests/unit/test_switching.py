@@ -13,7 +13,6 @@ from dagq import keys
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.stores.base import Store
 from dagq.stores.memory import open_memory_store
-from dagq.switching import SWITCH_INTERVAL_S
 from dagq.worker import Worker, WorkerOptions
 
 
@@ -43,10 +42,11 @@ async def _coordinating(store: Store) -> bool:
 async def test_a_running_coordinator_shortens_the_interval_and_gives_it_back() -> None:
     store = open_memory_store()
     stop = asyncio.Event()
-    running = asyncio.create_task(Coordinator(store).run(stop))
+    options = CoordinatorOptions(switch_interval_s=0.001)
+    running = asyncio.create_task(Coordinator(store, options).run(stop))
     try:
         await until(lambda: _coordinating(store), "the coordinator's lease")
-        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+        assert sys.getswitchinterval() == pytest.approx(0.001)
     finally:
         stop.set()
         await running
@@ -56,7 +56,7 @@ async def test_a_running_coordinator_shortens_the_interval_and_gives_it_back() -
 async def test_none_leaves_the_interval_alone_and_a_shorter_one_is_kept() -> None:
     store = open_memory_store()
     for options, during in (
-        (CoordinatorOptions(switch_interval_s=None), 0.005),
+        (CoordinatorOptions(), 0.005),  # the default: the interpreter's
         (CoordinatorOptions(switch_interval_s=0.01), 0.005),  # never lengthened
         (CoordinatorOptions(switch_interval_s=0.002), 0.002),
     ):
@@ -74,15 +74,16 @@ async def test_none_leaves_the_interval_alone_and_a_shorter_one_is_kept() -> Non
 async def test_the_interval_comes_back_when_the_last_of_a_coordinator_and_worker_ends() -> None:
     store = open_memory_store()
     stop_coordinator, stop_worker = asyncio.Event(), asyncio.Event()
-    coordinator = asyncio.create_task(Coordinator(store).run(stop_coordinator))
+    options = CoordinatorOptions(switch_interval_s=0.001)
+    coordinator = asyncio.create_task(Coordinator(store, options).run(stop_coordinator))
     worker = Worker(store, WorkerOptions(switch_interval_s=0.002, poll_interval_s=0.01))
     serving = asyncio.create_task(worker.run(stop_worker))
     try:
         await until(lambda: _coordinating(store), "the coordinator's lease")
-        assert sys.getswitchinterval() == pytest.approx(min(SWITCH_INTERVAL_S, 0.002))
+        assert sys.getswitchinterval() == pytest.approx(0.001)
         stop_coordinator.set()
         await coordinator
-        assert sys.getswitchinterval() < 0.005  # the worker still runs
+        assert sys.getswitchinterval() == pytest.approx(0.001)  # the worker still runs
     finally:
         stop_coordinator.set()
         stop_worker.set()
