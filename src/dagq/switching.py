@@ -12,11 +12,11 @@ up to an interval for it back (``python -m bench.gil_handover``; sampled during 
 With ``switch_interval_s`` (:class:`~dagq.coordinator.CoordinatorOptions`,
 :class:`~dagq.worker.WorkerOptions`) the process's interval is at most that while a
 coordinator or a worker runs: the loop waits less at each hand-over, for more forced
-switches between threads (measured: 5-7 % more CPU for the process in a 100,000-task
-run at 1 ms). None (the default) leaves the interpreter's interval alone, as the lag
-gain did not show through a loaded machine's noise (bench/README.md, "Event-loop
-lag"). A shorter interval an application set itself is kept; the one from before is
-restored once the last holder ends.
+switches between threads (up to ~5 % more CPU for the process in a 100,000-task run
+at 1 ms). None (the default) leaves the interpreter's interval alone, as no lag gain
+showed through a loaded machine's noise (bench/README.md, "Event-loop lag"). A
+shorter interval an application set itself is kept; the one from before is restored
+once the last holder ends.
 """
 
 from __future__ import annotations
