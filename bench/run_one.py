@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -84,13 +85,18 @@ async def inproc(
     stalls_ms: float = 0.0,
     *,
     check: tuple[str, int] | None = None,
+    switch_interval: float | str | None = "default",
 ) -> dict[str, Any]:
     """Coordinator and workers in this process through internal calls — the fast path
     ("internal" in the table), not one a user takes (``stalls_ms``: print what the loop
     did during each lag longer than that, :mod:`bench.stalls`; ``check``: the task whose
-    output must be this value in every workflow)."""
+    output must be this value in every workflow; ``switch_interval``: their
+    ``switch_interval_s`` option, "default" for its default)."""
     store, counts = counted(observability.instrument(open_store(url)))
-    coordinator = Coordinator(store, LOCAL_COORDINATOR)
+    switching: dict[str, Any] = (
+        {} if switch_interval == "default" else {"switch_interval_s": switch_interval}
+    )
+    coordinator = Coordinator(store, dataclasses.replace(LOCAL_COORDINATOR, **switching))
     worker = Worker(
         store,
         WorkerOptions(
@@ -98,6 +104,7 @@ async def inproc(
             concurrency=workers,
             import_paths=(str(ROOT),),
             poll_interval_s=0.05,
+            **switching,
         ),
     )
     stop = asyncio.Event()
@@ -459,6 +466,13 @@ def main() -> None:
         help="in-process: print what the loop ran during each lag over MS (to stderr)",
     )
     parser.add_argument(
+        "--switch-interval",
+        default="default",
+        metavar="S",
+        help="in-process: the coordinator's and worker's switch_interval_s (seconds, or "
+        "'none': the interpreter's own 5 ms; default: the engine's default)",
+    )
+    parser.add_argument(
         "--slow-callbacks",
         type=float,
         default=0.0,
@@ -477,7 +491,12 @@ def main() -> None:
     where = {"workload": args.workload, "size": args.size}
     if args.mode == "inproc":
         check = final(args.workload, args.size)
-        body: Any = functools.partial(inproc, stalls_ms=args.stalls, check=check)
+        body: Any = functools.partial(
+            inproc,
+            stalls_ms=args.stalls,
+            check=check,
+            switch_interval=_switch_interval(args.switch_interval),
+        )
     elif args.mode == "client":
         body = lambda _d, _c, workers, url: client_inproc(  # noqa: E731
             args.workload, args.size, workers, url
@@ -517,6 +536,23 @@ def main() -> None:
             }
         )
     )
+
+
+def _switch_interval(given: str) -> float | str | None:
+    """``--switch-interval``: seconds, None for 'none', or "default"; exit 2 otherwise."""
+    if given in ("default", "none"):
+        return None if given == "none" else given
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        print(
+            f"error: --switch-interval: not a positive number of seconds: {given!r}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return seconds
 
 
 def _with_store(args: argparse.Namespace, body: Any, definition: WorkflowDef, count: int) -> Any:

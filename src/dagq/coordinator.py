@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from dagq import garbage, keys, machine, payloads, quarantine
+from dagq import garbage, keys, machine, payloads, quarantine, switching
 from dagq.cache import Entry, WorkflowCache
 from dagq.compiled import PLANS
 from dagq.containment import Held, WorkflowFault, step
@@ -128,6 +128,13 @@ class CoordinatorOptions:
     #: A workflow's index row (status, counts) is rewritten when its status changes,
     #: and otherwise at most this often while its counts move.
     index_interval_s: float = 1.0
+    #: While it runs, the process's GIL switch interval is at most this (seconds): the
+    #: longest the loop waits for the GIL at each hand-over while a heavy step, a large
+    #: decode or a store call runs in a thread (:mod:`dagq.switching`). None: unchanged.
+    switch_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        switching.check(self.switch_interval_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +237,7 @@ class Coordinator:
         supervisor.start("lease-keeper", self.lease.keep, restart=False)
         self.offload.start()
         garbage.settle()
+        switching.lower(self.options.switch_interval_s)
         # The last wait ended before its poll was due: a send in this process announced
         # what the step after it found, and the polls (for sends elsewhere) need not
         # quicken for it (on a store that bills receives, they found nothing mostly).
@@ -251,6 +259,7 @@ class Coordinator:
                 if not handled and not announced:
                     self._poll_delay = min(self._poll_delay * 2, self.options.poll_interval_s)
         finally:
+            switching.restore(self.options.switch_interval_s)
             self.offload.close()
             await supervisor.close()
             await self.lease.release()

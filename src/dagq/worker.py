@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from dagq import expression, keys, payloads, registry, reporting
+from dagq import expression, keys, payloads, registry, reporting, switching
 from dagq.errors import DagqError, DamagedData, MessageLost, PermanentError
 from dagq.holding import Held, delete, give_back, split
 from dagq.jobq import WATCHED_SUFFIX
@@ -117,6 +117,10 @@ class WorkerOptions:
     #: a store that bundles task messages, else the store's ``report_linger_s``: 5 ms
     #: on postgres, 0 elsewhere).
     report_linger_s: float | None = None
+    #: While it runs, the process's GIL switch interval is at most this (seconds): the
+    #: longest its loop (heartbeats, pipes to the pool) waits for the GIL at each
+    #: hand-over while a thread runs Python (:mod:`dagq.switching`). None: unchanged.
+    switch_interval_s: float | None = None
     work_dir: str | None = None
     name: str = field(default_factory=default_owner)
     #: Where Python tasks run: "process" (a pool of long-lived child processes, one per
@@ -140,6 +144,9 @@ class WorkerOptions:
     #: How often the worker rewrites its record in the store (:mod:`dagq.registry`);
     #: it counts as gone after ``registry.EXPIRY_BEATS`` of these without a write.
     heartbeat_s: float = registry.HEARTBEAT_S
+
+    def __post_init__(self) -> None:
+        switching.check(self.switch_interval_s)
 
 
 @dataclass(eq=False)
@@ -270,9 +277,11 @@ class Worker:
         halt = asyncio.Event()
         watch = asyncio.create_task(_first(stop.wait(), supervisor.failed.wait()))
         watch.add_done_callback(lambda _: halt.set())
+        switching.lower(self.options.switch_interval_s)
         try:
             await self._serve(halt)
         finally:
+            switching.restore(self.options.switch_interval_s)
             watch.cancel()
             self._stopping = True
             deadline = asyncio.get_running_loop().time() + self.options.shutdown_grace_s

@@ -342,3 +342,41 @@ def test_the_dbos_peer_runs_the_same_workloads_side_by_side() -> None:
     ]
     assert peer["W4"]["tasks"] == 50 and peer["W2"]["version"].startswith("3.")
     assert "(peer)" in stdout and "vs peer" in stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_switch_interval_may_be_set_and_the_handover_benchmark_runs() -> None:
+    """``--switch-interval none`` runs the internal path with the interpreter's interval;
+    a value that is not positive seconds is refused in one line. The GIL hand-over
+    benchmark prints one line per interval and round."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=False,
+        )
+
+    done = run("bench.run_one", "W1", "tiny", "inproc", "--switch-interval", "none")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1])["result_ok"] is True
+    refused = run("bench.run_one", "W1", "tiny", "inproc", "--switch-interval", "0")
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        "error: --switch-interval: not a positive number of seconds: '0'"
+    )
+    handed = run("bench.gil_handover", "--rounds", "1", "--wake-ups", "20")
+    assert handed.returncode == 0, handed.stderr[-2000:]
+    lines = handed.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "switch interval 5.0 ms",
+        "switch interval 1.0 ms",
+    ]
+    refused = run("bench.gil_handover", "--intervals", "5ms")
+    assert (refused.returncode, refused.stderr.strip()) == (
+        2,
+        "error: --intervals: not seconds: '5ms'",
+    )
