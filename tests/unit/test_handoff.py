@@ -21,7 +21,12 @@ from tests.helpers import definition
 
 pytestmark = pytest.mark.timeout(60)
 
-CHAIN = [{"name": "a"}, *({"name": n, "depends_on": [p]} for p, n in zip("abc", "bcd"))]
+CHAIN: list[dict[str, Any]] = [
+    {"name": "a"},
+    {"name": "b", "depends_on": ["a"]},
+    {"name": "c", "depends_on": ["b"]},
+    {"name": "d", "depends_on": ["c"]},
+]
 
 
 def _posted(ops: Sequence[BatchOp]) -> bool:
