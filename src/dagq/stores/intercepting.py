@@ -46,8 +46,6 @@ def _intercepted_committer(committer: Committer, hook: Hook) -> Committer:
         result: list[str] = await hook("batch.commit", (ops,), lambda: committer(ops))
         return result
 
-    if getattr(committer, "atomic", False):  # the hook calls it whole, or not at all
-        commit.atomic = True  # type: ignore[attr-defined]
     return commit
 
 
