@@ -493,10 +493,7 @@ class Coordinator:
         self._last_ids = grouped.keys()
         self._last_events = sum(len(v) for v in grouped.values())
         self.stats.events += self._last_events
-        acks: list[list[AckOp]] = []
-        if await self._advance_together(grouped, [m.receipt for m, _ in touched], local, acks):
-            for delivery, ops in zip(local, acks, strict=True):
-                delivery.done.set_result(ops)
+        if await self._advance_together(grouped, [m.receipt for m, _ in touched], local):
             return len(received) + len(local)
         # One write for the whole batch failed (a lost race, an outage): go one by one;
         # what was handed over is posted by its workers instead (step declines it).
@@ -514,11 +511,10 @@ class Coordinator:
         grouped: dict[str, list[Event]],
         receipts: list[str],
         local: list[_Delivery],
-        acks: list[list[AckOp]],
     ) -> bool:
         """Apply a batch's events to every workflow, then commit all writes and acks at once
-        (the deletes of handed-over events' task messages among them: ``acks`` gets
-        each delivery's).
+        (the deletes of handed-over events' task messages among them: each delivery is
+        told its own once committed).
 
         On a transactional store this is one transaction per batch; False means it failed
         and nothing may be assumed written (the cached copies are dropped). A workflow
@@ -528,14 +524,13 @@ class Coordinator:
         if len(ids) > 1:  # load concurrently; one event trickling in skips gather's tasks
             await asyncio.gather(*(self._prefetch(i) for i in ids))
         with garbage.young_only(self._heavy(ids)):
-            return await self._advance_loaded(grouped, receipts, local, acks)
+            return await self._advance_loaded(grouped, receipts, local)
 
     async def _advance_loaded(
         self,
         grouped: dict[str, list[Event]],
         receipts: list[str],
         local: list[_Delivery],
-        acks: list[list[AckOp]],
     ) -> bool:
         ids = list(grouped)
         now = self.clock()
@@ -551,9 +546,9 @@ class Coordinator:
                 puts += sum(isinstance(op, PutOp) for op in own.ops)
                 batch.ops.extend(own.ops)
             batch.ack(keys.COMPLETIONS_QUEUE, receipts)
-            for delivery in local:  # after the states, as a worker's would be after its post
-                ops = [batch.ack(queue, rs) for queue, rs in delivery.acks.items()]
-                acks.append([op for op in ops if op is not None])
+            acks = [  # after the states, as a worker's would be after its post
+                [batch.ack(queue, rs) for queue, rs in delivery.acks.items()] for delivery in local
+            ]
             etags = await self._commit(batch)
         except LeaseLost:
             raise
@@ -565,6 +560,8 @@ class Coordinator:
             for workflow_id in ids:
                 self._evict(workflow_id)
             return False
+        for delivery, ops in zip(local, acks, strict=True):  # committed: said at once
+            delivery.done.set_result([op for op in ops if op is not None])
         for flush in flushes:
             await self._settle_contained(flush, etags)
         return True
