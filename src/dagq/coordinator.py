@@ -64,6 +64,7 @@ from dagq.state import (
     dispatch_key,
 )
 from dagq.stores.base import (
+    AckOp,
     Batch,
     BatchOp,
     IndexRow,
@@ -87,6 +88,9 @@ _FIRST_POLL_S = 0.005
 _WOKEN_FIRST_POLL_S = 0.05
 #: Waits after a store error: doubling from the first, up to the last, reset on success.
 _FIRST_BACKOFF_S = 0.5
+#: While completions are handed over in this process, the completion queue (where
+#: workers elsewhere post) is still received from at least this often.
+_QUEUE_TURN_S = 0.05
 _MAX_BACKOFF_S = 10.0
 
 
@@ -166,6 +170,23 @@ class _Flush:
     sent: tuple[list[OutgoingMessage], ...] = ()
 
 
+@dataclass(slots=True)
+class _Delivery:
+    """Completions a worker of this process handed over (:meth:`Coordinator.deliver`)."""
+
+    events: list[Event]
+    #: The receipts of the task messages they report on, by queue.
+    acks: dict[str, list[str]]
+    done: asyncio.Future[list[AckOp] | None]
+
+
+def _decline(deliveries: Iterable[_Delivery]) -> None:
+    """Not committed: their workers post them to the completion queue instead."""
+    for d in deliveries:
+        if not d.done.done():
+            d.done.set_result(None)
+
+
 @dataclass
 class Stats:
     """Running totals, for logs and benchmarks."""
@@ -217,6 +238,14 @@ class Coordinator:
         self._last_ids: Iterable[str] = ()
         #: Events the previous step handled (more than one: completions come in company).
         self._last_events = 0
+        #: Completions handed over by workers of this process, not yet taken by a step.
+        self._inbox: list[_Delivery] = []
+        #: Resolved by the next delivery (a wait for events waits for it too).
+        self._arrival: asyncio.Future[None] | None = None
+        #: The completion queue is owed a receive (a send announced, a full batch) ...
+        self._queue_due = True
+        #: ... and gets one by this time (monotonic) even while deliveries keep coming.
+        self._queue_by = 0.0
 
     # --- running --------------------------------------------------------------------
 
@@ -236,6 +265,8 @@ class Coordinator:
         supervisor = Supervisor("coordinator")
         supervisor.start("lease-keeper", self.lease.keep, restart=False)
         self.offload.start()
+        if getattr(self.store.committer, "atomic", False):
+            self.store.handoff = self  # workers here hand completions over (deliver)
         garbage.settle()
         switching.lower(self.options.switch_interval_s)
         # The last wait ended before its poll was due: a send in this process announced
@@ -260,9 +291,36 @@ class Coordinator:
                     self._poll_delay = min(self._poll_delay * 2, self.options.poll_interval_s)
         finally:
             switching.restore(self.options.switch_interval_s)
+            if self.store.handoff is self:
+                self.store.handoff = None
+            inbox, self._inbox = self._inbox, []
+            _decline(inbox)
             self.offload.close()
             await supervisor.close()
             await self.lease.release()
+
+    def deliver(
+        self, events: list[Event], acks: dict[str, list[str]]
+    ) -> asyncio.Future[list[AckOp] | None] | None:
+        """Take completions from a worker of this process (the store's ``handoff``):
+        they are applied with the next step, and the task messages they report on are
+        deleted in its commit. The future: the acks once committed, or None (nothing
+        of it written: the worker posts them). None: not coordinating now."""
+        if self.store.handoff is not self or self._stop.is_set():
+            return None
+        done: asyncio.Future[list[AckOp] | None] = asyncio.get_running_loop().create_future()
+        self._inbox.append(_Delivery(events, acks, done))
+        if self._arrival is not None and not self._arrival.done():
+            self._arrival.set_result(None)
+        return done
+
+    def _arrived(self) -> asyncio.Future[None]:
+        """A future the next delivery resolves (at once if one is waiting)."""
+        arrival = asyncio.get_running_loop().create_future()
+        if self._inbox:
+            arrival.set_result(None)
+        self._arrival = arrival
+        return arrival
 
     def _first_poll(self) -> float:
         woken = wakes_across_processes(self.store.queues)
@@ -295,14 +353,21 @@ class Coordinator:
     async def _idle(self, stop: asyncio.Event) -> bool:
         """Wait for an event, a stop, the next poll or sweep; whether it ended well
         before its time (a send in this process, most likely)."""
+        if self._inbox:
+            return True
         timeout = max(0.0, min(self._next_sweep - self.clock(), self._poll_delay))
         loop = asyncio.get_running_loop()
         due = loop.time() + 0.9 * timeout
         waiter = asyncio.ensure_future(self.store.queues.wait(keys.COMPLETIONS_QUEUE, timeout))
         stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        for pending in (waiter, stopper):
+        arrival = self._arrived()
+        waits: set[asyncio.Future[Any]] = {waiter, stopper, arrival}
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if waiter.done():  # a send (or the poll): the queue's turn
+            self._queue_due = True
+        for pending in waits:
             pending.cancel()
+        self._arrival = None
         return loop.time() < due
 
     async def _commit(self, batch: Batch) -> list[str]:
@@ -317,21 +382,41 @@ class Coordinator:
         return await batch.commit()
 
     async def step(self) -> int:
-        """Drain one batch of events and advance the workflows they concern."""
+        """Drain one batch of events (handed over, received) and advance the workflows
+        they concern."""
+        local, self._inbox = self._inbox, []
+        try:
+            messages = await self._receive(bool(local))
+            if not messages and not local:
+                return 0
+            started = self.clock()
+            received = await self._decode_all(messages)
+            received = await self._linger(received, local)
+            try:
+                return await self._handle(received, local)
+            finally:
+                self.telemetry.batch(
+                    len(received) + len(local), list(self._last_ids), started, self.clock()
+                )
+        finally:
+            _decline(local)  # not committed (a failure, the lease lost): posted instead
+
+    async def _receive(self, handed: bool) -> list[Message]:
+        """Receive from the completion queue, unless this step has handed-over events
+        and the queue is not owed a receive (no send announced since the last, and its
+        turn not due): a receive that finds nothing still costs a store round trip."""
+        now = time.monotonic()
+        if handed and not self._queue_due and now < self._queue_by:
+            return []
+        self._queue_due = False
+        self._queue_by = now + _QUEUE_TURN_S
         messages = await self.store.queues.receive(
             keys.COMPLETIONS_QUEUE,
             max_messages=self.options.batch_size,
             visibility_timeout_s=self.options.event_visibility_s,
         )
-        if not messages:
-            return 0
-        started = self.clock()
-        received = await self._decode_all(messages)
-        received = await self._linger(received)
-        try:
-            return await self._handle(received)
-        finally:
-            self.telemetry.batch(len(received), list(self._last_ids), started, self.clock())
+        self._queue_due = len(messages) >= self.options.batch_size
+        return messages
 
     async def _decode_all(self, messages: list[Message]) -> list[tuple[Message, list[Event]]]:
         """The events of each message (an unreadable one is dead-lettered and left out)."""
@@ -343,20 +428,34 @@ class Coordinator:
         return decoded
 
     async def _linger(
-        self, received: list[tuple[Message, list[Event]]]
+        self, received: list[tuple[Message, list[Event]]], local: list[_Delivery]
     ) -> list[tuple[Message, list[Event]]]:
         """Wait up to ``linger_s`` for more completions while more are due (see
-        :meth:`_expecting`), so that one commit carries them all."""
+        :meth:`_expecting`), so that one commit carries them all: received (returned)
+        or handed over (added to ``local``)."""
         linger = self.options.linger_s
         if linger <= 0:
             return received
         loop = asyncio.get_running_loop()
         deadline = loop.time() + linger
-        while len(received) < self.options.batch_size and self._expecting(received):
+        while len(received) + len(local) < self.options.batch_size and self._expecting(
+            received, local
+        ):
             left = deadline - loop.time()
             if left <= 0:
                 break
-            await self.store.queues.wait(keys.COMPLETIONS_QUEUE, left)
+            waiter = asyncio.ensure_future(self.store.queues.wait(keys.COMPLETIONS_QUEUE, left))
+            arrival = self._arrived()
+            waits: set[asyncio.Future[Any]] = {waiter, arrival}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            announced = waiter.done()
+            waiter.cancel()
+            arrival.cancel()
+            self._arrival = None
+            local += self._inbox
+            self._inbox = []
+            if not announced:  # a hand-over: the queue was not announced
+                continue
             more = await self.store.queues.receive(
                 keys.COMPLETIONS_QUEUE,
                 max_messages=self.options.batch_size - len(received),
@@ -365,16 +464,19 @@ class Coordinator:
             received += await self._decode_all(more)
         return received
 
-    def _expecting(self, received: list[tuple[Message, list[Event]]]) -> bool:
+    def _expecting(
+        self, received: list[tuple[Message, list[Event]]], local: list[_Delivery]
+    ) -> bool:
         """Are more completions due soon for the workflows these events concern? Only
         if completions come in company (this batch or the last had more than one
         event: a chain's lone completion never waits) and one of those workflows has
         tasks in flight beyond the ones finishing here."""
-        events = sum(len(e) for _, e in received)
+        batches = [e for _, e in received] + [d.events for d in local]
+        events = sum(len(e) for e in batches)
         if events < 2 and self._last_events < 2:
             return False
         finishing: dict[str, int] = defaultdict(int)
-        for _, batch in received:
+        for batch in batches:
             for event in batch:
                 if isinstance(event, TaskFinished):
                     finishing[event.workflow_id] += 1
@@ -384,28 +486,44 @@ class Coordinator:
                 return True
         return False
 
-    async def _handle(self, received: list[tuple[Message, list[Event]]]) -> int:
+    async def _handle(
+        self, received: list[tuple[Message, list[Event]]], local: list[_Delivery]
+    ) -> int:
         grouped: dict[str, list[Event]] = defaultdict(list)
         touched: list[tuple[Message, set[str]]] = []
         for message, events in received:
             for event in events:
                 grouped[event.workflow_id].append(event)
             touched.append((message, {e.workflow_id for e in events}))
+        queued = {k: list(v) for k, v in grouped.items()} if local else grouped
+        for delivery in local:
+            for event in delivery.events:
+                grouped[event.workflow_id].append(event)
         self._last_ids = grouped.keys()
         self._last_events = sum(len(v) for v in grouped.values())
         self.stats.events += self._last_events
-        if await self._advance_together(grouped, [m.receipt for m, _ in touched]):
-            return len(received)
-        # One write for the whole batch failed (a lost race, an outage): go one by one.
-        outcome = await self._advance_all(grouped)
+        if await self._advance_together(grouped, [m.receipt for m, _ in touched], local):
+            return len(received) + len(local)
+        # One write for the whole batch failed (a lost race, an outage): go one by one;
+        # what was handed over is posted by its workers instead (step declines it).
+        if not received:
+            return len(local)
+        outcome = await self._advance_all(queued)
         done = [m.receipt for m, ids in touched if all(outcome[i] for i in ids)]
         if done:
             self.lease.check()
             await self.store.queues.delete(keys.COMPLETIONS_QUEUE, done)
         return len(received)
 
-    async def _advance_together(self, grouped: dict[str, list[Event]], receipts: list[str]) -> bool:
-        """Apply a batch's events to every workflow, then commit all writes and acks at once.
+    async def _advance_together(
+        self,
+        grouped: dict[str, list[Event]],
+        receipts: list[str],
+        local: list[_Delivery],
+    ) -> bool:
+        """Apply a batch's events to every workflow, then commit all writes and acks at once
+        (the deletes of handed-over events' task messages among them: each delivery is
+        told its own once committed).
 
         On a transactional store this is one transaction per batch; False means it failed
         and nothing may be assumed written (the cached copies are dropped). A workflow
@@ -418,9 +536,14 @@ class Coordinator:
         if len(missing) > 1:
             await asyncio.gather(*(self._prefetch(i) for i in missing))
         with garbage.young_only(self._heavy(ids)):
-            return await self._advance_loaded(grouped, receipts)
+            return await self._advance_loaded(grouped, receipts, local)
 
-    async def _advance_loaded(self, grouped: dict[str, list[Event]], receipts: list[str]) -> bool:
+    async def _advance_loaded(
+        self,
+        grouped: dict[str, list[Event]],
+        receipts: list[str],
+        local: list[_Delivery],
+    ) -> bool:
         ids = list(grouped)
         now = self.clock()
         batch = self.store.batch()
@@ -435,6 +558,9 @@ class Coordinator:
                 puts += sum(isinstance(op, PutOp) for op in own.ops)
                 batch.ops.extend(own.ops)
             batch.ack(keys.COMPLETIONS_QUEUE, receipts)
+            acks = [  # after the states, as a worker's would be after its post
+                [batch.ack(queue, rs) for queue, rs in delivery.acks.items()] for delivery in local
+            ]
             etags = await self._commit(batch)
         except LeaseLost:
             raise
@@ -446,6 +572,8 @@ class Coordinator:
             for workflow_id in ids:
                 self._evict(workflow_id)
             return False
+        for delivery, ops in zip(local, acks, strict=True):  # committed: said at once
+            delivery.done.set_result([op for op in ops if op is not None])
         for flush in flushes:
             await self._settle_contained(flush, etags)
         return True

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dagq.errors import DagqError, MessageTooLarge, PermanentError, StoreUnavailable
+from dagq.keys import COMPLETIONS_QUEUE
 from dagq.messages import Event, TaskFinished, TaskStarted, encode_event, join_events
 from dagq.stores.base import MAX_MESSAGE_BYTES, AckOp, OutgoingMessage, Store
 from dagq.supervision import Supervisor
@@ -107,6 +108,8 @@ class Outbox:
         self.lost_acks = 0
         #: Events refused for good (their posters were told).
         self.rejected = 0
+        #: Events handed to the coordinator of this process rather than posted.
+        self.handed_off = 0
 
     def start(self, supervisor: Supervisor | None = None) -> None:
         """Start the background flusher (idempotent); under ``supervisor`` if given,
@@ -291,6 +294,8 @@ class Outbox:
                 await asyncio.wait_for(self._posted.wait(), left)
 
     async def _commit(self, batch: list[_Pending]) -> None:
+        if await self._hand_off(batch):
+            return
         messages: list[OutgoingMessage] = []
         chunk: list[bytes] = []
         size = _FRAMING
@@ -317,6 +322,31 @@ class Outbox:
         self.sent_messages += len(messages)
         if held:
             await self._settle_acks(held, receipts, ops)
+
+    async def _hand_off(self, batch: list[_Pending]) -> bool:
+        """Give the batch to the coordinator of this process, if one takes it: its
+        events then never go through the queue, and the task messages they report on
+        are deleted in the commit that applies them (docs/architecture.md, "Hand-off").
+        Whether it was committed so; if not, nothing of it was written."""
+        handoff = self._store.handoff
+        events = [p.event for p in batch if p.event is not None]
+        if handoff is None or not events or self._queue != COMPLETIONS_QUEUE:
+            return False
+        held = [p.ack for p in batch if p.ack is not None]
+        receipts = [ack.receipt for ack in held]
+        acks: dict[str, list[str]] = defaultdict(list)
+        for ack, receipt in zip(held, receipts, strict=True):
+            acks[ack.queue].append(receipt)
+        taken = handoff.deliver(events, dict(acks))
+        if taken is None:
+            return False
+        ops = await taken
+        if ops is None:
+            return False
+        self.handed_off += len(events)
+        if held:
+            await self._settle_acks(held, receipts, ops)
+        return True
 
     async def _settle_acks(
         self, held: list[Received], receipts: list[str], ops: list[AckOp]

@@ -20,12 +20,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from dagq.errors import LeaseLost
 from dagq.stores.changes import ChangeFeed, batch_topics
+
+if TYPE_CHECKING:
+    import asyncio
 
 #: Largest message body any backend accepts. Azure Queue Storage caps a message at
 #: 64 KiB *after* base64 encoding, so 48 KiB of raw bytes is the portable limit;
@@ -473,6 +476,22 @@ async def commit_in_order(store: Store, ops: Sequence[BatchOp]) -> list[str]:
 # --- the bundle -------------------------------------------------------------
 
 
+class Handoff(Protocol):
+    """A coordinator in the worker's own process, taking completions without a queue.
+
+    ``deliver`` takes a worker's events and the task messages they report on (receipts
+    by queue); the coordinator applies the events and deletes those messages in the
+    commit that writes the states (one transaction: docs/architecture.md, "Hand-off").
+    The future says how that ended: the acks, their ``deleted`` filled in, once
+    committed; None if it was not (nothing of it was written: post them instead).
+    ``deliver`` itself returns None when it takes nothing (no longer coordinating).
+    """
+
+    def deliver(
+        self, events: list[Any], acks: dict[str, list[str]]
+    ) -> asyncio.Future[list[AckOp] | None] | None: ...
+
+
 @dataclass(eq=False)
 class Store:
     """A backend: the four primitives under one URL."""
@@ -490,6 +509,9 @@ class Store:
     transactions: Counter[str] | None = None
     #: Wakes readers waiting for a part of the store to change (server streams).
     changes: ChangeFeed = field(default_factory=ChangeFeed)
+    #: The coordinator of this process while it holds the lease on an atomic store:
+    #: workers here hand it their completions (:class:`Handoff`); None: post them.
+    handoff: Handoff | None = None
 
     def batch(self) -> Batch:
         """A new, empty batch of writes for this store."""
