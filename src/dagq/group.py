@@ -10,6 +10,7 @@ outputs in index order, unless more failed than ``allow_failures`` lets pass.
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections import deque
 from itertools import compress
@@ -120,7 +121,12 @@ class _GroupDoc(msgspec.Struct, array_like=True):
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(_GroupDoc)
+
+
+@functools.cache
+def _decoder() -> msgspec.msgpack.Decoder[_GroupDoc]:
+    """Built on first use (see :mod:`dagq.messages`)."""
+    return msgspec.msgpack.Decoder(_GroupDoc)
 
 
 def encode_group(group: Group) -> bytes:
@@ -145,7 +151,7 @@ def encode_group(group: Group) -> bytes:
 
 def decode_group(data: bytes) -> Group:
     """A group from :func:`encode_group` bytes."""
-    doc = _decoder.decode(data)
+    doc = _decoder().decode(data)
     group = Group(doc.n, doc.items, doc.items_ref)
     group.status = bytearray(doc.status)
     group.attempt = array("q", doc.attempt)
@@ -176,7 +182,10 @@ class _ItemsDoc(msgspec.Struct, array_like=True):
     retry_base: dict[int, int]
 
 
-_items_decoder = msgspec.msgpack.Decoder(_ItemsDoc)
+@functools.cache
+def _items_decoder() -> msgspec.msgpack.Decoder[_ItemsDoc]:
+    """Built on first use (see :mod:`dagq.messages`)."""
+    return msgspec.msgpack.Decoder(_ItemsDoc)
 
 
 def encode_items(group: Group, items: set[int]) -> bytes:
@@ -201,7 +210,7 @@ def encode_items(group: Group, items: set[int]) -> bytes:
 
 def apply_items(group: Group, data: bytes) -> None:
     """Replay instance records onto a group (a later record wins)."""
-    doc = _items_decoder.decode(data)
+    doc = _items_decoder().decode(data)
     times = array("d")
     times.frombytes(doc.times)
     for n, k in enumerate(doc.items):

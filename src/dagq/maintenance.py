@@ -15,11 +15,11 @@ import msgspec
 
 from dagq import keys, registry
 from dagq.errors import DagqError, UsageError
+from dagq.keys import check_workflow_id
 from dagq.leasing import holder_is_dead_here
 from dagq.state import QUARANTINED, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
 from dagq.stores.base import DeadLetter, Store
 from dagq.submitted import Submitted
-from dagq.validation import check_workflow_id
 
 #: How long a workflow may sit un-activated before doctor calls it stuck.
 PENDING_STUCK_S = 120.0

@@ -8,6 +8,7 @@ array of them; a single task message is a msgpack map).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import msgspec
@@ -224,9 +225,23 @@ Event = (
 
 
 _encoder = msgspec.msgpack.Encoder()
-_task_decoder = msgspec.msgpack.Decoder(TaskMessage)
-_batch_decoder = msgspec.msgpack.Decoder(list[Event])
-_tasks_decoder = msgspec.msgpack.Decoder(TaskMessage | list[TaskMessage])
+
+
+# The decoders are built on first use: building one resolves the annotations of every
+# struct it can meet (all of Event's), a cost for each command that never decodes one.
+@functools.cache
+def _task_decoder() -> msgspec.msgpack.Decoder[TaskMessage]:
+    return msgspec.msgpack.Decoder(TaskMessage)
+
+
+@functools.cache
+def _batch_decoder() -> msgspec.msgpack.Decoder[list[Event]]:
+    return msgspec.msgpack.Decoder(list[Event])
+
+
+@functools.cache
+def _tasks_decoder() -> msgspec.msgpack.Decoder[TaskMessage | list[TaskMessage]]:
+    return msgspec.msgpack.Decoder(TaskMessage | list[TaskMessage])
 
 
 def encode_task(message: TaskMessage) -> bytes:
@@ -237,7 +252,7 @@ def encode_task(message: TaskMessage) -> bytes:
 def decode_task(body: bytes) -> TaskMessage:
     """Parse a task message; raises msgspec.DecodeError/ValidationError if malformed."""
     try:
-        return _task_decoder.decode(body)
+        return _task_decoder().decode(body)
     except RecursionError:
         raise _too_deep() from None
 
@@ -251,7 +266,7 @@ def decode_tasks(body: bytes) -> list[TaskMessage]:
     """The task messages in a task-queue body: one, or a bundle's; raises msgspec
     errors if malformed."""
     try:
-        decoded = _tasks_decoder.decode(body)
+        decoded = _tasks_decoder().decode(body)
     except RecursionError:
         raise _too_deep() from None
     return decoded if isinstance(decoded, list) else [decoded]
@@ -292,7 +307,7 @@ def decode_events(body: bytes) -> list[Event]:
     """Parse a completion-queue message; raises msgspec errors if malformed (a value
     nested too deep to decode is malformed too: never a RecursionError)."""
     try:
-        return _batch_decoder.decode(body)
+        return _batch_decoder().decode(body)
     except RecursionError:
         raise _too_deep() from None
 

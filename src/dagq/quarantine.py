@@ -34,11 +34,11 @@ import msgspec
 
 from dagq import keys
 from dagq.errors import ConflictError, DamagedData, UsageError
+from dagq.keys import check_workflow_id
 from dagq.messages import Event, SubmitRequested, decode_events, encode_events
 from dagq.payloads import cut
 from dagq.state import QUARANTINED
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
-from dagq.validation import check_workflow_id
 
 #: How much of an exception's text a reason repeats.
 REASON_CHARS = 500

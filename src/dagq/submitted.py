@@ -13,8 +13,8 @@ import msgspec
 from dagq import keys
 from dagq.definition import TaskDef, WorkflowDef
 from dagq.errors import DamagedData, WorkflowNotFound
+from dagq.keys import check_workflow_id
 from dagq.stores.base import Store
-from dagq.validation import check_workflow_id
 
 
 class Submitted(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,6 +16,7 @@ from dagq import keys
 from dagq.compiled import plan_of
 from dagq.errors import DamagedData, WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
+from dagq.keys import check_workflow_id
 from dagq.payloads import cut
 from dagq.persistence import Stored, read_state
 from dagq.plan import Plan
@@ -31,7 +32,6 @@ from dagq.state import (
 )
 from dagq.stores.base import Store
 from dagq.submitted import Submitted, decode_document, require_submitted
-from dagq.validation import check_workflow_id
 
 
 @dataclass(frozen=True, slots=True)

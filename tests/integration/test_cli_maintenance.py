@@ -13,6 +13,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import msgspec
 import pytest
 
@@ -152,7 +153,7 @@ def test_doctor_suggests_only_commands_that_exist(cli: DagqCli) -> None:
     fixes = [f["fix"] for f in found.values() if f["fix"]]
     assert len(fixes) >= 2
     suggested = {word for fix in fixes for word in re.findall(r"\bdagq (\w+)", fix)}
-    assert suggested <= set(dagq_main.commands), fixes
+    assert suggested <= set(dagq_main.list_commands(click.Context(dagq_main))), fixes
 
 
 # --- purge --------------------------------------------------------------------------

@@ -152,3 +152,69 @@ def test_list_reads_the_index_without_plans_views_or_the_client(cli: DagqCli) ->
     assert "dagq.listing" in modules
     heavy = ("dagq.client", "dagq.views", "dagq.plan", "dagq.expression", "dagq.coordinator")
     assert loaded(modules, *heavy, *EXTRAS, "rich") == []
+
+
+def test_help_lists_every_command_with_its_short_help(cli: DagqCli) -> None:
+    import click
+
+    from dagq.cli import COMMANDS, main
+
+    done = cli.run("--help")
+
+    assert done.code == 0
+    rows = done.stdout.partition("Commands:")[2].splitlines()
+    listed = [line.split(None, 1) for line in rows if line.strip()]
+    assert [name for name, _ in listed] == sorted(COMMANDS)
+    for name, short in listed:
+        command = main.get_command(click.Context(main), name)
+        assert command is not None and command.help is not None
+        # The short help is the start of the command's own help (cut with "...").
+        assert " ".join(command.help.split()).startswith(short.removesuffix("...")), name
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        *[(name,) for name in ("run", "validate", "status", "list", "worker", "submit")],
+        ("quarantine", "list"),
+        ("dlq", "replay"),
+        ("token", "create"),
+        ("config", "show"),
+        ("store", "copy"),
+    ],
+)
+def test_each_command_shows_its_own_help(cli: DagqCli, words: tuple[str, ...]) -> None:
+    done = cli.run(*words, "--help")
+
+    assert done.code == 0
+    assert done.stdout.startswith(f"Usage: dagq {' '.join(words)} ")
+
+
+def test_importing_the_cli_builds_no_command() -> None:
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import dagq.cli"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    modules = {
+        line.rpartition("|")[2].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+
+    assert "dagq.cli" in modules
+    assert [m for m in modules if m.startswith("dagq.cli.")] == []
+    assert loaded(modules, "asyncio", "msgspec", "logging", "rich", "yaml", *EXTRAS) == []
+
+
+def test_a_command_imports_no_other_commands_module(cli: DagqCli) -> None:
+    assert cli.run("run", "small.yaml", "--id", "s", "--quiet").code == 0
+
+    commands = {m for m in imported(cli, "status", "s") if m.startswith("dagq.cli.commands.")}
+    assert commands == {"dagq.cli.commands.status"}
+    commands = {
+        m for m in imported(cli, "validate", "small.yaml") if m.startswith("dagq.cli.commands.")
+    }
+    assert commands == {"dagq.cli.commands.validate"}

@@ -17,11 +17,19 @@ from dagq import config
 from dagq.errors import UsageError
 
 
-def default_map(group: click.Group, overridden: dict[str, Any]) -> dict[str, Any]:
-    """Defaults for every command of ``group`` (and its subgroups) that takes a setting:
+def default_map(
+    group: click.Group, overridden: dict[str, Any], only: str | None = None
+) -> dict[str, Any]:
+    """Defaults for every command of ``group`` (and its subgroups) that takes a setting —
+    or for the one named ``only`` (so that the other commands' modules stay unimported):
     ``store`` for each ``--store``, ``run.X`` / ``worker.X`` for that command's ``X``."""
     found: dict[str, Any] = {}
-    for name, command in group.commands.items():
+    ctx = click.Context(group)
+    names = [only] if only is not None else group.list_commands(ctx)
+    for name in names:
+        command = group.get_command(ctx, name)
+        if command is None:
+            continue
         if isinstance(command, click.Group):
             nested = default_map(command, overridden)
             if nested:
