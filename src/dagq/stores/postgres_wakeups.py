@@ -77,6 +77,8 @@ class Listener:
         self._channels: set[str] = set()
         #: Those the listening connection LISTENs on.
         self._heard: frozenset[str] = frozenset()
+        #: The queue each queue channel announces (its waiters are woken by name).
+        self._queue_of: dict[str, str] = {}
         self._lock: asyncio.Lock | None = None
         self._retry_at = 0.0
         #: False once the start-up check failed: waits poll.
@@ -94,7 +96,12 @@ class Listener:
     async def start(self, queue: str | None = None) -> None:
         """Listen (for sends to ``queue`` too), unless listening already or known not to
         work here."""
-        await self._start(None if queue is None else queue_channel(self._db.target.schema, queue))
+        if queue is None:
+            await self._start(None)
+            return
+        channel = queue_channel(self._db.target.schema, queue)
+        self._queue_of[channel] = queue
+        await self._start(channel)
 
     async def _start(self, channel: str | None) -> None:
         if self._listening(channel):
@@ -123,7 +130,8 @@ class Listener:
             # its wait) was announced to nobody here: its waiters look again. (A change
             # feed's reader reads only once its watch is open: that is, listened to.)
             for newly in self._heard - heard:
-                self._wakeups.notify(newly)
+                if newly in self._queue_of:
+                    self._wakeups.notify(self._queue_of[newly])
 
     async def _extend(self) -> None:
         """LISTEN on every channel (a new one too) on a new connection, then let the
