@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -309,11 +308,7 @@ class Outbox:
             size += len(p.encoded)
         if chunk:
             messages.append(OutgoingMessage(join_events(chunk)))
-        held = [p.ack for p in batch if p.ack is not None]
-        receipts = [ack.receipt for ack in held]
-        acks: dict[str, list[str]] = defaultdict(list)
-        for ack, receipt in zip(held, receipts, strict=True):
-            acks[ack.queue].append(receipt)
+        held, receipts, acks = _acks_by_queue(batch)
         writes = self._store.batch()
         if messages:
             writes.send(self._queue, messages)
@@ -332,12 +327,8 @@ class Outbox:
         events = [p.event for p in batch if p.event is not None]
         if handoff is None or not events or self._queue != COMPLETIONS_QUEUE:
             return False
-        held = [p.ack for p in batch if p.ack is not None]
-        receipts = [ack.receipt for ack in held]
-        acks: dict[str, list[str]] = defaultdict(list)
-        for ack, receipt in zip(held, receipts, strict=True):
-            acks[ack.queue].append(receipt)
-        taken = handoff.deliver(events, dict(acks))
+        held, receipts, acks = _acks_by_queue(batch)
+        taken = handoff.deliver(events, acks)
         if taken is None:
             return False
         ops = await taken
@@ -389,3 +380,16 @@ def _describe(event: Event | None) -> str:
     task = getattr(event, "task", "?")
     attempt = getattr(event, "attempt", "?")
     return f"the {type(event).__name__} event of {event.workflow_id}/{task}/{attempt}"
+
+
+def _acks_by_queue(
+    batch: list[_Pending],
+) -> tuple[list[Received], list[str], dict[str, list[str]]]:
+    """The batch's held task messages, their receipts as read now (a heartbeat may renew
+    them while the commit is on its way), and those receipts grouped by queue."""
+    held = [p.ack for p in batch if p.ack is not None]
+    receipts = [ack.receipt for ack in held]
+    acks: dict[str, list[str]] = {}
+    for ack, receipt in zip(held, receipts, strict=True):
+        acks.setdefault(ack.queue, []).append(receipt)
+    return held, receipts, acks

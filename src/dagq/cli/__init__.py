@@ -38,11 +38,28 @@ def store_option(function: F) -> F:
     )(function)
 
 
-PROCESSOR_HELP = (
-    "The function that runs tasks saying what to run only through their kwargs "
-    "(ai4s-jobq's custom processor): it gets the kwargs as keyword arguments, and "
-    "returns the output."
-)
+def processor_option(function: F) -> F:
+    """``--processor MODULE:FUNCTION``: ai4s-jobq's custom processor."""
+    return click.option(
+        "--processor",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="The function that runs tasks saying what to run only through their kwargs "
+        "(ai4s-jobq's custom processor): it gets the kwargs as keyword arguments, and "
+        "returns the output.",
+    )(function)
+
+
+def metrics_port_option(function: F) -> F:
+    """``--metrics-port``: serve Prometheus metrics (the long-running commands)."""
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(1, 65535),
+        default=None,
+        envvar="DAGQ_METRICS_PORT",
+        help="Serve Prometheus metrics on this port at /metrics (127.0.0.1, or "
+        "DAGQ_METRICS_ADDR); needs dagq[otel]. Traces: the OTEL_* variables (README).",
+    )(function)
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:

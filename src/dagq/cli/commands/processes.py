@@ -10,9 +10,10 @@ from typing import Literal
 import click
 
 from dagq.cli import (
-    PROCESSOR_HELP,
     _exit,
     json_option,
+    metrics_port_option,
+    processor_option,
     store_option,
 )
 from dagq.cli.log_output import LogFormat, log_options
@@ -37,14 +38,7 @@ from dagq.cli.log_output import configure as configure_logging
     help="Seconds the coordinator lease lasts unless renewed (renewed every third of it); "
     "a coordinator that cannot renew stops before it expires.",
 )
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    default=None,
-    envvar="DAGQ_METRICS_PORT",
-    help="Serve Prometheus metrics on this port at /metrics (127.0.0.1, or "
-    "DAGQ_METRICS_ADDR); needs dagq[otel]. Traces: the OTEL_* variables (README).",
-)
+@metrics_port_option
 @log_options("info")
 def coordinator(
     *,
@@ -134,15 +128,8 @@ def coordinator(
     "or this worker's threads (trusted code only: a crash stops the worker, a sync task "
     "past its timeout cannot be stopped).",
 )
-@click.option("--processor", default=None, metavar="MODULE:FUNCTION", help=PROCESSOR_HELP)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    default=None,
-    envvar="DAGQ_METRICS_PORT",
-    help="Serve Prometheus metrics on this port at /metrics (127.0.0.1, or "
-    "DAGQ_METRICS_ADDR); needs dagq[otel]. Traces: the OTEL_* variables (README).",
-)
+@processor_option
+@metrics_port_option
 @log_options("info")
 @click.option(
     "--heartbeat",
@@ -215,14 +202,7 @@ def worker(
     help="Require a token (Authorization: Bearer) on loopback too; see 'dagq token'.",
 )
 @store_option
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    default=None,
-    envvar="DAGQ_METRICS_PORT",
-    help="Serve Prometheus metrics on this port at /metrics (127.0.0.1, or "
-    "DAGQ_METRICS_ADDR); needs dagq[otel]. Traces: the OTEL_* variables (README).",
-)
+@metrics_port_option
 @log_options("info")
 def server(
     *,

@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from dagq.cli import (
-    PROCESSOR_HELP,
+    metrics_port_option,
+    processor_option,
     store_option,
 )
 from dagq.cli.log_output import LogFormat, log_options
@@ -47,20 +48,8 @@ from dagq.cli.log_output import configure as configure_logging
     help="No live progress and no task table: the result in one line (a failure names "
     "its failed tasks on a second).",
 )
-@click.option(
-    "--processor",
-    default=None,
-    metavar="MODULE:FUNCTION",
-    help=PROCESSOR_HELP,
-)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    default=None,
-    envvar="DAGQ_METRICS_PORT",
-    help="Serve Prometheus metrics on this port at /metrics (127.0.0.1, or "
-    "DAGQ_METRICS_ADDR); needs dagq[otel]. Traces: the OTEL_* variables (README).",
-)
+@processor_option
+@metrics_port_option
 @log_options("warning")
 def run(
     *,
