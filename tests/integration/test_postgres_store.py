@@ -64,6 +64,25 @@ def test_a_store_of_a_newer_schema_version_is_refused_in_one_line(cli: DagqCli) 
         assert "upgrade dagq" in line
 
 
+def test_a_version_2_store_gains_the_waiters_table_and_keeps_its_messages(cli: DagqCli) -> None:
+    assert cli.run("store", "migrate", "--store", cli.store_url).code == 0
+    server, schema = cli.store_url.partition("?")[0], _schema(cli.store_url)
+    with psycopg.connect(server, autocommit=True) as conn:  # as dagq left it at version 2
+        conn.execute(f"DROP TABLE {schema}.waiters")
+        conn.execute(f"UPDATE {schema}.meta SET value = '2' WHERE key = 'schema_version'")
+        conn.execute(
+            f"INSERT INTO {schema}.messages (queue, id, body, enqueued_at, visible_at) "
+            "VALUES ('q', 'm1', 'x', 0, 0)"
+        )
+    done = cli.run("store", "migrate", "--store", cli.store_url)
+    assert done.code == 0, done.output
+    assert f"migrated from schema version 2 to {VERSION}" in done.stdout
+    with psycopg.connect(server, autocommit=True) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {schema}.waiters").fetchone() == (0,)
+        assert conn.execute(f"SELECT id FROM {schema}.messages").fetchall() == [("m1",)]
+    assert VERSION == 3
+
+
 def test_a_schema_without_a_store_is_not_created_by_commands_that_only_look(
     cli: DagqCli,
 ) -> None:
@@ -518,3 +537,53 @@ async def test_overdue_messages_first_in_line_do_not_shorten_a_receive(
         assert await store.queues.receive("q", max_messages=2, visibility_timeout_s=30) == []
     finally:
         await store.close()
+
+
+async def _notices(conn: psycopg.AsyncConnection[Any], settle_s: float = 0.3) -> list[str]:
+    """The channels of the notifications ``conn`` received within ``settle_s``."""
+    heard: list[str] = []
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(settle_s):
+            async for notify in conn.notifies():
+                heard.append(notify.channel)
+    return heard
+
+
+async def test_a_send_wakes_as_many_registered_waiters_as_it_sends_messages(
+    postgres_cluster: Cluster,
+) -> None:
+    url = postgres_url(postgres_cluster)
+    first, second, sender = open_store(url), open_store(url), open_store(url)
+    own = {s: s.queues._listener.own for s in (first, second)}  # type: ignore[attr-defined]
+    schema = _schema(url)
+    broadcast = queue_channel(schema, "tasks")
+    conninfo = first.queues._db.target.conninfo  # type: ignore[attr-defined]
+    ear = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    try:
+        for channel in [*own.values(), broadcast]:
+            await ear.execute(f'LISTEN "{channel}"')
+        for store in (first, second):  # as idle workers: listening, a receive found nothing
+            await store.queues.wait("tasks", 0.01)
+            assert await store.queues.receive("tasks", max_messages=4, visibility_timeout_s=30) == []
+        await sender.queues.send("tasks", [OutgoingMessage(b"1")])
+        woken = await _notices(ear)
+        assert len(woken) == 1 and woken[0] in own.values(), woken  # one of them, alone
+        # One registered waiter left and two messages: it, and every listener too.
+        await sender.queues.send("tasks", [OutgoingMessage(b"2"), OutgoingMessage(b"3")])
+        assert sorted(await _notices(ear)) == sorted([*(set(own.values()) - set(woken)), broadcast])
+        # Nobody registered: every listener.
+        await sender.queues.send("tasks", [OutgoingMessage(b"4")])
+        assert await _notices(ear) == [broadcast]
+        # A receive that gets what it asked for is not waiting: it withdraws.
+        assert len(await first.queues.receive("tasks", max_messages=1, visibility_timeout_s=30)) == 1
+        assert len(await second.queues.receive("tasks", max_messages=9, visibility_timeout_s=30)) == 3
+        cur = await ear.execute(f"SELECT channel FROM {schema}.waiters WHERE queue = 'tasks'")
+        assert [row[0] for row in await cur.fetchall()] == [own[second]]
+        # Closed: its registration goes.
+        await second.close()
+        cur = await ear.execute(f"SELECT count(*) FROM {schema}.waiters")
+        assert await cur.fetchone() == (0,)
+    finally:
+        await ear.close()
+        for store in (first, second, sender):
+            await store.close()

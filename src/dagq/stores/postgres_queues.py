@@ -51,16 +51,36 @@ acked AS (
 )"""
 
 
+#: Up to one registered waiter a message sent, taken (:mod:`.postgres_wakeups`).
+_WOKEN = """
+woken AS (
+    DELETE FROM {s}.waiters w USING (
+        SELECT queue, channel FROM {s}.waiters
+        WHERE queue = %(queue)s AND until > %(now)s
+        LIMIT %(n)s FOR UPDATE SKIP LOCKED
+    ) p WHERE w.queue = p.queue AND w.channel = p.channel
+    RETURNING w.channel
+)"""
+#: The waiters taken are notified on their own channels; the queue's channel, which
+#: every process waiting for the queue hears, only when there were fewer of them than
+#: messages (none registered, or one registering while this statement ran).
+_WAKE = (
+    "(SELECT count(*) FROM woken, pg_notify(woken.channel, %(queue)s)), "
+    "CASE WHEN (SELECT count(*) FROM woken) < %(n)s "
+    "THEN pg_notify(%(wake)s, %(queue)s) END"
+)
+
+
 def _send_statement(*, ack: bool, also: bool) -> str:
-    """A send: its messages inserted and its queue's channel notified; with ``ack``,
+    """A send: its messages inserted and waiters for its queue woken; with ``ack``,
     the delete of received messages too, and how many went as the first column; with
-    ``also``, a second notification on the store's changes channel (a batch's changes)."""
-    columns = ["pg_notify(%(wake)s, %(queue)s)"]
+    ``also``, a notification on the store's changes channel (a batch's changes)."""
+    columns = [_WAKE]
     if also:
         columns.append("pg_notify(%(channel)s, %(also)s)")
     if ack:
         columns.insert(0, "(SELECT count(*) FROM acked)")
-    ctes = [_ACKED, _SENT] if ack else [_SENT]
+    ctes = [_ACKED, _SENT, _WOKEN] if ack else [_SENT, _WOKEN]
     return "WITH" + ",".join(ctes) + "\nSELECT " + ", ".join(columns) + "\n"
 
 
@@ -96,10 +116,29 @@ WITH candidates AS (
     FROM candidates c WHERE m.seq = c.seq AND NOT c.overdue
     RETURNING m.seq, m.id, m.body, m.receipt, m.dequeue_count, m.enqueued_at
 )
-SELECT seq, id, body, receipt, dequeue_count, enqueued_at FROM taken
+{waiting}SELECT seq, id, body, receipt, dequeue_count, enqueued_at FROM taken
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, count(*), NULL FROM dead HAVING count(*) > 0
 """
+
+# A receive that took fewer messages than it asked for registers its process as
+# waiting for the queue (or renews its registration); one that took as many as it
+# asked for withdraws it (the process is not waiting). Registrations long expired (of
+# processes gone without withdrawing them) go too.
+_WAITING = """, waiting AS (
+    INSERT INTO {s}.waiters (queue, channel, until)
+    SELECT %(queue)s, %(me)s, %(expires)s WHERE (SELECT count(*) FROM taken) < %(limit)s
+    ON CONFLICT (queue, channel) DO UPDATE SET until = excluded.until
+), withdrawn AS (
+    DELETE FROM {s}.waiters WHERE queue = %(queue)s AND (
+        channel = %(me)s AND (SELECT count(*) FROM taken) >= %(limit)s
+        OR channel <> %(me)s AND until < %(stale)s)
+)
+"""
+
+#: How long a registration as a waiter holds without a receive renewing it (a waiting
+#: process receives again within its poll interval, well under this).
+WAITER_S = 30.0
 
 _DELETE = "DELETE FROM {s}.messages WHERE queue = %s AND receipt = ANY(%s)"
 
@@ -163,6 +202,7 @@ def _send_args(db: Database, op: SendOp, now: float, channel: str) -> dict[str, 
         "ids": [m.id or new_message_id() for m in op.messages],
         "bodies": [bytes(m.body) for m in op.messages],
         "delays": [float(m.delay_s) for m in op.messages],
+        "n": len(op.messages),
         "wake": queue_channel(db.target.schema, op.queue),
         "channel": channel,
     }
@@ -191,7 +231,9 @@ class PostgresQueues:
         self._wakeups = wakeups
         self._listener = listener
         self._seen: dict[str, int] = {}
-        self._receive = _RECEIVE.replace("{most}", str(int(max_deliveries)))
+        receive = _RECEIVE.replace("{most}", str(int(max_deliveries)))
+        self._receive = receive.replace("{waiting}", "")
+        self._receive_waiting = receive.replace("{waiting}", _WAITING)
 
     @property
     def wakes(self) -> bool:
@@ -222,7 +264,12 @@ class PostgresQueues:
                 "limit": max_messages - len(taken),
                 "until": now + visibility_timeout_s,
             }
-            rows = await self._db.rows(self._receive, args)
+            sql = self._receive
+            me = self._listener.waiter(queue)
+            if me is not None:
+                sql = self._receive_waiting
+                args.update(me=me, expires=now + WAITER_S, stale=now - WAITER_S)
+            rows = await self._db.rows(sql, args)
             got = [r for r in rows if r[0] is not None]
             taken += got
             # Messages dead-lettered took places in the limit: look again for more.
