@@ -368,8 +368,12 @@ async def test_a_batch_commits_in_one_round_trip(postgres_cluster: Cluster, tmp_
         await batch.commit()
     trace = tmp_path / "libpq.trace"
     try:
-        answers = [line for line in trace.read_text().splitlines() if "\tReadyForQuery" in line]
-        assert len(answers) == 1  # one Sync, one answer: a single round trip
+        lines = trace.read_text().splitlines()
+        answers = [line for line in lines if "\tReadyForQuery" in line]
+        # One statement (no BEGIN, no COMMIT), one round trip, and one more where the
+        # connection prepares it (its first use there).
+        assert sum("\tExecute" in line for line in lines) == 1
+        assert len(answers) == 1 + sum("\tParse\t" in line for line in lines)
         assert (await store.documents.get("a")).data == b"2"  # type: ignore[union-attr]
     finally:
         await store.close()
@@ -451,9 +455,9 @@ async def test_a_large_batch_is_a_handful_of_statements(
         new_etags = await batch.commit()
     try:
         sent = [line for line in trace.read_text().splitlines() if "\tF\t" in line]
-        # BEGIN, the swaps, the plain writes, the index rows, the sends (which also
-        # announce the changes), COMMIT.
-        assert sum("\tExecute" in line for line in sent) == 6
+        # One statement: the swaps, the plain writes, the index rows, the sends, the
+        # announcement of the changes; no BEGIN nor COMMIT.
+        assert sum("\tExecute" in line for line in sent) == 1
         assert len(new_etags) == 6
         for i in range(3):
             assert (await store.documents.get(f"s{i}")).etag == new_etags[2 * i]  # type: ignore[union-attr]
@@ -564,7 +568,9 @@ async def test_a_send_wakes_as_many_registered_waiters_as_it_sends_messages(
             await ear.execute(f'LISTEN "{channel}"')
         for store in (first, second):  # as idle workers: listening, a receive found nothing
             await store.queues.wait("tasks", 0.01)
-            assert await store.queues.receive("tasks", max_messages=4, visibility_timeout_s=30) == []
+            assert (
+                await store.queues.receive("tasks", max_messages=4, visibility_timeout_s=30) == []
+            )
         await sender.queues.send("tasks", [OutgoingMessage(b"1")])
         woken = await _notices(ear)
         assert len(woken) == 1 and woken[0] in own.values(), woken  # one of them, alone
@@ -575,8 +581,12 @@ async def test_a_send_wakes_as_many_registered_waiters_as_it_sends_messages(
         await sender.queues.send("tasks", [OutgoingMessage(b"4")])
         assert await _notices(ear) == [broadcast]
         # A receive that gets what it asked for is not waiting: it withdraws.
-        assert len(await first.queues.receive("tasks", max_messages=1, visibility_timeout_s=30)) == 1
-        assert len(await second.queues.receive("tasks", max_messages=9, visibility_timeout_s=30)) == 3
+        assert (
+            len(await first.queues.receive("tasks", max_messages=1, visibility_timeout_s=30)) == 1
+        )
+        assert (
+            len(await second.queues.receive("tasks", max_messages=9, visibility_timeout_s=30)) == 3
+        )
         cur = await ear.execute(f"SELECT channel FROM {schema}.waiters WHERE queue = 'tasks'")
         assert [row[0] for row in await cur.fetchall()] == [own[second]]
         # Closed: its registration goes.

@@ -34,7 +34,7 @@ from dagq.stores.postgres_database import Conn, Cursor, Database
 from dagq.stores.postgres_wakeups import Listener, queue_channel
 from dagq.stores.transfer import PendingMessage
 
-_SENT = """
+SENT = """
 sent AS (
     INSERT INTO {s}.messages (queue, id, body, enqueued_at, visible_at)
     SELECT %(queue)s, m.id, m.body, %(now)s, %(now)s + m.delay
@@ -44,7 +44,7 @@ sent AS (
     ON CONFLICT (queue, id) DO NOTHING
 )"""
 #: The delete of received messages (of another queue), folded in a send's statement.
-_ACKED = """
+ACKED = """
 acked AS (
     DELETE FROM {s}.messages WHERE queue = %(acked)s AND receipt = ANY(%(receipts)s)
     RETURNING 1
@@ -52,7 +52,7 @@ acked AS (
 
 
 #: Up to one registered waiter a message sent, taken (:mod:`.postgres_wakeups`).
-_WOKEN = """
+WOKEN = """
 woken AS (
     DELETE FROM {s}.waiters w USING (
         SELECT queue, channel FROM {s}.waiters
@@ -64,7 +64,7 @@ woken AS (
 #: The waiters taken are notified on their own channels; the queue's channel, which
 #: every process waiting for the queue hears, only when there were fewer of them than
 #: messages (none registered, or one registering while this statement ran).
-_WAKE = (
+WAKE = (
     "(SELECT count(*) FROM woken, pg_notify(woken.channel, %(queue)s)), "
     "CASE WHEN (SELECT count(*) FROM woken) < %(n)s "
     "THEN pg_notify(%(wake)s, %(queue)s) END"
@@ -75,12 +75,12 @@ def _send_statement(*, ack: bool, also: bool) -> str:
     """A send: its messages inserted and waiters for its queue woken; with ``ack``,
     the delete of received messages too, and how many went as the first column; with
     ``also``, a notification on the store's changes channel (a batch's changes)."""
-    columns = [_WAKE]
+    columns = [WAKE]
     if also:
         columns.append("pg_notify(%(channel)s, %(also)s)")
     if ack:
         columns.insert(0, "(SELECT count(*) FROM acked)")
-    ctes = [_ACKED, _SENT, _WOKEN] if ack else [_SENT, _WOKEN]
+    ctes = [ACKED, SENT, WOKEN] if ack else [SENT, WOKEN]
     return "WITH" + ",".join(ctes) + "\nSELECT " + ", ".join(columns) + "\n"
 
 
@@ -181,7 +181,8 @@ async def send(
     (and ``also`` on the store's changes ``channel``), in one statement; with ``ack``
     (of another queue), delete the received messages it names in it too: the first
     column of the statement's row is how many went."""
-    args = _send_args(db, op, now, channel)
+    args = send_args(op, now, db.target.schema)
+    args["channel"] = channel
     if also is not None:
         args["also"] = also
     if ack is not None:
@@ -195,7 +196,8 @@ async def deleted_by(cur: Cursor) -> int:
     return int(row[0]) if row is not None else 0
 
 
-def _send_args(db: Database, op: SendOp, now: float, channel: str) -> dict[str, Any]:
+def send_args(op: SendOp, now: float, schema: str) -> dict[str, Any]:
+    """The parameters of :data:`SENT`, :data:`WOKEN` and :data:`WAKE` for ``op``."""
     return {
         "queue": op.queue,
         "now": now,
@@ -203,8 +205,7 @@ def _send_args(db: Database, op: SendOp, now: float, channel: str) -> dict[str, 
         "bodies": [bytes(m.body) for m in op.messages],
         "delays": [float(m.delay_s) for m in op.messages],
         "n": len(op.messages),
-        "wake": queue_channel(db.target.schema, op.queue),
-        "channel": channel,
+        "wake": queue_channel(schema, op.queue),
     }
 
 
