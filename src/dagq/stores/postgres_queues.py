@@ -1,13 +1,17 @@
 """Queues of the PostgreSQL store: every queue's messages in one table.
 
 * **send**: one ``INSERT … SELECT FROM unnest(…)`` per batch, ``ON CONFLICT DO
-  NOTHING`` on ``(queue, id)`` (a duplicate id still queued is dropped), and a
-  ``pg_notify`` on the queue's own channel, delivered when the insert commits (see
-  :mod:`.postgres_wakeups`): only processes waiting for that queue hear it.
+  NOTHING`` on ``(queue, id)`` (a duplicate id still queued is dropped); in the same
+  statement, up to one registered waiter per message is taken from ``waiters`` and
+  notified on its process's own channel, and the queue's channel (every process
+  waiting for the queue) only when there were fewer waiters than messages; delivered
+  when the insert commits (see :mod:`.postgres_wakeups`).
 * **receive**: one statement that claims up to ``max_messages`` visible messages with
   ``FOR UPDATE SKIP LOCKED`` over the ``(queue, visible_at, seq)`` index, so concurrent
   receivers never wait for each other nor take the same message, and moves those of
-  them delivered ``max_deliveries`` times already to ``dead_letters``.
+  them delivered ``max_deliveries`` times already to ``dead_letters``; where this
+  process listens for the queue, the same statement registers it in ``waiters`` when
+  it took fewer messages than asked (it is about to wait), and withdraws it otherwise.
 * **delete**: one ``DELETE … receipt = ANY(…)``: a handled message is deleted, never
   marked, so the table holds only what is pending.
 """

@@ -17,6 +17,16 @@ not, and the store falls back to polling (``wait`` sleeps its timeout) with a wa
 A notification naming a queue on the store's channel (as earlier versions of dagq sent
 them) still wakes that queue's waiters.
 
+Waking one process, not all: the listening connection also LISTENs on a channel of
+its own (:attr:`Listener.own`). A receive that found fewer messages than it asked for
+registers it in the ``waiters`` table for the queue (:meth:`Listener.waiter`;
+:mod:`.postgres_queues`), and a send takes up to one registration per message it sends
+and notifies those channels only. It notifies the queue's channel too (every waiting
+process) when it found fewer registrations than messages: a registration that commits
+while the send runs is not seen by it, and neither was the send by that receive, so
+nobody would wake that process otherwise. Registrations expire (``WAITER_S``) and are
+withdrawn when the store closes.
+
 A commit that writes documents or index rows notifies the store's changes channel
 (:func:`changes_channel`) with :data:`CHANGES` and the topics it changed
 (:mod:`.changes`). Only a process whose change feed is watched (a server's streams)
