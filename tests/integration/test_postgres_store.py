@@ -597,3 +597,28 @@ async def test_a_send_wakes_as_many_registered_waiters_as_it_sends_messages(
         await ear.close()
         for store in (first, second, sender):
             await store.close()
+
+
+async def test_a_send_wakes_the_latest_registered_waiter_first(
+    postgres_cluster: Cluster,
+) -> None:
+    """A process killed while registered is woken last: its registration is not renewed."""
+    url = postgres_url(postgres_cluster)
+    gone, live, sender = open_store(url), open_store(url), open_store(url)
+    conninfo = live.queues._db.target.conninfo  # type: ignore[attr-defined]
+    ear = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    try:
+        for store in (gone, live):
+            await store.queues.wait("tasks", 0.01)
+            await ear.execute(f'LISTEN "{store.queues._listener.own}"')  # type: ignore[attr-defined]
+        for store in (live, gone, live):  # live renewed last
+            assert (
+                await store.queues.receive("tasks", max_messages=4, visibility_timeout_s=30) == []
+            )
+            await asyncio.sleep(0.01)
+        await sender.queues.send("tasks", [OutgoingMessage(b"1")])
+        assert await _notices(ear) == [live.queues._listener.own]  # type: ignore[attr-defined]
+    finally:
+        await ear.close()
+        for store in (gone, live, sender):
+            await store.close()

@@ -55,13 +55,14 @@ acked AS (
 )"""
 
 
-#: Up to one registered waiter a message sent, taken (:mod:`.postgres_wakeups`).
+#: Up to one registered waiter a message sent, taken (:mod:`.postgres_wakeups`): the
+#: latest registered first (a process gone without withdrawing its registration last).
 WOKEN = """
 woken AS (
     DELETE FROM {s}.waiters w USING (
         SELECT queue, channel FROM {s}.waiters
         WHERE queue = %(queue)s AND until > %(now)s
-        LIMIT %(n)s FOR UPDATE SKIP LOCKED
+        ORDER BY until DESC LIMIT %(n)s FOR UPDATE SKIP LOCKED
     ) p WHERE w.queue = p.queue AND w.channel = p.channel
     RETURNING w.channel
 )"""
