@@ -48,6 +48,7 @@ from dagq.state import (
 )
 from dagq.stores import open_store
 from dagq.stores.base import Store
+from dagq.stores.changes import ANY, INDEX_TOPIC
 from dagq.submitted import Submitted
 from dagq.views import LayerSummary, PlanCache, layer_summary, load_run
 
@@ -62,6 +63,8 @@ T = TypeVar("T")
 #: How many workflows ``find_tasks`` looks through when no ids are given: the unfinished
 #: ones first, then the finished ones, newest first.
 SCAN_WORKFLOWS = 1000
+#: While waiting on a complete change feed: how often a run is looked at all the same.
+FEED_POLL_S = 1.0
 _UNDO_LABELS = {1: "queued", 2: "sent", 3: "done", 4: "failed"}
 _TERMINAL_LABELS = frozenset(s.label for s in TERMINAL)
 #: What decoding a damaged state header raises (``Client.status`` says what is wrong).
@@ -776,21 +779,36 @@ class Client:
         self, workflow_id: str, *, timeout_s: float | None = None, poll_s: float = 0.2
     ) -> WorkflowStatus:
         """Return the status once the run is terminal (or quarantined: it waits for a
-        person); TimeoutError after ``timeout_s``."""
+        person); TimeoutError after ``timeout_s``.
+
+        Where the store's change feed carries every process's changes (PostgreSQL's
+        notifications), it looks when the listing rows change (a run's row is written
+        in the commit that changes its status, quarantine included), with a poll every
+        :data:`FEED_POLL_S` as a safety net; elsewhere (or on a broad change: SQLite
+        says only that its file changed) it polls, every 20 ms at first, backing off to
+        ``poll_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         delay = 0.02
         current: str | None = None  # the status the state's header says, while running
-        while True:
-            if current is None:  # at first, or when it may have ended: read it all
-                status = await self.status(workflow_id)
-                if status.terminal or status.quarantined:
-                    return status
-                current = status.status
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"workflow {workflow_id} is still {current}")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, poll_s)
-            current = await self._running_status(workflow_id)
+        async with self.store.changes.watch(INDEX_TOPIC) as watcher:
+            while True:
+                if current is None:  # at first, or when it may have ended: read it all
+                    status = await self.status(workflow_id)
+                    if status.terminal or status.quarantined:
+                        return status
+                    current = status.status
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"workflow {workflow_id} is still {current}")
+                if not watcher.complete:
+                    await asyncio.sleep(delay)
+                elif (
+                    await watcher.wait(FEED_POLL_S if left is None else min(FEED_POLL_S, left))
+                    == ANY
+                ):
+                    await asyncio.sleep(delay)  # a broad change: at the polling pace
+                delay = min(delay * 2, poll_s)
+                current = await self._running_status(workflow_id)
 
     async def _running_status(self, workflow_id: str) -> str | None:
         """The status the run's state header says while the run goes on and is not

@@ -64,6 +64,25 @@ def test_a_store_of_a_newer_schema_version_is_refused_in_one_line(cli: DagqCli) 
         assert "upgrade dagq" in line
 
 
+def test_a_version_2_store_gains_the_waiters_table_and_keeps_its_messages(cli: DagqCli) -> None:
+    assert cli.run("store", "migrate", "--store", cli.store_url).code == 0
+    server, schema = cli.store_url.partition("?")[0], _schema(cli.store_url)
+    with psycopg.connect(server, autocommit=True) as conn:  # as dagq left it at version 2
+        conn.execute(f"DROP TABLE {schema}.waiters")
+        conn.execute(f"UPDATE {schema}.meta SET value = '2' WHERE key = 'schema_version'")
+        conn.execute(
+            f"INSERT INTO {schema}.messages (queue, id, body, enqueued_at, visible_at) "
+            "VALUES ('q', 'm1', 'x', 0, 0)"
+        )
+    done = cli.run("store", "migrate", "--store", cli.store_url)
+    assert done.code == 0, done.output
+    assert f"migrated from schema version 2 to {VERSION}" in done.stdout
+    with psycopg.connect(server, autocommit=True) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {schema}.waiters").fetchone() == (0,)
+        assert conn.execute(f"SELECT id FROM {schema}.messages").fetchall() == [("m1",)]
+    assert VERSION == 3
+
+
 def test_a_schema_without_a_store_is_not_created_by_commands_that_only_look(
     cli: DagqCli,
 ) -> None:
@@ -349,8 +368,12 @@ async def test_a_batch_commits_in_one_round_trip(postgres_cluster: Cluster, tmp_
         await batch.commit()
     trace = tmp_path / "libpq.trace"
     try:
-        answers = [line for line in trace.read_text().splitlines() if "\tReadyForQuery" in line]
-        assert len(answers) == 1  # one Sync, one answer: a single round trip
+        lines = trace.read_text().splitlines()
+        answers = [line for line in lines if "\tReadyForQuery" in line]
+        # One statement (no BEGIN, no COMMIT), one round trip, and one more where the
+        # connection prepares it (its first use there).
+        assert sum("\tExecute" in line for line in lines) == 1
+        assert len(answers) == 1 + sum("\tParse\t" in line for line in lines)
         assert (await store.documents.get("a")).data == b"2"  # type: ignore[union-attr]
     finally:
         await store.close()
@@ -432,9 +455,9 @@ async def test_a_large_batch_is_a_handful_of_statements(
         new_etags = await batch.commit()
     try:
         sent = [line for line in trace.read_text().splitlines() if "\tF\t" in line]
-        # BEGIN, the swaps, the plain writes, the index rows, the sends (which also
-        # announce the changes), COMMIT.
-        assert sum("\tExecute" in line for line in sent) == 6
+        # One statement: the swaps, the plain writes, the index rows, the sends, the
+        # announcement of the changes; no BEGIN nor COMMIT.
+        assert sum("\tExecute" in line for line in sent) == 1
         assert len(new_etags) == 6
         for i in range(3):
             assert (await store.documents.get(f"s{i}")).etag == new_etags[2 * i]  # type: ignore[union-attr]
@@ -518,3 +541,84 @@ async def test_overdue_messages_first_in_line_do_not_shorten_a_receive(
         assert await store.queues.receive("q", max_messages=2, visibility_timeout_s=30) == []
     finally:
         await store.close()
+
+
+async def _notices(conn: psycopg.AsyncConnection[Any], settle_s: float = 0.3) -> list[str]:
+    """The channels of the notifications ``conn`` received within ``settle_s``."""
+    heard: list[str] = []
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(settle_s):
+            async for notify in conn.notifies():
+                heard.append(notify.channel)
+    return heard
+
+
+async def test_a_send_wakes_as_many_registered_waiters_as_it_sends_messages(
+    postgres_cluster: Cluster,
+) -> None:
+    url = postgres_url(postgres_cluster)
+    first, second, sender = open_store(url), open_store(url), open_store(url)
+    own = {s: s.queues._listener.own for s in (first, second)}  # type: ignore[attr-defined]
+    schema = _schema(url)
+    broadcast = queue_channel(schema, "tasks")
+    conninfo = first.queues._db.target.conninfo  # type: ignore[attr-defined]
+    ear = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    try:
+        for channel in [*own.values(), broadcast]:
+            await ear.execute(f'LISTEN "{channel}"')
+        for store in (first, second):  # as idle workers: listening, a receive found nothing
+            await store.queues.wait("tasks", 0.01)
+            assert (
+                await store.queues.receive("tasks", max_messages=4, visibility_timeout_s=30) == []
+            )
+        await sender.queues.send("tasks", [OutgoingMessage(b"1")])
+        woken = await _notices(ear)
+        assert len(woken) == 1 and woken[0] in own.values(), woken  # one of them, alone
+        # One registered waiter left and two messages: it, and every listener too.
+        await sender.queues.send("tasks", [OutgoingMessage(b"2"), OutgoingMessage(b"3")])
+        assert sorted(await _notices(ear)) == sorted([*(set(own.values()) - set(woken)), broadcast])
+        # Nobody registered: every listener.
+        await sender.queues.send("tasks", [OutgoingMessage(b"4")])
+        assert await _notices(ear) == [broadcast]
+        # A receive that gets what it asked for is not waiting: it withdraws.
+        assert (
+            len(await first.queues.receive("tasks", max_messages=1, visibility_timeout_s=30)) == 1
+        )
+        assert (
+            len(await second.queues.receive("tasks", max_messages=9, visibility_timeout_s=30)) == 3
+        )
+        cur = await ear.execute(f"SELECT channel FROM {schema}.waiters WHERE queue = 'tasks'")
+        assert [row[0] for row in await cur.fetchall()] == [own[second]]
+        # Closed: its registration goes.
+        await second.close()
+        cur = await ear.execute(f"SELECT count(*) FROM {schema}.waiters")
+        assert await cur.fetchone() == (0,)
+    finally:
+        await ear.close()
+        for store in (first, second, sender):
+            await store.close()
+
+
+async def test_a_send_wakes_the_latest_registered_waiter_first(
+    postgres_cluster: Cluster,
+) -> None:
+    """A process killed while registered is woken last: its registration is not renewed."""
+    url = postgres_url(postgres_cluster)
+    gone, live, sender = open_store(url), open_store(url), open_store(url)
+    conninfo = live.queues._db.target.conninfo  # type: ignore[attr-defined]
+    ear = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    try:
+        for store in (gone, live):
+            await store.queues.wait("tasks", 0.01)
+            await ear.execute(f'LISTEN "{store.queues._listener.own}"')  # type: ignore[attr-defined]
+        for store in (live, gone, live):  # live renewed last
+            assert (
+                await store.queues.receive("tasks", max_messages=4, visibility_timeout_s=30) == []
+            )
+            await asyncio.sleep(0.01)
+        await sender.queues.send("tasks", [OutgoingMessage(b"1")])
+        assert await _notices(ear) == [live.queues._listener.own]  # type: ignore[attr-defined]
+    finally:
+        await ear.close()
+        for store in (gone, live, sender):
+            await store.close()

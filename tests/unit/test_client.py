@@ -34,6 +34,7 @@ from dagq.maintenance import purge
 from dagq.messages import OUTPUT_INLINE_LIMIT
 from dagq.stores import open_store
 from dagq.stores.base import OutgoingMessage, Store
+from dagq.stores.changes import ChangeFeed
 from dagq.stores.intercepting import intercepted
 from dagq.stores.memory import open_memory_store
 from dagq.worker import Worker, WorkerOptions
@@ -272,17 +273,22 @@ async def test_wait_gives_up_with_timeout_error(client: Client) -> None:
         await client.wait("stuck", timeout_s=0.1)
 
 
-async def test_wait_polls_the_state_header_and_reads_the_run_whole_once_it_ended(
-    store: Store, cluster: None
-) -> None:
-    reads: list[str] = []
-
+def _noting_reads(store: Store, reads: list[str]) -> Store:
     async def note(operation: str, args: tuple[Any, ...], call: Callable[[], Any]) -> Any:
         if operation == "documents.get":
             reads.append(args[0].split("/")[0])
         return await call()
 
-    watched = Client(intercepted(store, note))
+    return intercepted(store, note)
+
+
+async def test_wait_polls_the_state_header_and_reads_the_run_whole_once_it_ended(
+    store: Store, cluster: None
+) -> None:
+    reads: list[str] = []
+    noted = _noting_reads(store, reads)
+    noted.changes = ChangeFeed()  # as on azure: other processes' changes are not heard
+    watched = Client(noted)
     await watched.submit(_one("stuck"), workflow_id="stuck")  # its queue is not served
     with pytest.raises(TimeoutError, match=r"stuck is still (pending|running)"):
         await watched.wait("stuck", timeout_s=0.4)
@@ -292,6 +298,25 @@ async def test_wait_polls_the_state_header_and_reads_the_run_whole_once_it_ended
     await watched.submit(_one("quick", queue="default"), workflow_id="quick")
     status = await watched.wait("quick", timeout_s=10)
     assert status.status == "completed" and status.done == 1
+
+
+async def test_wait_on_a_complete_change_feed_looks_when_the_listing_changes(
+    store: Store, cluster: None
+) -> None:
+    reads: list[str] = []
+    watched = Client(_noting_reads(store, reads))
+    assert watched.store.changes.complete
+    await watched.submit(_one("stuck"), workflow_id="stuck")  # its queue is not served
+    with pytest.raises(TimeoutError, match=r"stuck is still (pending|running)"):
+        await watched.wait("stuck", timeout_s=0.4)
+    # The submit's look, the first status, a look when the coordinator took the run up
+    # (its row changed); no poll before FEED_POLL_S (polling: 20, 40, 80, 160 ms ...).
+    assert reads.count("states") <= 3
+
+    await watched.submit(_one("quick", queue="default"), workflow_id="quick")
+    status = await watched.wait("quick", timeout_s=10)  # woken by its row's change
+    assert status.status == "completed" and status.done == 1
+    assert reads.count("states") <= 8
 
 
 # --- cancel and retry ----------------------------------------------------------------------

@@ -43,6 +43,7 @@ from dagq.stores.common import (
     conflict,
     new_token,
 )
+from dagq.stores.postgres_commit import plan, statement
 from dagq.stores.postgres_database import Conn, Cursor, Database, parse_postgres_url
 from dagq.stores.postgres_documents import PostgresDocuments, put_many
 from dagq.stores.postgres_documents import delete as delete_document
@@ -105,8 +106,9 @@ class _Committer:
 
     async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
         check_batch(ops)
-        if await self._one_statement(ops):
-            return []
+        done = await self._one_statement(ops)
+        if done is not None:
+            return done
         etags: list[str] = []
         failures: dict[str, DagqError] = {}
         acks: list[tuple[AckOp, Cursor, bool]] = []
@@ -134,22 +136,32 @@ class _Committer:
             self._wakeups.notify(queue)
         return etags
 
-    async def _one_statement(self, ops: Sequence[BatchOp]) -> bool:
-        """Commit a worker's report — sends to one queue and the delete of the messages
-        it reports on (of another queue), nothing else — as one statement, its own
-        transaction: no BEGIN and COMMIT around it (a third of the statements). False
-        for any other batch, left to the transaction."""
-        sends = [op for op in ops if isinstance(op, SendOp)]
-        acks = [op for op in ops if isinstance(op, AckOp)]
-        queues = {op.queue for op in sends}
-        if len(sends) != 1 or len(acks) != 1 or len(ops) != 2 or acks[0].queue in queues:
-            return False
-        (send,), (ack,) = sends, acks
-        async with self._db.connection() as conn:
-            cur = await send_messages(self._db, conn, send, self._db.clock(), "", ack=ack)
-            ack.deleted.append(await deleted_by(cur))
-        self._wakeups.notify(send.queue)
-        return True
+    async def _one_statement(self, ops: Sequence[BatchOp]) -> list[str] | None:
+        """Commit the batch as one statement, its own transaction (no BEGIN, no
+        COMMIT: :mod:`.postgres_commit`); its etags. None for a batch left to the
+        transaction."""
+        db = self._db
+        written = [op.key for op in ops if isinstance(op, PutOp | DeleteOp)]
+        upserts = sum(isinstance(op, UpsertOp) for op in ops)
+        topics = batch_topics(written, upserts) if written or upserts else None
+        changes = changes_payload(topics) if topics is not None else None
+        found = plan(ops, db.clock(), db.target.schema, changes)
+        if found is None:
+            return None
+        found.args["channel"] = self._channel
+        async with db.connection() as conn:
+            try:
+                cur = await conn.execute(db.sql(statement(found.parts)), found.args)
+            except psycopg.Error as exc:
+                message = exc.diag.message_primary or ""
+                if exc.sqlstate == FAILED and message in found.failures:
+                    raise found.failures[message] from None
+                raise
+            if found.ack is not None:
+                found.ack.deleted.append(await deleted_by(cur))
+        if found.queue is not None:
+            self._wakeups.notify(found.queue)
+        return found.etags
 
     async def _send_all(
         self,

@@ -1,13 +1,17 @@
 """Queues of the PostgreSQL store: every queue's messages in one table.
 
 * **send**: one ``INSERT … SELECT FROM unnest(…)`` per batch, ``ON CONFLICT DO
-  NOTHING`` on ``(queue, id)`` (a duplicate id still queued is dropped), and a
-  ``pg_notify`` on the queue's own channel, delivered when the insert commits (see
-  :mod:`.postgres_wakeups`): only processes waiting for that queue hear it.
+  NOTHING`` on ``(queue, id)`` (a duplicate id still queued is dropped); in the same
+  statement, up to one registered waiter per message is taken from ``waiters`` and
+  notified on its process's own channel, and the queue's channel (every process
+  waiting for the queue) only when there were fewer waiters than messages; delivered
+  when the insert commits (see :mod:`.postgres_wakeups`).
 * **receive**: one statement that claims up to ``max_messages`` visible messages with
   ``FOR UPDATE SKIP LOCKED`` over the ``(queue, visible_at, seq)`` index, so concurrent
   receivers never wait for each other nor take the same message, and moves those of
-  them delivered ``max_deliveries`` times already to ``dead_letters``.
+  them delivered ``max_deliveries`` times already to ``dead_letters``; where this
+  process listens for the queue, the same statement registers it in ``waiters`` when
+  it took fewer messages than asked (it is about to wait), and withdraws it otherwise.
 * **delete**: one ``DELETE … receipt = ANY(…)``: a handled message is deleted, never
   marked, so the table holds only what is pending.
 """
@@ -34,7 +38,7 @@ from dagq.stores.postgres_database import Conn, Cursor, Database
 from dagq.stores.postgres_wakeups import Listener, queue_channel
 from dagq.stores.transfer import PendingMessage
 
-_SENT = """
+SENT = """
 sent AS (
     INSERT INTO {s}.messages (queue, id, body, enqueued_at, visible_at)
     SELECT %(queue)s, m.id, m.body, %(now)s, %(now)s + m.delay
@@ -44,23 +48,44 @@ sent AS (
     ON CONFLICT (queue, id) DO NOTHING
 )"""
 #: The delete of received messages (of another queue), folded in a send's statement.
-_ACKED = """
+ACKED = """
 acked AS (
     DELETE FROM {s}.messages WHERE queue = %(acked)s AND receipt = ANY(%(receipts)s)
     RETURNING 1
 )"""
 
 
+#: Up to one registered waiter a message sent, taken (:mod:`.postgres_wakeups`): the
+#: latest registered first (a process gone without withdrawing its registration last).
+WOKEN = """
+woken AS (
+    DELETE FROM {s}.waiters w USING (
+        SELECT queue, channel FROM {s}.waiters
+        WHERE queue = %(queue)s AND until > %(now)s
+        ORDER BY until DESC LIMIT %(n)s FOR UPDATE SKIP LOCKED
+    ) p WHERE w.queue = p.queue AND w.channel = p.channel
+    RETURNING w.channel
+)"""
+#: The waiters taken are notified on their own channels; the queue's channel, which
+#: every process waiting for the queue hears, only when there were fewer of them than
+#: messages (none registered, or one registering while this statement ran).
+WAKE = (
+    "(SELECT count(*) FROM woken, pg_notify(woken.channel, %(queue)s)), "
+    "CASE WHEN (SELECT count(*) FROM woken) < %(n)s "
+    "THEN pg_notify(%(wake)s, %(queue)s) END"
+)
+
+
 def _send_statement(*, ack: bool, also: bool) -> str:
-    """A send: its messages inserted and its queue's channel notified; with ``ack``,
+    """A send: its messages inserted and waiters for its queue woken; with ``ack``,
     the delete of received messages too, and how many went as the first column; with
-    ``also``, a second notification on the store's changes channel (a batch's changes)."""
-    columns = ["pg_notify(%(wake)s, %(queue)s)"]
+    ``also``, a notification on the store's changes channel (a batch's changes)."""
+    columns = [WAKE]
     if also:
         columns.append("pg_notify(%(channel)s, %(also)s)")
     if ack:
         columns.insert(0, "(SELECT count(*) FROM acked)")
-    ctes = [_ACKED, _SENT] if ack else [_SENT]
+    ctes = [ACKED, SENT, WOKEN] if ack else [SENT, WOKEN]
     return "WITH" + ",".join(ctes) + "\nSELECT " + ", ".join(columns) + "\n"
 
 
@@ -96,10 +121,29 @@ WITH candidates AS (
     FROM candidates c WHERE m.seq = c.seq AND NOT c.overdue
     RETURNING m.seq, m.id, m.body, m.receipt, m.dequeue_count, m.enqueued_at
 )
-SELECT seq, id, body, receipt, dequeue_count, enqueued_at FROM taken
+{waiting}SELECT seq, id, body, receipt, dequeue_count, enqueued_at FROM taken
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, count(*), NULL FROM dead HAVING count(*) > 0
 """
+
+# A receive that took fewer messages than it asked for registers its process as
+# waiting for the queue (or renews its registration); one that took as many as it
+# asked for withdraws it (the process is not waiting). Registrations long expired (of
+# processes gone without withdrawing them) go too.
+_WAITING = """, waiting AS (
+    INSERT INTO {s}.waiters (queue, channel, until)
+    SELECT %(queue)s, %(me)s, %(expires)s WHERE (SELECT count(*) FROM taken) < %(limit)s
+    ON CONFLICT (queue, channel) DO UPDATE SET until = excluded.until
+), withdrawn AS (
+    DELETE FROM {s}.waiters WHERE queue = %(queue)s AND (
+        channel = %(me)s AND (SELECT count(*) FROM taken) >= %(limit)s
+        OR channel <> %(me)s AND until < %(stale)s)
+)
+"""
+
+#: How long a registration as a waiter holds without a receive renewing it (a waiting
+#: process receives again within its poll interval, well under this).
+WAITER_S = 30.0
 
 _DELETE = "DELETE FROM {s}.messages WHERE queue = %s AND receipt = ANY(%s)"
 
@@ -142,7 +186,8 @@ async def send(
     (and ``also`` on the store's changes ``channel``), in one statement; with ``ack``
     (of another queue), delete the received messages it names in it too: the first
     column of the statement's row is how many went."""
-    args = _send_args(db, op, now, channel)
+    args = send_args(op, now, db.target.schema)
+    args["channel"] = channel
     if also is not None:
         args["also"] = also
     if ack is not None:
@@ -156,15 +201,16 @@ async def deleted_by(cur: Cursor) -> int:
     return int(row[0]) if row is not None else 0
 
 
-def _send_args(db: Database, op: SendOp, now: float, channel: str) -> dict[str, Any]:
+def send_args(op: SendOp, now: float, schema: str) -> dict[str, Any]:
+    """The parameters of :data:`SENT`, :data:`WOKEN` and :data:`WAKE` for ``op``."""
     return {
         "queue": op.queue,
         "now": now,
         "ids": [m.id or new_message_id() for m in op.messages],
         "bodies": [bytes(m.body) for m in op.messages],
         "delays": [float(m.delay_s) for m in op.messages],
-        "wake": queue_channel(db.target.schema, op.queue),
-        "channel": channel,
+        "n": len(op.messages),
+        "wake": queue_channel(schema, op.queue),
     }
 
 
@@ -191,7 +237,9 @@ class PostgresQueues:
         self._wakeups = wakeups
         self._listener = listener
         self._seen: dict[str, int] = {}
-        self._receive = _RECEIVE.replace("{most}", str(int(max_deliveries)))
+        receive = _RECEIVE.replace("{most}", str(int(max_deliveries)))
+        self._receive = receive.replace("{waiting}", "")
+        self._receive_waiting = receive.replace("{waiting}", _WAITING)
 
     @property
     def wakes(self) -> bool:
@@ -222,7 +270,12 @@ class PostgresQueues:
                 "limit": max_messages - len(taken),
                 "until": now + visibility_timeout_s,
             }
-            rows = await self._db.rows(self._receive, args)
+            sql = self._receive
+            me = self._listener.waiter(queue)
+            if me is not None:
+                sql = self._receive_waiting
+                args.update(me=me, expires=now + WAITER_S, stale=now - WAITER_S)
+            rows = await self._db.rows(sql, args)
             got = [r for r in rows if r[0] is not None]
             taken += got
             # Messages dead-lettered took places in the limit: look again for more.

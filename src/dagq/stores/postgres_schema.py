@@ -19,7 +19,7 @@ from __future__ import annotations
 FAILED = "DQ001"
 
 #: The schema version this dagq writes; a newer store is refused.
-VERSION = 2
+VERSION = 3
 
 #: Statements per version; ``{s}`` is the quoted schema name.
 MIGRATIONS: dict[int, list[str]] = {
@@ -79,6 +79,16 @@ MIGRATIONS: dict[int, list[str]] = {
     # A receive finds the overdue messages in its walk of messages_visible: the partial
     # index only cost every receive a write, and a scan of its dead entries.
     2: ["DROP INDEX IF EXISTS {s}.messages_redelivered"],
+    # Waiters (:mod:`.postgres_wakeups`): a receive that found fewer messages than it
+    # asked for registers its process's own channel until ``until``; a send takes as
+    # many registered waiters as it sends messages and notifies only them.
+    3: [
+        """CREATE TABLE IF NOT EXISTS {s}.waiters (
+            queue text NOT NULL, channel text NOT NULL, until float8 NOT NULL,
+            PRIMARY KEY (queue, channel)
+        ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.01,
+                autovacuum_vacuum_cost_delay = 0)"""
+    ],
 }
 
 

@@ -17,6 +17,16 @@ not, and the store falls back to polling (``wait`` sleeps its timeout) with a wa
 A notification naming a queue on the store's channel (as earlier versions of dagq sent
 them) still wakes that queue's waiters.
 
+Waking one process, not all: the listening connection also LISTENs on a channel of
+its own (:attr:`Listener.own`). A receive that found fewer messages than it asked for
+registers it in the ``waiters`` table for the queue (:meth:`Listener.waiter`;
+:mod:`.postgres_queues`), and a send takes up to one registration per message it sends
+and notifies those channels only. It notifies the queue's channel too (every waiting
+process) when it found fewer registrations than messages: a registration that commits
+while the send runs is not seen by it, and neither was the send by that receive, so
+nobody would wake that process otherwise. Registrations expire (``WAITER_S``) and are
+withdrawn when the store closes.
+
 A commit that writes documents or index rows notifies the store's changes channel
 (:func:`changes_channel`) with :data:`CHANGES` and the topics it changed
 (:mod:`.changes`). Only a process whose change feed is watched (a server's streams)
@@ -81,6 +91,9 @@ class Listener:
         self._queue_of: dict[str, str] = {}
         self._lock: asyncio.Lock | None = None
         self._retry_at = 0.0
+        #: This process's own channel: a send that takes this process's registration
+        #: as a waiter (:meth:`waiter`) notifies it here, and no other process.
+        self.own = f"dagq:w:{new_token()}"
         #: False once the start-up check failed: waits poll.
         self.working = True
 
@@ -92,6 +105,14 @@ class Listener:
     def _listening(self, channel: str | None) -> bool:
         running = self._task is not None and not self._task.done()
         return running and (channel is None or channel in self._heard)
+
+    def waiter(self, queue: str) -> str | None:
+        """The channel under which a receive from ``queue`` that finds fewer messages
+        than it asked for registers this process as waiting (a send then wakes it, not
+        every listener of the queue); None where nobody here would hear it (the queue
+        not waited for here yet, the listener down or not working)."""
+        channel = queue_channel(self._db.target.schema, queue)
+        return self.own if self.working and self._listening(channel) else None
 
     async def start(self, queue: str | None = None) -> None:
         """Listen (for sends to ``queue`` too), unless listening already or known not to
@@ -180,6 +201,7 @@ class Listener:
             # The store's channel last: what a look at pg_stat_activity shows.
             for channel in sorted(channels):
                 await conn.execute(f"LISTEN {_quote(channel)}")
+            await conn.execute(f"LISTEN {_quote(self.own)}")
             await conn.execute(f"LISTEN {_quote(self.channel)}")
         except BaseException:
             with contextlib.suppress(psycopg.Error):
@@ -246,6 +268,12 @@ class Listener:
         if conn is not None:
             with contextlib.suppress(psycopg.Error, RuntimeError):
                 await conn.close()
+            # Sends would wake this process, which no longer listens, in place of
+            # another: its registrations go (or expire, should this fail).
+            with contextlib.suppress(Exception):
+                async with self._db.connection() as other:
+                    sql = "DELETE FROM {s}.waiters WHERE channel = %s"
+                    await other.execute(self._db.sql(sql), (self.own,))
 
 
 def changes_payload(topics: set[str]) -> str:
