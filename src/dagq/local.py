@@ -16,8 +16,9 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from dagq import quarantine
 from dagq.client import Client
@@ -50,8 +51,7 @@ Observer = Callable[[Plan, RunState], Awaitable[None] | None]
 INTERRUPTED = "cancelled by Ctrl-C"
 
 
-@dataclass(frozen=True, slots=True)
-class Start:
+class Start(msgspec.Struct, frozen=True):
     """What :meth:`LocalRunner.start` found: a new run, one to resume, or nothing to do."""
 
     workflow_id: str

@@ -149,8 +149,7 @@ class WorkerOptions:
         switching.check(self.switch_interval_s)
 
 
-@dataclass(eq=False)
-class _Running:
+class _Running(msgspec.Struct, eq=False):
     held: Held
     task: TaskMessage
     #: This task's key in ``Worker._running``: the message id (#n in a bundle).
