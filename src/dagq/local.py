@@ -25,7 +25,7 @@ from dagq.client import Client
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.definition import WorkflowDef
 from dagq.errors import DamagedData, LeaseHeld, LeaseLost, UsageError
-from dagq.plan import Plan
+from dagq.plan import Plan, runs_python
 from dagq.state import QUARANTINED, WORKFLOW_TERMINAL, RunState
 from dagq.stores.base import Store
 from dagq.submission import SubmitResult, new_request_id, submit
@@ -190,6 +190,7 @@ class LocalRunner:
                 poll_interval_s=0.05,  # delayed retries become visible without a send
                 workflows=frozenset({self.submitted.workflow_id}),
                 processor=self.processor,
+                warm_pool=runs_python(plan),
             ),
         )
         tasks = [asyncio.create_task(worker.run(self.stop), name="dagq-worker")]

@@ -134,6 +134,15 @@ def resolve_params(definition: WorkflowDef, overrides: Mapping[str, Any]) -> dic
     return resolved
 
 
+def runs_python(plan: Plan) -> bool:
+    """Whether some task of ``plan`` (or its undo) is not a shell command: Python, or
+    kwargs for a processor, which run in a worker's pool processes."""
+    return any(
+        task.spec.kind != "shell" or (task.undo is not None and task.undo.spec.kind != "shell")
+        for task in plan.tasks
+    )
+
+
 def parse_param(text: str) -> tuple[str, ParamText]:
     """Split ``key=value`` from the command line; the value is coerced to the param's
     type when the params are resolved (JSON for list, object and untyped params)."""
