@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+
+import msgspec
 
 from dagq import machine
 from dagq.dispatching import Outgoing
@@ -23,8 +24,7 @@ from dagq.plan import Plan
 from dagq.state import RunState
 
 
-@dataclass(eq=False)
-class Entry:
+class Entry(msgspec.Struct, eq=False):
     """A cached workflow: its plan, working state and the etag it was read at."""
 
     plan: Plan
@@ -33,11 +33,11 @@ class Entry:
     name: str
     tenant: str
     #: The run's labels, as submitted (kept in its index row).
-    labels: dict[str, str] = field(default_factory=dict)
-    deadlines: list[tuple[float, int, int]] = field(default_factory=list)
-    repairs: list[tuple[float, int, machine.Dispatch]] = field(default_factory=list)
-    timers: list[tuple[float, int]] = field(default_factory=list)
-    unsent: list[tuple[machine.Dispatch, Outgoing]] = field(default_factory=list)
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    deadlines: list[tuple[float, int, int]] = msgspec.field(default_factory=list)
+    repairs: list[tuple[float, int, machine.Dispatch]] = msgspec.field(default_factory=list)
+    timers: list[tuple[float, int]] = msgspec.field(default_factory=list)
+    unsent: list[tuple[machine.Dispatch, Outgoing]] = msgspec.field(default_factory=list)
     #: The stored state lists dispatches as unconfirmed that have been sent since: the
     #: next flush (or a sweep, from ``confirm_at``) writes it without them.
     confirm_owed: bool = False
@@ -51,7 +51,7 @@ class Entry:
     fresh: bool = False
     #: Released from quarantine: these kept events are applied before any other, and
     #: the next write deletes the quarantine record.
-    replay: list[Event] = field(default_factory=list)
+    replay: list[Event] = msgspec.field(default_factory=list)
     releasing: bool = False
     #: Who submitted it (the definition document says), for its ``submitted`` event.
     submitted_by: str = ""

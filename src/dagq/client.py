@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from dagq import dead_letters, keys, quarantine, registry
-from dagq.dead_letters import DeadLetterInfo
+from dagq import keys, quarantine, registry
 from dagq.definition import WorkflowDef
 from dagq.errors import DamagedData, TaskNotFound, UsageError, WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
@@ -54,6 +53,7 @@ from dagq.views import LayerSummary, PlanCache, layer_summary, load_run
 
 if TYPE_CHECKING:
     from dagq.builder import Workflow
+    from dagq.dead_letters import DeadLetterInfo
     from dagq.explanation import Explanation
 
 #: Names that moved to dagq.listing, still taken from here.
@@ -729,6 +729,8 @@ class Client:
         self, queue: str | None = None, *, limit: int = 100
     ) -> builtins.list[DeadLetterInfo]:
         """Dead-lettered messages (of ``queue``, or every queue), oldest first."""
+        from dagq import dead_letters
+
         found = await self.store.queues.dead_letters(queue, limit=limit)
         return [dead_letters.describe(d) for d in found]
 
@@ -737,6 +739,8 @@ class Client:
     ) -> int:
         """Send dead letters back to their queues (after a fix), then remove them; each
         is recorded, with ``actor``, in the history of the runs it concerns."""
+        from dagq import dead_letters
+
         found = await dead_letters.find(self.store, which)
         return await dead_letters.replay(self.store, found, _actor(actor))
 
@@ -744,6 +748,8 @@ class Client:
         self, which: builtins.list[str], *, actor: str | None = None
     ) -> int:
         """Remove dead letters for good; recorded like :meth:`replay_dead_letters`."""
+        from dagq import dead_letters
+
         found = await dead_letters.find(self.store, which)
         return await dead_letters.purge(self.store, found, _actor(actor))
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -69,8 +68,7 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
     worker: WorkerSettings | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Key:
+class Key(msgspec.Struct, frozen=True):
     """One setting: its dotted key, built-in default, variable, and how text reads as it."""
 
     name: str

@@ -26,7 +26,7 @@ import logging
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -141,8 +141,7 @@ class CoordinatorOptions:
         switching.check(self.switch_interval_s)
 
 
-@dataclass(frozen=True, slots=True)
-class _Swept:
+class _Swept(msgspec.Struct, frozen=True):
     """A light workflow's sweep, staged: its writes, and what to do once they commit."""
 
     entry: Entry
@@ -152,8 +151,7 @@ class _Swept:
     indexed: bool
 
 
-@dataclass(frozen=True, slots=True)
-class _Flush:
+class _Flush(msgspec.Struct, frozen=True):
     """A workflow's writes staged in a batch, and what to do once it commits."""
 
     entry: Entry
@@ -170,8 +168,7 @@ class _Flush:
     sent: tuple[list[OutgoingMessage], ...] = ()
 
 
-@dataclass(slots=True)
-class _Delivery:
+class _Delivery(msgspec.Struct):
     """Completions a worker of this process handed over (:meth:`Coordinator.deliver`)."""
 
     events: list[Event]
@@ -187,8 +184,7 @@ def _decline(deliveries: Iterable[_Delivery]) -> None:
             d.done.set_result(None)
 
 
-@dataclass
-class Stats:
+class Stats(msgspec.Struct):
     """Running totals, for logs and benchmarks."""
 
     events: int = 0
@@ -554,7 +550,7 @@ class Coordinator:
                 own = self.store.batch()  # merged only once its work has succeeded
                 flush = await self._prepare(own, workflow_id, grouped[workflow_id], now)
                 if flush is not None:
-                    flushes.append(replace(flush, offset=puts))
+                    flushes.append(msgspec.structs.replace(flush, offset=puts))
                 puts += sum(isinstance(op, PutOp) for op in own.ops)
                 batch.ops.extend(own.ops)
             batch.ack(keys.COMPLETIONS_QUEUE, receipts)
@@ -1242,7 +1238,7 @@ class Coordinator:
         offsets: list[_Flush | None] = []
         for s in swept:
             offset = sum(isinstance(op, PutOp) for op in batch.ops)
-            offsets.append(s.flush and replace(s.flush, offset=offset))
+            offsets.append(s.flush and msgspec.structs.replace(s.flush, offset=offset))
             batch.ops.extend(s.ops)
         settling: list[tuple[_Swept, _Flush | None, list[str]]]
         try:
@@ -1461,8 +1457,7 @@ def _value_needed(plan: Plan, task: int) -> bool:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _Compiled:
+class _Compiled(msgspec.Struct, frozen=True):
     name: str
     tenant: str
     labels: dict[str, str]

@@ -7,7 +7,6 @@ Loading and validation live in :mod:`dagq.loading` and :mod:`dagq.validation`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -256,8 +255,7 @@ _NOT_JOBQ = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class RuleSet:
+class RuleSet(msgspec.Struct, frozen=True):
     """Which semantics a definition runs with (docs/architecture.md §5), and why."""
 
     jobq: bool

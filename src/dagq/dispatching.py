@@ -16,7 +16,6 @@ dispatch one task share one queue message.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -36,8 +35,7 @@ PREVIOUS_INLINE_LIMIT = PREVIOUS_INLINE_BYTES
 BUNDLE_BYTES = 40 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
+class Outgoing(msgspec.Struct, frozen=True):
     """A task message ready to send, and the inputs document it needs stored first."""
 
     queue: str

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+
+import msgspec
 
 from dagq.dispatching import attempt_id, bundle
 from dagq.messages import TaskMessage, encode_task
@@ -25,8 +26,7 @@ from dagq.stores.base import Message, OutgoingMessage, Store
 log = logging.getLogger("dagq.worker")
 
 
-@dataclass(eq=False)
-class Held:
+class Held(msgspec.Struct, eq=False):
     """A received message and the tasks kept from it that have not reported yet."""
 
     message: Message
@@ -43,7 +43,7 @@ class Held:
     #: Held while the receipt is renewed, and while it is used to delete the message:
     #: a delete never uses a receipt that a renewal under way is replacing (a store
     #: ignores a stale receipt, and the finished task would run again).
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lock: asyncio.Lock = msgspec.field(default_factory=asyncio.Lock)
     #: Deleted (every kept task reported): nothing is left to renew.
     deleted: bool = False
 

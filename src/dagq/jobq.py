@@ -31,8 +31,9 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from dagq.runners import TaskContext
 
@@ -43,8 +44,7 @@ __all__ = ["get_upstream_output", "get_upstream_outputs", "is_cancelled", "set_o
 WATCHED_SUFFIX = ".watched"
 
 
-@dataclass(eq=False, slots=True)
-class TaskScope:
+class TaskScope(msgspec.Struct, eq=False):
     """The running Python task, as the helpers see it."""
 
     task: str

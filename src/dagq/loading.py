@@ -6,7 +6,6 @@ and what would be accepted instead.
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -268,6 +267,8 @@ class _Reporter:
         for key in block:
             if key in allowed:
                 continue
+            import difflib  # only for a file in error
+
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"known fields: {', '.join(allowed)}"
             raise ValidationError(

@@ -16,15 +16,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from dagq import quarantine
 from dagq.client import Client
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.definition import WorkflowDef
 from dagq.errors import DamagedData, LeaseHeld, LeaseLost, UsageError
-from dagq.plan import Plan
+from dagq.plan import Plan, runs_python
 from dagq.state import QUARANTINED, WORKFLOW_TERMINAL, RunState
 from dagq.stores.base import Store
 from dagq.submission import SubmitResult, new_request_id, submit
@@ -50,8 +51,7 @@ Observer = Callable[[Plan, RunState], Awaitable[None] | None]
 INTERRUPTED = "cancelled by Ctrl-C"
 
 
-@dataclass(frozen=True, slots=True)
-class Start:
+class Start(msgspec.Struct, frozen=True):
     """What :meth:`LocalRunner.start` found: a new run, one to resume, or nothing to do."""
 
     workflow_id: str
@@ -190,6 +190,7 @@ class LocalRunner:
                 poll_interval_s=0.05,  # delayed retries become visible without a send
                 workflows=frozenset({self.submitted.workflow_id}),
                 processor=self.processor,
+                warm_pool=runs_python(plan),
             ),
         )
         tasks = [asyncio.create_task(worker.run(self.stop), name="dagq-worker")]

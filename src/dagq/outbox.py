@@ -25,8 +25,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
+
+import msgspec
 
 from dagq.errors import DagqError, MessageTooLarge, PermanentError, StoreUnavailable
 from dagq.keys import COMPLETIONS_QUEUE
@@ -65,8 +66,7 @@ class Received(Protocol):
     deleted: bool
 
 
-@dataclass(slots=True)
-class _Pending:
+class _Pending(msgspec.Struct):
     event: Event | None  # None: only the delete of ``ack``
     encoded: bytes
     done: asyncio.Future[None] | None

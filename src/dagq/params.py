@@ -21,8 +21,9 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from typing import Any, Literal, cast, get_args
+
+import msgspec
 
 from dagq.errors import PayloadTooLarge, ValidationError
 from dagq.payloads import MAX_DEPTH, check_depth, echo
@@ -53,8 +54,7 @@ class ParamText(str):
     __slots__ = ()
 
 
-@dataclass(frozen=True, slots=True)
-class ParamSpec:
+class ParamSpec(msgspec.Struct, frozen=True):
     """One declared param: its type (None: any), default, choices and bounds."""
 
     name: str
@@ -119,7 +119,7 @@ def param_spec(name: str, value: Any) -> ParamSpec:
     if spec.required:
         return spec
     default = check(spec, value["default"], where=f"{where}.default")
-    return replace(spec, default=default)
+    return msgspec.structs.replace(spec, default=default)
 
 
 def describe_params(params: Mapping[str, Any]) -> str:

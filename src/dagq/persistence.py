@@ -19,8 +19,9 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
+
+import msgspec
 
 from dagq import keys, snapshots
 from dagq.errors import ConflictError, DagqError, DamagedData, StoreUnavailable
@@ -43,8 +44,7 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-@dataclass(slots=True)
-class Folding:
+class Folding(msgspec.Struct):
     """A new base being encoded in a thread, from the state as of ``upto`` deltas."""
 
     key: str
@@ -53,13 +53,12 @@ class Folding:
     data: asyncio.Future[bytes]
 
 
-@dataclass(slots=True)
-class Stored:
+class Stored(msgspec.Struct):
     """Where a state lives in the store, as of its last read or write."""
 
     etag: str
     base: str | None = None
-    deltas: list[str] = field(default_factory=list)
+    deltas: list[str] = msgspec.field(default_factory=list)
     base_bytes: int = 0
     delta_bytes: int = 0
     #: A new base on its way (staged by the first flush after it is ready), or None.
@@ -168,8 +167,7 @@ def _assemble(head: snapshots.Header, base: bytes, deltas: list[bytes], plan: Pl
     return state
 
 
-@dataclass(slots=True)
-class Staged:
+class Staged(msgspec.Struct):
     """A state write staged in a batch: where it will live, once the batch commits."""
 
     stored: Stored

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from dagq import expression
 from dagq.definition import (
     Compensate,
     Loop,
@@ -30,7 +28,9 @@ from dagq.messages import TaskSpec
 from dagq.params import ParamText, param_specs
 from dagq.params import check as check_param
 from dagq.payloads import MAX_DEPTH, check_depth, echo
-from dagq.validation import LOOP_ROOTS
+
+if TYPE_CHECKING:
+    from dagq import expression
 
 POLICY_ALL = -1
 POLICY_ANY = -2
@@ -85,8 +85,7 @@ class Undo(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     retry: RetryPolicy
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(msgspec.Struct, frozen=True):
     """A compiled workflow."""
 
     name: str
@@ -133,6 +132,15 @@ def resolve_params(definition: WorkflowDef, overrides: Mapping[str, Any]) -> dic
         else:
             resolved[name] = spec.default
     return resolved
+
+
+def runs_python(plan: Plan) -> bool:
+    """Whether some task of ``plan`` (or its undo) is not a shell command: Python, or
+    kwargs for a processor, which run in a worker's pool processes."""
+    return any(
+        task.spec.kind != "shell" or (task.undo is not None and task.undo.spec.kind != "shell")
+        for task in plan.tasks
+    )
 
 
 def parse_param(text: str) -> tuple[str, ParamText]:
@@ -260,7 +268,7 @@ def _compile_task(
     retry = task.retry or (defaults.retry if defaults else None) or DEFAULT_RETRY
     condition = None
     if task.condition is not None:
-        condition = expression.parse(
+        condition = _parse(
             task.condition, where=f"task '{task.name}': condition", names=_CONDITION_ROOTS
         )
     spec = _spec(task, env, timeout, retry, jobq=jobq)
@@ -268,16 +276,14 @@ def _compile_task(
         spec = _shared_spec(specs, spec)
     sleep: float | expression.Expr | None = None
     if isinstance(task.sleep_s, str):
-        sleep = expression.parse(
-            task.sleep_s, where=f"task '{task.name}': sleep_s", names=_CONDITION_ROOTS
-        )
+        sleep = _parse(task.sleep_s, where=f"task '{task.name}': sleep_s", names=_CONDITION_ROOTS)
     elif task.sleep_s is not None:
         sleep = float(task.sleep_s)
     until = None
     if task.loop is not None:
-        until = expression.parse(
-            task.loop.until, where=f"task '{task.name}': loop.until", names=LOOP_ROOTS
-        )
+        from dagq.validation import LOOP_ROOTS
+
+        until = _parse(task.loop.until, where=f"task '{task.name}': loop.until", names=LOOP_ROOTS)
     kind = "sleep" if task.sleep_s is not None else "wait" if task.wait_for else "run"
     return PlanTask(
         index=index,
@@ -302,9 +308,7 @@ def _compile_task(
         foreach=(
             None
             if task.foreach is None
-            else expression.parse(
-                task.foreach, where=f"task '{task.name}': foreach", names=_CONDITION_ROOTS
-            )
+            else _parse(task.foreach, where=f"task '{task.name}': foreach", names=_CONDITION_ROOTS)
         ),
         max_parallel=task.max_parallel,
         allow_failures=task.allow_failures,
@@ -345,7 +349,7 @@ def _spec(
     return TaskSpec(
         kind="shell",
         cmd=_command(command, env),
-        env={key: _text(expression.render(v, env, roots=_PARAMS)) for key, v in variables.items()},
+        env={key: _text(_render(v, env)) for key, v in variables.items()},
         cwd=cwd,
         timeout_s=timeout,
         non_retryable_exit_codes=codes,
@@ -372,10 +376,7 @@ def _jobq_shell_spec(
     command = kwargs["cmd"]
     if not jobq:
         command = _command(command, env)
-        variables = {
-            key: _text(expression.render(value, env, roots=_PARAMS))
-            for key, value in variables.items()
-        }
+        variables = {key: _text(_render(value, env)) for key, value in variables.items()}
     return TaskSpec(
         kind="shell",
         cmd=command,
@@ -391,8 +392,24 @@ def _jobq_shell_spec(
 def _command(command: Any, env: Mapping[str, Any]) -> str | list[str]:
     """A command with its params rendered in (quoted, in shell text)."""
     if isinstance(command, str):
-        return _text(expression.render(command, env, roots=_PARAMS, quote=_shell_quote))
-    return [_text(expression.render(part, env, roots=_PARAMS)) for part in command]
+        return _text(_render(command, env, quote=_shell_quote))
+    return [_text(_render(part, env)) for part in command]
+
+
+def _parse(text: str, *, where: str, names: frozenset[str]) -> expression.Expr:
+    from dagq import expression
+
+    return expression.parse(text, where=where, names=names)
+
+
+def _render(value: Any, env: Mapping[str, Any], quote: Callable[[Any], str] | None = None) -> Any:
+    """``value`` with the params rendered into its ``{{ }}`` templates: text without
+    one is itself, and needs no expression language (a plain command, a status read)."""
+    if isinstance(value, str) and "{{" not in value:
+        return value
+    from dagq import expression
+
+    return expression.render(value, env, roots=_PARAMS, quote=quote)
 
 
 def _env_text(value: Any) -> str:
@@ -423,6 +440,8 @@ def _python_spec(
     codes: tuple[int, ...],
 ) -> TaskSpec:
     """Args that read upstream outputs are rendered by the worker, all at once."""
+    from dagq import expression
+
     refs = [expr.refs for _, expr in expression.template_expressions(task.args)]
     if any(r.inputs or r.globs or "inputs" in r.roots for r in refs):
         names = {name for r in refs for name in r.params}

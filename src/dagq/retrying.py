@@ -7,15 +7,14 @@ its round of attempts began (``task_deadline_s``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from dagq.backoff import retry_delay
 from dagq.messages import TaskFinished
 from dagq.plan import PlanTask
 
 
-@dataclass(frozen=True, slots=True)
-class Attempts:
+class Attempts(msgspec.Struct, frozen=True):
     """What a task's (or an instance's) earlier attempts used."""
 
     used: int

@@ -6,6 +6,7 @@ the console, the coordinator — decode it without importing the submit path.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgspec
@@ -49,9 +50,14 @@ def _outline(struct: type[msgspec.Struct], name: str, kind: Any) -> type[msgspec
     )
 
 
-_DefinitionOutline = _outline(WorkflowDef, "tasks", list[msgspec.Raw])
-_submitted_outline = msgspec.json.Decoder(_outline(Submitted, "definition", _DefinitionOutline))
-_task = msgspec.json.Decoder(TaskDef)
+@functools.cache
+def _decoders() -> tuple[msgspec.json.Decoder[Any], msgspec.json.Decoder[TaskDef]]:
+    """The outline's decoder and a task's: built on first use (resolving the
+    definition's types costs a reader of stored documents — ``dagq status`` —
+    a millisecond it does not need)."""
+    definition_outline = _outline(WorkflowDef, "tasks", list[msgspec.Raw])
+    submitted_outline = _outline(Submitted, "definition", definition_outline)
+    return msgspec.json.Decoder(submitted_outline), msgspec.json.Decoder(TaskDef)
 
 
 def decode_submitted(data: bytes) -> Submitted:
@@ -71,16 +77,17 @@ def decode_outline(data: bytes) -> Any:
     its workflow id, fingerprint, tenant, labels, submitter and definition name can be
     read from it (``outline.definition.name``) for the cost of a scan of the bytes.
     Refuses what :func:`decode_submitted` refuses, but for the tasks themselves."""
-    return _submitted_outline.decode(data)
+    return _decoders()[0].decode(data)
 
 
 def decode_outlined(outline: Any) -> Submitted:
     """The whole definition document from a :func:`decode_outline` outline."""
     definition_outline = outline.definition
+    task = _decoders()[1]
     tasks = []
     for i, raw in enumerate(definition_outline.tasks):
         try:
-            tasks.append(_task.decode(raw))
+            tasks.append(task.decode(raw))
         except msgspec.ValidationError as exc:
             raise msgspec.ValidationError(f"{exc}, in `$.definition.tasks[{i}]`") from None
     definition = WorkflowDef(**_fields_of(definition_outline, tasks=tasks))

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+
+import msgspec
 
 from dagq.errors import DagqError
 
@@ -33,8 +34,7 @@ class BackgroundFailed(DagqError):
     """A background task that cannot be restarted failed; the process must stop."""
 
 
-@dataclass(eq=False)
-class _Child:
+class _Child(msgspec.Struct, eq=False):
     name: str
     work: Callable[[], Awaitable[None]]
     restart: bool

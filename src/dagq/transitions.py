@@ -7,7 +7,6 @@ outside in an :class:`Effects`; it never does I/O or reads a clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -34,8 +33,7 @@ WAIT, RUN, SKIP, UPSTREAM = 0, 1, 2, 3
 UNFINISHED = (TaskStatus.PENDING, TaskStatus.READY, TaskStatus.RUNNING, TaskStatus.WAITING)
 
 
-@dataclass(slots=True)
-class Dispatch:
+class Dispatch(msgspec.Struct):
     """Send a task message for ``attempt`` of ``task``, visible after ``delay_s``."""
 
     task: int
@@ -47,19 +45,18 @@ class Dispatch:
     item: int = -1
 
 
-@dataclass(slots=True)
-class Effects:
+class Effects(msgspec.Struct):
     """What the coordinator must do once the new state is durable."""
 
-    dispatch: list[Dispatch] = field(default_factory=list)
-    history: list[HistoryEntry] = field(default_factory=list)
+    dispatch: list[Dispatch] = msgspec.field(default_factory=list)
+    history: list[HistoryEntry] = msgspec.field(default_factory=list)
     #: (when, task): waiting tasks whose timer or wait timeout must be watched.
-    timers: list[tuple[float, int]] = field(default_factory=list)
+    timers: list[tuple[float, int]] = msgspec.field(default_factory=list)
     #: Workers must stop something: the whole run (cancel) or single attempts (a race).
     stop: bool = False
     finished: bool = False
     #: Documents to store with the state (foreach items, a large assembled output).
-    documents: list[tuple[str, bytes]] = field(default_factory=list)
+    documents: list[tuple[str, bytes]] = msgspec.field(default_factory=list)
 
     def note(
         self,

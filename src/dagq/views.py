@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
 
 import msgspec
 
@@ -34,8 +33,7 @@ from dagq.stores.base import Store
 from dagq.submitted import Submitted, decode_document, require_submitted
 
 
-@dataclass(frozen=True, slots=True)
-class TaskRow:
+class TaskRow(msgspec.Struct, frozen=True):
     """One task as the summary shows it."""
 
     name: str
@@ -54,8 +52,7 @@ class TaskRow:
     compensation: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RunView:
+class RunView(msgspec.Struct, frozen=True):
     """A whole run as the summary shows it."""
 
     workflow_id: str

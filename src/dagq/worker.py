@@ -144,13 +144,16 @@ class WorkerOptions:
     #: How often the worker rewrites its record in the store (:mod:`dagq.registry`);
     #: it counts as gone after ``registry.EXPIRY_BEATS`` of these without a write.
     heartbeat_s: float = registry.HEARTBEAT_S
+    #: Start the first pool process as the worker starts, before a Python task needs
+    #: it. False: at the first such task (``dagq run`` of a file whose tasks are all
+    #: shell commands starts no Python process, nor waits for one to end).
+    warm_pool: bool = True
 
     def __post_init__(self) -> None:
         switching.check(self.switch_interval_s)
 
 
-@dataclass(eq=False)
-class _Running:
+class _Running(msgspec.Struct, eq=False):
     held: Held
     task: TaskMessage
     #: This task's key in ``Worker._running``: the message id (#n in a bundle).
@@ -266,7 +269,7 @@ class Worker:
         :class:`~dagq.supervision.BackgroundFailed` once the worker has drained.
         """
         supervisor = Supervisor("worker")
-        if self._pool is not None:
+        if self._pool is not None and self.options.warm_pool:
             self._pool.warm()
         await self._registration.register()  # seen before it takes any work
         supervisor.start("registration", self._registration.keep, restart=True)

@@ -75,6 +75,9 @@ def test_validate_loads_neither_the_runtime_nor_rich(cli: DagqCli) -> None:
     assert loaded(modules, "rich", "asyncio", "sqlite3", *EXTRAS) == []
     runtime = ("dagq.coordinator", "dagq.worker", "dagq.local", "dagq.cli.run", "dagq.stores")
     assert loaded(modules, *runtime) == []
+    # Its values are msgspec structs (a dataclass is compiled from source as it is
+    # defined); difflib only suggests a name for a field a file gets wrong.
+    assert loaded(modules, "dataclasses", "difflib") == []
 
 
 def test_a_sqlite_run_loads_no_extra_nor_importlib_metadata(cli: DagqCli) -> None:
@@ -112,6 +115,18 @@ def test_status_reads_the_definition_without_the_submit_path(cli: DagqCli) -> No
 
     assert "dagq.submitted" in modules  # the definition document is read
     assert loaded(modules, "dagq.submission", "dagq.observability") == []
+
+
+def test_status_of_a_file_without_templates_loads_no_expression_language(cli: DagqCli) -> None:
+    assert cli.run("run", "small.yaml", "--id", "s", "--quiet").code == 0
+
+    modules = imported(cli, "status", "s")
+
+    assert "dagq.plan" in modules  # the plan is compiled: the measure is working
+    # Commands without {{ }} and tasks without conditions parse nothing; the values
+    # read are msgspec structs, not dataclasses; dead letters are another command's.
+    unused = ("dagq.expression", "dagq.validation", "dagq.dead_letters", "dataclasses")
+    assert loaded(modules, *unused) == []
 
 
 def test_a_quiet_run_loads_no_rich_and_launches_the_zygote_before_the_runtime(

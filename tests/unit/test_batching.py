@@ -19,7 +19,7 @@ from dagq import keys
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.dispatching import attempt_id
 from dagq.messages import TaskMessage, TaskSpec, decode_task, encode_events, encode_task
-from dagq.stores.base import OutgoingMessage, Store
+from dagq.stores.base import AckOp, OutgoingMessage, Store
 from dagq.stores.memory import open_memory_store
 from dagq.submission import submit
 from dagq.worker import Worker, WorkerOptions
@@ -208,3 +208,12 @@ async def test_tasks_taken_ahead_stay_hidden_until_they_run_and_run_once() -> No
     assert await store.queues.dead_letters("default") == []
     depth = await store.queues.depth("default")
     assert (depth.visible, depth.invisible) == (0, 0)
+
+
+def test_an_acks_outcome_is_not_part_of_its_value() -> None:
+    done = AckOp("default", ["r1"], deleted=[1])
+
+    assert done == AckOp("default", ["r1"])
+    assert (done != AckOp("default", ["r1"])) is False
+    assert done != AckOp("default", ["r2"]) and done != AckOp("other", ["r1"])
+    assert hash(AckOp("default", ("r1",), deleted=[0])) == hash(AckOp("default", ("r1",)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+import msgspec
 import pytest
 
 from dagq.errors import DagqError, ValidationError
@@ -492,6 +493,19 @@ def test_expression_error_is_a_dagq_error() -> None:
 def test_parsed_expressions_are_equal_values() -> None:
     assert parse("inputs.A.x > 1") == parse("inputs.A.x > 1")
     assert parse("inputs.A.x > 1").text == "inputs.A.x > 1"
+
+
+def test_an_expressions_compiled_form_is_not_part_of_its_value() -> None:
+    expr = parse("inputs.A.x > 1")
+    other = msgspec.structs.replace(expr, run=lambda scope: False)
+
+    assert other == expr
+    assert (other != expr) is False
+    assert hash(other) == hash(expr)
+    assert "run" not in repr(expr) and "inputs.A.x > 1" in repr(expr)
+    assert expr != parse("inputs.A.x > 2")
+    assert (expr == parse("inputs.A.x > 2")) is False
+    assert expr != "inputs.A.x > 1"
 
 
 def test_evaluation_error_names_the_expression() -> None:

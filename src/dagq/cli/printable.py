@@ -6,16 +6,26 @@ Kept apart from :mod:`dagq.cli.tables` (rich) so commands that print plain lines
 
 from __future__ import annotations
 
+import functools
 import re
 
 #: C0 and C1 control characters (but tab and newline), DEL, lone surrogates (bytes that
 #: were not UTF-8), and the invisible marks that reorder or break a line (bidirectional
 #: overrides and isolates, line and paragraph separators).
-_UNPRINTABLE = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]"
+_UNPRINTABLE = (
+    "\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff"
 )
 #: Also a tab and a newline: a table cell stays one cell on one line.
-_UNPRINTABLE_IN_CELL = re.compile(_UNPRINTABLE.pattern[:-1] + "\t\n]")
+_IN_CELL = "\t\n"
+
+
+@functools.cache
+def _pattern(one_line: bool) -> re.Pattern[str]:
+    """The characters to escape, compiled at first use: a class this wide takes some
+    5 M instructions to compile, and most commands print through one of the two."""
+    return re.compile("[" + _UNPRINTABLE + (_IN_CELL if one_line else "") + "]")
+
+
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 
@@ -35,15 +45,14 @@ def printable(text: str, *, one_line: bool = False) -> str:
     Newlines and tabs stay as they are, unless ``one_line`` (a table cell): then they are
     shown as ``\\n`` and ``\\t`` too.
     """
-    pattern = _UNPRINTABLE_IN_CELL if one_line else _UNPRINTABLE
-    return pattern.sub(_escape, text)
+    return _pattern(one_line).sub(_escape, text)
 
 
 def printable_json(text: str) -> str:
     """JSON text with every invisible mark that :func:`printable` escapes written as a
     JSON escape (``\\u202e``): the same JSON, safe on a terminal. (Such marks can only
     be inside strings, where a JSON escape means the same character.)"""
-    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _pattern(False).sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def printable_bytes(data: bytes) -> str:

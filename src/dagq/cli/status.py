@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from dataclasses import dataclass
+
+import msgspec
 
 from dagq.cli import EXIT_FAILED, EXIT_OK
 from dagq.cli.connection import with_client
@@ -49,8 +50,7 @@ WAITS_SHOWN = 3
 STUCK_S = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class Waiting:
+class Waiting(msgspec.Struct, frozen=True):
     """What a run waits for, instead of an ETA: a few words for the progress line, the
     whole story, and the command that would end the wait."""
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any, TypeAlias
 
@@ -76,8 +75,7 @@ KEPT_WIDTH = 40
 FREE_MIN_WIDTH = 16
 
 
-@dataclass(slots=True)
-class Listing:
+class Listing(msgspec.Struct):
     """Rows under named columns: a rich table on a terminal, tab-separated lines piped.
 
     ``right`` names the columns aligned right on a terminal (numbers). A cell is text, or
@@ -87,7 +85,7 @@ class Listing:
     columns: Sequence[str]
     title: str | None = None
     right: frozenset[str] = frozenset()
-    rows: list[list[Cell]] = field(default_factory=list)
+    rows: list[list[Cell]] = msgspec.field(default_factory=list)
 
     def add_row(self, *cells: Cell) -> None:
         if len(cells) != len(self.columns):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
+
+import msgspec
 
 from dagq.errors import ValidationError
 from dagq.expression.evaluation import Compiler, Fn, Scope
@@ -16,14 +17,33 @@ from dagq.expression.parser import Parser
 from dagq.expression.values import kind_of, show
 
 
-@dataclass(frozen=True, slots=True)
-class Expr:
-    """A parsed, compiled expression. Immutable; evaluate it as often as needed."""
+class Expr(msgspec.Struct, frozen=True):
+    """A parsed, compiled expression. Immutable; evaluate it as often as needed.
+
+    Its value is its text, tree and references: ``run``, their compiled form, is left
+    out of its repr, equality and hash.
+    """
 
     text: str
     node: Node
     refs: Refs
-    run: Fn = field(repr=False, compare=False)
+    run: Fn
+
+    def __repr__(self) -> str:
+        return f"Expr(text={self.text!r}, node={self.node!r}, refs={self.refs!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Expr)
+        return (self.text, self.node, self.refs) == (other.text, other.node, other.refs)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash((self.text, self.node, self.refs))
 
     def evaluate(self, env: Mapping[str, Any]) -> Any:
         """The value of the expression, its root names looked up in ``env``.

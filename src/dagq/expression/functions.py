@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from dagq.expression.failures import ExpressionError
 from dagq.expression.limits import MAX_NODES
 from dagq.expression.values import NUMBERS, SEQUENCES, kind_of, show, truthy
 
 
-@dataclass(frozen=True, slots=True)
-class Function:
+class Function(msgspec.Struct, frozen=True):
     """A built-in: how many arguments it takes, whether they may use a glob, and its code."""
 
     min_args: int

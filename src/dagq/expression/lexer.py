@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from dagq.expression.failures import ParseFailure
 from dagq.expression.limits import MAX_INT
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
+class Token(msgspec.Struct, frozen=True):
     """One token of the text, where it starts, and the text it was read from."""
 
     kind: str  # "num", "str", "name", "op" or "end"

@@ -18,8 +18,9 @@ Grammar, loosest binding first (a superset of the ai4s-jobq condition syntax)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from dagq.expression.failures import ParseFailure
 from dagq.expression.functions import FUNCTIONS, Function
@@ -45,8 +46,7 @@ from dagq.expression.nodes import (
 from dagq.expression.values import NUMBERS, kind_of, show
 
 
-@dataclass(slots=True)
-class _GlobScope:
+class _GlobScope(msgspec.Struct):
     """The aggregate call whose first argument is being parsed, and the glob it uses."""
 
     func: str

@@ -4,7 +4,8 @@ and the task metrics (docs/architecture.md §7)."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+
+import msgspec
 
 from dagq import keys
 from dagq.messages import TaskMessage
@@ -12,8 +13,7 @@ from dagq.observability import ids, metrics, spans, tracing
 from dagq.observability.tracing import SpanRef
 
 
-@dataclass(frozen=True, slots=True)
-class _OnQueue:
+class _OnQueue(msgspec.Struct, frozen=True):
     """What every traced attempt of one run's epoch on one queue shares, made once."""
 
     trace: int
@@ -41,8 +41,7 @@ def _on_queue(
     )
 
 
-@dataclass(slots=True)
-class Attempt:
+class Attempt(msgspec.Struct):
     """An attempt being traced on this worker.
 
     Its ``process`` span is emitted when it ends, with the id chosen when it began: the
@@ -56,7 +55,7 @@ class Attempt:
     traceparent: str = ""
     span_id: int = 0
     started_at: float = 0.0
-    attributes: dict[str, str | int | float | bool] = field(default_factory=dict)
+    attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     links: tuple[SpanRef, ...] = ()
     on_queue: _OnQueue | None = None
 

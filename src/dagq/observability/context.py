@@ -7,13 +7,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+import msgspec
 
 from dagq.observability import ids
 
 
-@dataclass(frozen=True, slots=True)
-class Concern:
+class Concern(msgspec.Struct, frozen=True):
     """The work a log line is about."""
 
     workflow_id: str

@@ -10,7 +10,8 @@ starts at its end).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from dagq.dispatching import Outgoing
 from dagq.observability import metrics, spans, tracing
@@ -22,8 +23,7 @@ _WAIT_ENDS = (("timer fired", "timer"), ("signal '", "signal"), ("no signal '", 
 _WAIT_END_PREFIXES = tuple(prefix for prefix, _ in _WAIT_ENDS)
 
 
-@dataclass(frozen=True, slots=True)
-class Before:
+class Before(msgspec.Struct, frozen=True):
     """What a step started from."""
 
     epoch: int

@@ -30,7 +30,6 @@ import socket
 import sys
 import tempfile
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -130,8 +129,7 @@ _READ_BYTES = 64 * 1024
 _LARGE_READ_BYTES = 4 * 1024 * 1024
 
 
-@dataclass(eq=False)
-class _Process:
+class _Process(msgspec.Struct, eq=False):
     """One pool process and the pipes to it."""
 
     pid: int
@@ -140,12 +138,12 @@ class _Process:
     replies: _Replies
     writer: asyncio.WriteTransport
     #: The import path it was last given.
-    paths: list[str] = field(default_factory=list)
+    paths: list[str] = msgspec.field(default_factory=list)
     killed: bool = False
     #: Where its tasks' stdout and stderr go (made at its first task).
     output: ProcessOutput | None = None
     #: The stored inputs it holds (sent once, then left out of its requests).
-    held: Held = field(default_factory=Held)
+    held: Held = msgspec.field(default_factory=Held)
 
     @property
     def alive(self) -> bool:

@@ -29,9 +29,10 @@ import signal
 import stat
 import tempfile
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+import msgspec
 
 from dagq.errors import DagqError
 from dagq.messages import TaskSpec
@@ -156,8 +157,7 @@ async def _finish(
     return failure
 
 
-@dataclass(frozen=True, slots=True)
-class _Files:
+class _Files(msgspec.Struct, frozen=True):
     """The files of one attempt (paths as text), and the directory bg_dirsync_to copies."""
 
     inputs: str

@@ -19,9 +19,9 @@ from __future__ import annotations
 import contextlib
 import math
 import uuid
-from dataclasses import replace
 from urllib.parse import quote, unquote
 
+import msgspec
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.blob.aio import BlobClient, BlobLeaseClient
 
@@ -100,7 +100,7 @@ class AzureLeases:
             if isinstance(exc, ResourceNotFoundError) or error_code(exc).startswith("Lease"):
                 raise lease_lost(lease) from exc
             raise self._service.unavailable("blob.lease", exc) from exc
-        renewed = replace(lease, expires_at=self._clock() + seconds)
+        renewed = msgspec.structs.replace(lease, expires_at=self._clock() + seconds)
         await self._describe(renewed)
         return renewed
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -286,8 +285,7 @@ class Index(Protocol):
 # --- leases -----------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(msgspec.Struct, frozen=True):
     """A held lease. ``token`` changes at every acquisition."""
 
     name: str
@@ -342,18 +340,31 @@ class SendOp(msgspec.Struct, frozen=True):
     messages: Sequence[OutgoingMessage]
 
 
-@dataclass(frozen=True, slots=True)
-class AckOp:
+class AckOp(msgspec.Struct, frozen=True):
     """``queues.delete`` inside a batch.
 
     The commit appends to ``deleted`` how many of ``receipts`` it deleted: a store
     ignores a stale receipt, so fewer means a message was no longer held (its task
-    may run again), which the caller must not ignore.
+    may run again), which the caller must not ignore. ``deleted`` is an outcome, not
+    part of the operation: equality and hash leave it out.
     """
 
     queue: str
     receipts: Sequence[str]
-    deleted: list[int] = field(default_factory=list, compare=False)
+    deleted: list[int] = msgspec.field(default_factory=list)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, AckOp)
+        return (self.queue, self.receipts) == (other.queue, other.receipts)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash((self.queue, self.receipts))
 
 
 class UpsertOp(msgspec.Struct, frozen=True):
@@ -492,8 +503,7 @@ class Handoff(Protocol):
     ) -> asyncio.Future[list[AckOp] | None] | None: ...
 
 
-@dataclass(eq=False)
-class Store:
+class Store(msgspec.Struct, eq=False):
     """A backend: the four primitives under one URL."""
 
     url: str
@@ -501,14 +511,14 @@ class Store:
     queues: Queues
     index: Index
     leases: Leases
-    closers: list[Callable[[], Any]] = field(default_factory=list)
+    closers: list[Callable[[], Any]] = msgspec.field(default_factory=list)
     #: Commits a :class:`Batch` natively (e.g. in one transaction); None: in order.
     committer: Committer | None = None
     #: Storage transactions made so far, by kind (``blob.put``, ``queue.receive``, ...),
     #: for backends billed per transaction; None where nothing is counted.
     transactions: Counter[str] | None = None
     #: Wakes readers waiting for a part of the store to change (server streams).
-    changes: ChangeFeed = field(default_factory=ChangeFeed)
+    changes: ChangeFeed = msgspec.field(default_factory=ChangeFeed)
     #: The coordinator of this process while it holds the lease on an atomic store:
     #: workers here hand it their completions (:class:`Handoff`); None: post them.
     handoff: Handoff | None = None

@@ -22,7 +22,8 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+
+import msgspec
 
 #: The topic of the listing rows (``Index.upsert`` and batched upserts).
 INDEX_TOPIC = "#index"
@@ -35,13 +36,12 @@ def topic_of(key: str) -> str:
     return key[: key.rfind("/") + 1]
 
 
-@dataclass(eq=False)
-class Watcher:
+class Watcher(msgspec.Struct, eq=False):
     """One reader's subscription to a topic; :meth:`wait` returns at its next change."""
 
     topic: str
     feed: ChangeFeed
-    _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    _loop: asyncio.AbstractEventLoop = msgspec.field(default_factory=asyncio.get_running_loop)
     _pending: str | None = None
     _future: asyncio.Future[None] | None = None
 

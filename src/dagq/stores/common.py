@@ -11,7 +11,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import secrets
+import os
 import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,9 +35,10 @@ def new_token() -> str:
     """A random 16-hex-digit token for etags, receipts and lease tokens.
 
     Random rather than a counter, so a version can never come back after a delete
-    and re-create (no ABA).
+    and re-create (no ABA). What ``secrets.token_hex(8)`` returns, without importing
+    ``secrets`` (and with it ``random`` and ``hmac``) into every command that opens a store.
     """
-    return secrets.token_hex(8)
+    return os.urandom(8).hex()
 
 
 def new_message_id() -> str:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+import msgspec
 
 from dagq.errors import LeaseHeld
 from dagq.stores.base import (
@@ -327,7 +329,7 @@ class MemoryLeases:
         held = self._leases.get(lease.name)
         if held is None or held.token != lease.token:
             raise lease_lost(lease)
-        renewed = replace(held, expires_at=self._clock() + ttl_s)
+        renewed = msgspec.structs.replace(held, expires_at=self._clock() + ttl_s)
         self._leases[lease.name] = renewed
         return renewed
 

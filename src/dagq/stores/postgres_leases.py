@@ -8,7 +8,7 @@ coordinators starting at once cannot both win. A batch's fence locks the row
 
 from __future__ import annotations
 
-from dataclasses import replace
+import msgspec
 
 from dagq.errors import LeaseHeld, LeaseLost
 from dagq.stores.base import Lease
@@ -77,7 +77,7 @@ class PostgresLeases:
         sql = "UPDATE {s}.leases SET expires_at = %s WHERE name = %s AND token = %s"
         if await self._db.count(sql, (expires_at, lease.name, lease.token)) == 0:
             raise lease_lost(lease)
-        return replace(lease, expires_at=expires_at)
+        return msgspec.structs.replace(lease, expires_at=expires_at)
 
     async def release(self, lease: Lease) -> None:
         sql = "DELETE FROM {s}.leases WHERE name = %s AND token = %s"

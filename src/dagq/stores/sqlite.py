@@ -23,10 +23,11 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import closing, contextmanager
-from dataclasses import replace
 from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, TypeVar
+
+import msgspec
 
 from dagq.errors import LeaseHeld, LeaseLost, StoreUnavailable, ValidationError
 from dagq.garbage import release
@@ -1003,7 +1004,7 @@ class SqliteLeases:
         args = (expires_at, lease.name, lease.token)
         if await self._db.write(lambda c: c.execute(sql, args).rowcount) == 0:
             raise lease_lost(lease)
-        return replace(lease, expires_at=expires_at)
+        return msgspec.structs.replace(lease, expires_at=expires_at)
 
     async def release(self, lease: Lease) -> None:
         sql = "DELETE FROM leases WHERE name = ? AND token = ?"

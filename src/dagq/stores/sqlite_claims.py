@@ -25,21 +25,20 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+
+import msgspec
 
 from dagq.stores.base import Message
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Ask:
+class Ask(msgspec.Struct, frozen=True, eq=False):
     """What a waiting receiver's next receive would ask for."""
 
     max_messages: int
     visibility_timeout_s: float
 
 
-@dataclass(slots=True)
-class _Claimed:
+class _Claimed(msgspec.Struct):
     message: Message
     #: The receiver's sends count once the claiming commit has announced its send.
     seen: int

@@ -20,8 +20,9 @@ that is still empty.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+import msgspec
 
 from dagq import keys
 from dagq.errors import UsageError
@@ -33,8 +34,7 @@ PAGE = 500
 MAX_DEAD_LETTERS = 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class PendingMessage:
+class PendingMessage(msgspec.Struct, frozen=True):
     """A queued message as stored, read without being received."""
 
     queue: str
@@ -51,8 +51,7 @@ class PendingReader(Protocol):
         ...
 
 
-@dataclass
-class CopyReport:
+class CopyReport(msgspec.Struct):
     """How much was copied."""
 
     documents: int = 0
