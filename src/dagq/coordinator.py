@@ -216,6 +216,8 @@ class Coordinator:
         )
         self.stats = Stats()
         self.changed = asyncio.Event()
+        #: Set when a flush ends a workflow (``changed`` is set by every flush).
+        self.ended = asyncio.Event()
         #: Large workflows' steps run in threads; readers wait for them (:mod:`dagq.offload`).
         self.offload = Offload()
         self._cache = WorkflowCache(self.options.cache_size, due=self._due, busy=self.offload.busy)
@@ -269,6 +271,9 @@ class Coordinator:
         # what the step after it found, and the polls (for sends elsewhere) need not
         # quicken for it (on a store that bills receives, they found nothing mostly).
         announced = False
+        # One wait for the stop, shared by every idle wait (not a task made and
+        # cancelled at each one).
+        stopping = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
                 supervisor.check()
@@ -282,10 +287,11 @@ class Coordinator:
                 if handled and not announced:
                     self._poll_delay = self._first_poll()
                 # The wait returns at once if an event arrived since the receive.
-                announced = await self._idle(stop)
+                announced = await self._idle(stopping)
                 if not handled and not announced:
                     self._poll_delay = min(self._poll_delay * 2, self.options.poll_interval_s)
         finally:
+            stopping.cancel()
             switching.restore(self.options.switch_interval_s)
             if self.store.handoff is self:
                 self.store.handoff = None
@@ -346,7 +352,7 @@ class Coordinator:
             self._backoff = _FIRST_BACKOFF_S
         return int(result or 0)
 
-    async def _idle(self, stop: asyncio.Event) -> bool:
+    async def _idle(self, stopping: asyncio.Future[Any]) -> bool:
         """Wait for an event, a stop, the next poll or sweep; whether it ended well
         before its time (a send in this process, most likely)."""
         if self._inbox:
@@ -355,14 +361,13 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         due = loop.time() + 0.9 * timeout
         waiter = asyncio.ensure_future(self.store.queues.wait(keys.COMPLETIONS_QUEUE, timeout))
-        stopper = asyncio.ensure_future(stop.wait())
         arrival = self._arrived()
-        waits: set[asyncio.Future[Any]] = {waiter, stopper, arrival}
+        waits: set[asyncio.Future[Any]] = {waiter, stopping, arrival}
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if waiter.done():  # a send (or the poll): the queue's turn
             self._queue_due = True
-        for pending in waits:
-            pending.cancel()
+        waiter.cancel()
+        arrival.cancel()
         self._arrival = None
         return loop.time() < due
 
@@ -824,6 +829,7 @@ class Coordinator:
             self.stats.finished_workflows += 1
             self.telemetry.finished(entry.plan.name, st, self.clock())
             log.info("workflow %s %s", st.workflow_id, st.status)
+            self.ended.set()
         self.changed.set()
 
     async def _send(self, entry: Entry, pending: list[tuple[machine.Dispatch, Outgoing]]) -> None:

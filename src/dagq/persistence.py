@@ -26,7 +26,7 @@ import msgspec
 from dagq import keys, snapshots
 from dagq.errors import ConflictError, DagqError, DamagedData, StoreUnavailable
 from dagq.plan import Plan
-from dagq.state import RunState
+from dagq.state import WORKFLOW_TERMINAL, RunState
 from dagq.stores.base import Batch, Store
 
 #: Workflows up to this many tasks keep their task columns in the header itself.
@@ -179,7 +179,12 @@ def stage_state(batch: Batch, state: RunState, stored: Stored) -> Staged:
     """Stage the writes of ``state`` over the version ``stored`` names (header last)."""
     workflow_id = state.workflow_id
     if not _large(state):
-        head = snapshots.header(state, inline=snapshots.encode_tasks(state))
+        # Rewritten whole at every flush: compressed only once the run has ended (it is
+        # read, not rewritten, from then on). While it runs, zlib cost more than the
+        # bytes it saved: ~0.45 ms of CPU a flush for a 1,000-task run's 41 KB of
+        # columns (to 12 KB), some 40 us a task when each flush ends a dozen tasks.
+        ended = state.status in WORKFLOW_TERMINAL
+        head = snapshots.header(state, inline=snapshots.encode_tasks(state, compress=ended))
         written = Stored("")
     elif stored.base is None or len(stored.deltas) >= MOST_DELTAS:
         # No base yet (a state stored inline grew), or folding lags far behind: fold here.

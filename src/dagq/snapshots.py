@@ -148,10 +148,11 @@ def _compress(data: bytes) -> bytes:
 RAW_BYTES = 512
 
 
-def _packed(raw: bytes) -> bytes:
-    """Msgpack bytes of columns or a delta as stored: as they are when small (they
-    begin with a msgpack array header, never with a zlib stream's), else compressed."""
-    return raw if len(raw) <= RAW_BYTES else _compress(raw)
+def _packed(raw: bytes, compress: bool = True) -> bytes:
+    """Msgpack bytes of columns or a delta as stored: as they are when small or when
+    ``compress`` is False (they begin with a msgpack array header, never with a zlib
+    stream's), else compressed."""
+    return _compress(raw) if compress and len(raw) > RAW_BYTES else raw
 
 
 def _unpacked(data: bytes) -> bytes:
@@ -304,9 +305,10 @@ def empty_state(head: Header) -> RunState:
 # --- task columns and deltas --------------------------------------------------------------
 
 
-def encode_tasks(state: RunState) -> bytes:
-    """Every task column (compressed unless small, see :data:`RAW_BYTES`)."""
-    return encode_copy(copy_tasks(state))
+def encode_tasks(state: RunState, *, compress: bool = True) -> bytes:
+    """Every task column (compressed unless small, see :data:`RAW_BYTES`, or unless
+    ``compress`` is False)."""
+    return encode_copy(copy_tasks(state), compress=compress)
 
 
 def copy_tasks(state: RunState) -> _Tasks:
@@ -322,9 +324,9 @@ def copy_tasks(state: RunState) -> _Tasks:
     )
 
 
-def encode_copy(columns: _Tasks) -> bytes:
+def encode_copy(columns: _Tasks, *, compress: bool = True) -> bytes:
     """The bytes of :func:`copy_tasks` columns (compression lets go of the GIL)."""
-    return _packed(_encoder.encode(columns))
+    return _packed(_encoder.encode(columns), compress)
 
 
 def load_tasks(state: RunState, data: bytes) -> None:

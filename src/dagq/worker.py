@@ -309,6 +309,15 @@ class Worker:
         supervisor.check()
 
     async def _serve(self, stop: asyncio.Event) -> None:
+        # One wait for the stop, shared by every wait below (a task each time, made and
+        # cancelled at every wait, cost two of the loop's turns a finished task).
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await self._serving(stop, stopping)
+        finally:
+            stopping.cancel()
+
+    async def _serving(self, stop: asyncio.Event, stopping: asyncio.Future[Any]) -> None:
         idle_since = self.clock()
         queue_index = 0
         poll = self._first_poll()
@@ -326,10 +335,10 @@ class Worker:
             wanted = self._wanted()
             if wanted <= 0 or self._reporting() >= _REPORTING_PER_SLOT * (self.options.concurrency):
                 self._slot_freed.clear()
-                await _first(self._slot_freed.wait(), stop.wait())
+                await _first(self._slot_freed.wait(), stopping, keep=stopping)
                 continue
             if dry_until is not None:
-                announced = await self._wait_queues(dry_until, stop) or announced
+                announced = await self._wait_queues(dry_until, stopping) or announced
                 dry_until = None
                 if stop.is_set():
                     break
@@ -355,12 +364,12 @@ class Worker:
                 if self._busy < self.options.concurrency:
                     continue  # a slot came free meanwhile
             dry_until = loop.time() + poll
-            announced = await self._wait_queues(dry_until - 0.1 * poll, stop, poll)
+            announced = await self._wait_queues(dry_until - 0.1 * poll, stopping, poll)
             if not announced:
                 poll = min(poll * 2, self.options.poll_interval_s)
 
     async def _wait_queues(
-        self, until: float, stop: asyncio.Event, timeout_s: float | None = None
+        self, until: float, stopping: asyncio.Future[Any], timeout_s: float | None = None
     ) -> bool:
         """Wait for a send to one of the queues (one since the last receive returns at
         once), a stop, or a slot for the backlog, for ``timeout_s`` (None: until
@@ -372,7 +381,7 @@ class Worker:
         waits: list[Any] = [self.store.queues.wait(q, left) for q in self.options.queues]
         if self._backlog:
             waits.append(self._slot_freed.wait())
-        await _first(*waits, stop.wait())
+        await _first(*waits, stopping, keep=stopping)
         return loop.time() < until
 
     async def _take_all(self, wanted: int, first: int) -> tuple[int, int]:
@@ -1151,14 +1160,16 @@ def _failure_event(report: TaskFinished, exc: BaseException) -> TaskFinished:
     )
 
 
-async def _first(*waits: Any) -> None:
-    """Wait until the first of several awaitables finishes; cancel the rest."""
+async def _first(*waits: Any, keep: asyncio.Future[Any] | None = None) -> None:
+    """Wait until the first of several awaitables finishes; cancel the rest (but
+    ``keep``, a future shared by several waits)."""
     tasks = [asyncio.ensure_future(w) for w in waits]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for t in tasks:
-            t.cancel()
+            if t is not keep:
+                t.cancel()
 
 
 def _attempt_id(task: TaskMessage) -> str:

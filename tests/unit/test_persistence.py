@@ -314,3 +314,25 @@ async def test_a_part_missing_under_the_current_header_is_damage(any_store: Stor
 )
 def test_a_dispatch_key_gives_back_its_task_item_and_undo(task: int, item: int, undo: bool) -> None:
     assert dispatch_parts(dispatch_key(task, item, undo)) == (task, item, undo)
+
+
+async def test_an_inline_state_is_compressed_only_once_its_run_has_ended(store: Store) -> None:
+    sim = wide(200)  # columns well over RAW_BYTES, but inline
+    stored = persistence.Stored(await create_state(store, sim.state))
+    finish(sim, "root", 1)
+    stored = await write_state(store, sim.state, stored)
+    doc = await store.documents.get(keys.state("wf-1"))
+    assert doc is not None
+    running = snapshots.decode_header(doc.data).inline
+    assert running is not None and len(running) > snapshots.RAW_BYTES
+    assert running == msgspec.msgpack.encode(snapshots.copy_tasks(sim.state))  # no zlib
+    for i in range(200):
+        finish(sim, f"t{i}", i)
+    assert sim.state.status == "completed"
+    await write_state(store, sim.state, stored)
+    doc = await store.documents.get(keys.state("wf-1"))
+    assert doc is not None
+    ended = snapshots.decode_header(doc.data).inline
+    assert ended is not None and zlib.decompress(ended)  # at rest: compressed
+    loaded, _ = await read_state(store, "wf-1", sim.plan)  # type: ignore[misc]
+    assert loaded.outputs == sim.state.outputs and loaded.status == "completed"

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import pytest
 
 from dagq.live_logs import CUT_NOTE, MAX_LIVE_BYTES, LiveLog
 from dagq.runners import TaskContext
+from dagq.runners.capture import LOG_LIMIT, ProcessOutput
+from dagq.runners.child import _pending
 from dagq.runners.pool import TaskPool
 from dagq.stores.memory import open_memory_store
 
@@ -109,3 +112,42 @@ async def test_live_output_is_bounded_and_says_where_it_stops() -> None:
     assert len(data) == MAX_LIVE_BYTES + len(CUT_NOTE)
     assert data.endswith(CUT_NOTE)
     await store.close()
+
+
+async def test_the_worker_reads_the_fifos_at_the_end_only_when_the_process_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    drains: list[bool] = []
+    end = ProcessOutput.end
+
+    def spy(self: ProcessOutput, *, drain: bool = True) -> None:
+        drains.append(drain)
+        end(self, drain=drain)
+
+    monkeypatch.setattr(ProcessOutput, "end", spy)
+    pool = TaskPool(1)
+    try:
+        quiet = await pool.run("tests.sample_tasks:echo", {"a": 1}, CTX, None)
+        loud = await pool.run("tests.sample_tasks:say", {"text": "x" * 200_000}, CTX, None)
+    finally:
+        await pool.close()
+
+    assert quiet.ok and quiet.log == b""
+    assert drains[0] is False  # nothing written: nothing left to read, no read made
+    # More than a FIFO holds: the process waited for the worker to read as it wrote,
+    # and every byte reached the log's kept tail either way.
+    assert loud.ok and loud.log.count(b"x") == LOG_LIMIT - 1  # the tail kept, its newline
+    assert loud.log.startswith(b"--- stdout ---\nxxx")
+
+
+def test_pending_counts_the_bytes_a_pipe_holds_from_either_end() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        assert _pending(write_end) == _pending(read_end) == 0
+        os.write(write_end, b"hello")
+        assert _pending(write_end) == _pending(read_end) == 5
+        os.read(read_end, 5)
+        assert _pending(write_end) == 0
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -116,10 +116,11 @@ class ProcessOutput:
         self._current = AttemptOutput(live)
         return self._current
 
-    def end(self) -> None:
+    def end(self, *, drain: bool = True) -> None:
         """The attempt has ended (the pool process replied, or died): read what is
-        left in the FIFOs into its output."""
-        for stream, fd in enumerate(self._readers):
+        left in the FIFOs into its output (``drain``: False when the pool process
+        found both FIFOs empty as the attempt ended, which spares two reads a task)."""
+        for stream, fd in enumerate(self._readers if drain else ()):
             drained = 0
             while drained < _DRAIN_LIMIT and (got := self._readable(fd, stream)):
                 drained += got

@@ -30,6 +30,7 @@ import signal
 import socket
 import struct
 import sys
+import termios
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -66,6 +67,9 @@ class Reply(NamedTuple):
     error_type: str | None = None
     #: For the attempt's log: the traceback of the exception that failed it.
     log: str = ""
+    #: The attempt's stdout or stderr may still hold bytes the worker has not read (False:
+    #: both were empty when the call ended, so the worker need not look).
+    unread: bool = True
 
 
 class Request(NamedTuple):
@@ -402,10 +406,20 @@ def main(argv: list[str]) -> None:
                     reply = Reply(ok=False, error=f"the pool process failed it: {describe(exc)}")
                 if tracing.enabled():  # its spans out before the reply (it may be killed)
                     tracing.flush()
-        try:
-            _write(replies, pickle.dumps(tuple(reply), protocol=pickle.HIGHEST_PROTOCOL))
-        except BrokenPipeError:  # the parent is gone
-            return
+        if not _send_reply(replies, reply, request.logs):
+            return  # the parent is gone
+
+
+def _send_reply(replies: int, reply: Reply, logs: tuple[str, str] | None) -> bool:
+    """Send ``reply``, saying whether the attempt's output FIFOs still hold unread bytes;
+    False if the parent is gone."""
+    if logs is not None and not _redirection.unread(logs):
+        reply = reply._replace(unread=False)
+    try:
+        _write(replies, pickle.dumps(tuple(reply), protocol=pickle.HIGHEST_PROTOCOL))
+    except BrokenPipeError:
+        return False
+    return True
 
 
 #: How ``logging`` records of a task show in its log, when the task set up no handler.
@@ -438,6 +452,17 @@ class _Redirection:
                 fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 3),
             )
         return fds
+
+    def unread(self, paths: tuple[str, str]) -> bool:
+        """May the FIFOs ``paths`` hold bytes not yet read? (An attempt's writes are all
+        in them once it ended; the worker reads them as they come, so mostly not.)"""
+        fds = self.fifos.get(paths)
+        if fds is None:
+            return True
+        try:
+            return any(_pending(fd) for fd in fds)
+        except OSError:
+            return True
 
     def log_handler(self) -> logging.Handler:
         if self.handler is None:
@@ -511,6 +536,16 @@ def redirected(paths: tuple[str, str] | None) -> Iterator[None]:
         assert _redirection.originals is not None
         os.dup2(_redirection.originals[0], 1)
         os.dup2(_redirection.originals[1], 2)
+
+
+def _pending(fd: int) -> int:
+    """How many bytes wait in the pipe or FIFO ``fd`` (either end)."""
+    (count,) = _COUNT.unpack(fcntl.ioctl(fd, termios.FIONREAD, _COUNT_BUFFER))
+    return int(count)
+
+
+_COUNT = struct.Struct("i")
+_COUNT_BUFFER = bytes(_COUNT.size)
 
 
 def _die_with(parent: int) -> None:

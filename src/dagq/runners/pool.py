@@ -339,6 +339,7 @@ class TaskPool:
         output = self._output(process)
         captured = None if output is None else output.begin(live)
         timer: asyncio.TimerHandle | None = None
+        reply: Reply | None = None
         try:
             paths = sys.path
             changed = None if paths == process.paths else list(paths)
@@ -371,7 +372,8 @@ class TaskPool:
             if timer is not None:
                 timer.cancel()
             if output is not None:
-                output.end()
+                # Left unread: nothing (the pool process looked), unless it did not say.
+                output.end(drain=reply is None or reply.unread)
             self._release(process)
         if captured is None:
             return outcome
