@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from pathlib import Path
 
 import pytest
 
 from dagq.live_logs import CUT_NOTE, MAX_LIVE_BYTES, LiveLog
 from dagq.runners import TaskContext
+from dagq.runners.capture import ProcessOutput
+from dagq.runners.child import _Redirection
 from dagq.runners.pool import TaskPool
 from dagq.stores.memory import open_memory_store
 
@@ -109,3 +113,65 @@ async def test_live_output_is_bounded_and_says_where_it_stops() -> None:
     assert len(data) == MAX_LIVE_BYTES + len(CUT_NOTE)
     assert data.endswith(CUT_NOTE)
     await store.close()
+
+
+async def test_the_pool_process_tells_whether_output_waits_unread(tmp_path: Path) -> None:
+    output = ProcessOutput(str(tmp_path), "p")
+    output.open()
+    redirection = _Redirection()
+    try:
+        attempt = output.begin()
+        written = redirection.targets(output.paths)  # the pool process's write ends
+        assert not redirection.unread(output.paths)
+        os.write(written[1], b"late\n")
+        assert redirection.unread(output.paths)
+        output.end()  # drains
+        assert not redirection.unread(output.paths)
+        assert attempt.stderr.bytes() == b"late\n"
+        assert redirection.unread(("elsewhere.out", "elsewhere.err"))  # unsure: yes
+    finally:
+        for fd in redirection.fifos.get(output.paths, ()):
+            os.close(fd)
+        output.close()
+
+
+async def test_the_end_of_an_attempt_reads_nothing_when_told_nothing_waits(
+    tmp_path: Path,
+) -> None:
+    output = ProcessOutput(str(tmp_path), "p")
+    output.open()
+    writer = os.open(output.paths[0], os.O_WRONLY)
+    try:
+        attempt = output.begin()
+        os.write(writer, b"left by something the task started\n")
+        output.end(drain=False)
+        assert attempt.stdout.bytes() == b""  # not read into this attempt
+    finally:
+        os.close(writer)
+        output.close()
+
+
+async def test_a_task_that_wrote_nothing_spares_the_worker_its_drain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    drains: list[bool] = []
+    end = ProcessOutput.end
+
+    def recorded(self: ProcessOutput, *, drain: bool = True) -> None:
+        drains.append(drain)
+        end(self, drain=drain)
+
+    monkeypatch.setattr(ProcessOutput, "end", recorded)
+    pool = TaskPool(1)
+    try:
+        silent = await pool.run("tests.sample_tasks:echo", {"a": 1}, CTX, None)
+        spoke = await pool.run(
+            "tests.sample_tasks:say", {"text": "heard", "stderr": "e"}, CTX, None
+        )
+    finally:
+        await pool.close()
+
+    assert silent.ok and silent.output == {"a": 1}
+    assert silent.log == b""
+    assert drains[0] is False
+    assert spoke.log == b"--- stdout ---\nheard\n\n--- stderr ---\ne\n"

@@ -82,8 +82,9 @@ class ProcessOutput:
     never sees an end of file. Each attempt's chunks go to its :class:`AttemptOutput`,
     between :meth:`begin` and :meth:`end`. The pool process puts its file descriptors
     back before it replies, so once the reply is in, all the attempt wrote is in the
-    FIFOs, and :meth:`end` reads it without waiting. What something a task left
-    running writes later is dropped.
+    FIFOs, and :meth:`end` reads it without waiting; its reply says whether it saw
+    anything left in them, and if not :meth:`end` reads nothing. What something a task
+    left running writes later is dropped.
     """
 
     def __init__(self, directory: str, name: str) -> None:
@@ -116,10 +117,12 @@ class ProcessOutput:
         self._current = AttemptOutput(live)
         return self._current
 
-    def end(self) -> None:
+    def end(self, *, drain: bool = True) -> None:
         """The attempt has ended (the pool process replied, or died): read what is
-        left in the FIFOs into its output."""
-        for stream, fd in enumerate(self._readers):
+        left in the FIFOs into its output — unless ``drain`` is False: the pool
+        process saw them empty once the attempt ended, so the reads are spared (each
+        a system call on the event loop, which lets go of the GIL and may wait for it)."""
+        for stream, fd in enumerate(self._readers if drain else ()):
             drained = 0
             while drained < _DRAIN_LIMIT and (got := self._readable(fd, stream)):
                 drained += got

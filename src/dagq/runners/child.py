@@ -30,6 +30,7 @@ import signal
 import socket
 import struct
 import sys
+import termios
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -66,6 +67,10 @@ class Reply(NamedTuple):
     error_type: str | None = None
     #: For the attempt's log: the traceback of the exception that failed it.
     log: str = ""
+    #: Output may be left in the FIFOs for the worker to read: False only when this
+    #: process saw both of them empty once the attempt ended (the worker then skips
+    #: its drain: two reads on its event loop that would find nothing).
+    unread_output: bool = True
 
 
 class Request(NamedTuple):
@@ -403,9 +408,17 @@ def main(argv: list[str]) -> None:
                 if tracing.enabled():  # its spans out before the reply (it may be killed)
                     tracing.flush()
         try:
-            _write(replies, pickle.dumps(tuple(reply), protocol=pickle.HIGHEST_PROTOCOL))
+            _write(replies, _packed(reply, request.logs))
         except BrokenPipeError:  # the parent is gone
             return
+
+
+def _packed(reply: Reply, logs: tuple[str, str] | None) -> bytes:
+    """A reply as it travels, saying whether the attempt's output waits unread in the
+    FIFOs ``logs``."""
+    if logs is not None and not _redirection.unread(logs):
+        reply = reply._replace(unread_output=False)
+    return pickle.dumps(tuple(reply), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 #: How ``logging`` records of a task show in its log, when the task set up no handler.
@@ -439,11 +452,30 @@ class _Redirection:
             )
         return fds
 
+    def unread(self, paths: tuple[str, str]) -> bool:
+        """Is anything written to the FIFOs ``paths`` not read yet (True if unsure)?"""
+        fds = self.fifos.get(paths)
+        if fds is None:
+            return True
+        try:
+            return any(_pending(fd) for fd in fds)
+        except OSError:
+            return True
+
     def log_handler(self) -> logging.Handler:
         if self.handler is None:
             self.handler = logging.StreamHandler(_StderrNow())
             self.handler.setFormatter(logging.Formatter(LOG_FORMAT))
         return self.handler
+
+
+def _pending(fd: int) -> int:
+    """How many bytes wait in the pipe ``fd`` is an end of."""
+    (count,) = _COUNT.unpack(fcntl.ioctl(fd, termios.FIONREAD, bytes(_COUNT.size)))
+    return int(count)
+
+
+_COUNT = struct.Struct("i")
 
 
 class _StderrNow:

@@ -341,6 +341,7 @@ class TaskPool:
         output = self._output(process)
         captured = None if output is None else output.begin(live)
         timer: asyncio.TimerHandle | None = None
+        unread = True  # what the attempt wrote may wait in the FIFOs (unless it says not)
         try:
             paths = sys.path
             changed = None if paths == process.paths else list(paths)
@@ -369,11 +370,12 @@ class TaskPool:
             raise
         else:
             outcome = _outcome(reply)
+            unread = reply.unread_output
         finally:
             if timer is not None:
                 timer.cancel()
             if output is not None:
-                output.end()
+                output.end(drain=unread)
             self._release(process)
         if captured is None:
             return outcome
