@@ -160,6 +160,7 @@ async def inproc(
         "loop_lag_max_ms": lag.max_ms,
         "loop_lag_p99_ms": lag.p99_ms,
         "loop_lag_own_max_ms": lag.own_max_ms,
+        "loop_lag_own_p99_ms": lag.own_p99_ms,
         "loop_lag_worst": lag.worst(),
     }
     return result

@@ -19,11 +19,19 @@ async def test_a_loop_blocked_for_a_while_shows_as_that_much_lag() -> None:
     assert lag.own_max_ms >= 150  # the loop ran that call: none of it was waiting for a CPU
     assert len(lag.lags) >= 3
     assert lag.p99_ms <= lag.max_ms
+    assert lag.own_p99_ms <= lag.own_max_ms
+
+
+async def test_the_own_p99_is_the_99th_percentile_of_the_lags_less_cpu_waits() -> None:
+    lag = LoopLag()
+    lag.own = [i / 1000 for i in range(1, 201)]  # 1..200 ms
+    assert lag.own_p99_ms == 198.0
+    assert lag.own_max_ms == 200.0
 
 
 async def test_the_monitor_stops_with_its_block_and_starts_empty() -> None:
     lag = LoopLag()
-    assert (lag.max_ms, lag.p99_ms) == (0.0, 0.0)
+    assert (lag.max_ms, lag.p99_ms, lag.own_p99_ms) == (0.0, 0.0, 0.0)
     async with lag:
         await asyncio.sleep(0.03)
     ticks = len(lag.lags)
