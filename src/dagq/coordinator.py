@@ -72,6 +72,7 @@ from dagq.stores.base import (
     OutgoingMessage,
     PutOp,
     Store,
+    takes_handoff,
     wakes_across_processes,
 )
 from dagq.submitted import decode_outline, decode_outlined
@@ -265,7 +266,7 @@ class Coordinator:
         supervisor = Supervisor("coordinator")
         supervisor.start("lease-keeper", self.lease.keep, restart=False)
         self.offload.start()
-        if getattr(self.store.committer, "atomic", False):
+        if takes_handoff(self.store.committer):
             self.store.handoff = self  # workers here hand completions over (deliver)
         garbage.settle()
         switching.lower(self.options.switch_interval_s)
