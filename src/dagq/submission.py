@@ -207,7 +207,7 @@ def _handed_over(store: Store, workflow_id: str) -> bool:
         return False
 
     def settled(future: asyncio.Future[Any]) -> None:
-        if future.cancelled() or future.result() is None:
+        if future.cancelled() or future.exception() is not None or future.result() is None:
             task = asyncio.ensure_future(_post(store, workflow_id))
             _POSTING.add(task)
             task.add_done_callback(_POSTING.discard)
