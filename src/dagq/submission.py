@@ -158,8 +158,9 @@ async def submit(
             ) from None
         submitted, created = existing, False
         initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
-    row = await store.index.get(workflow_id)
-    if row is None:
+    if created:  # no row: a purge deletes it before the definition
+        await _create_row(store, _pending_row(submitted, plan))
+    elif await store.index.get(workflow_id) is None:
         await store.index.upsert(_pending_row(submitted, plan))
     with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
         await create_state(store, initial)
@@ -191,6 +192,13 @@ async def _submitted_at_once(
     except ConflictError:
         return False
     return True
+
+
+async def _create_row(store: Store, row: IndexRow) -> None:
+    """The row of a workflow that has none: written without looking where it is, on
+    a backend that would otherwise (Azure's ``create``); else upserted."""
+    create = getattr(store.index, "create", None)
+    await (store.index.upsert if create is None else create)(row)
 
 
 def _handed_over(store: Store, workflow_id: str) -> bool:
