@@ -72,6 +72,7 @@ from dagq.stores.base import (
     OutgoingMessage,
     PutOp,
     Store,
+    takes_handoff,
     wakes_across_processes,
 )
 from dagq.submitted import decode_outline, decode_outlined
@@ -89,7 +90,8 @@ _WOKEN_FIRST_POLL_S = 0.05
 #: Waits after a store error: doubling from the first, up to the last, reset on success.
 _FIRST_BACKOFF_S = 0.5
 #: While completions are handed over in this process, the completion queue (where
-#: workers elsewhere post) is still received from at least this often.
+#: workers elsewhere post) is still received from at least this often (on a store
+#: billed per request, which bundles task messages: as often as it is polled).
 _QUEUE_TURN_S = 0.05
 _MAX_BACKOFF_S = 10.0
 
@@ -210,6 +212,8 @@ class Coordinator:
         self.store = store
         self.options = options or CoordinatorOptions()
         self._bundle_size: int = self.options.bundle_size or store.queues.bundle_size
+        billed = store.queues.bundle_size > 1
+        self._queue_turn = max(_QUEUE_TURN_S, self.options.poll_interval_s if billed else 0.0)
         self.clock = clock or time.time
         self.lease = LeaseKeeper(
             store, keys.COORDINATOR_LEASE, ttl_s=self.options.lease_ttl_s, owner=owner
@@ -263,7 +267,7 @@ class Coordinator:
         supervisor = Supervisor("coordinator")
         supervisor.start("lease-keeper", self.lease.keep, restart=False)
         self.offload.start()
-        if getattr(self.store.committer, "atomic", False):
+        if takes_handoff(self.store.committer):
             self.store.handoff = self  # workers here hand completions over (deliver)
         garbage.settle()
         switching.lower(self.options.switch_interval_s)
@@ -410,7 +414,7 @@ class Coordinator:
         if handed and not self._queue_due and now < self._queue_by:
             return []
         self._queue_due = False
-        self._queue_by = now + _QUEUE_TURN_S
+        self._queue_by = now + self._queue_turn
         messages = await self.store.queues.receive(
             keys.COMPLETIONS_QUEUE,
             max_messages=self.options.batch_size,

@@ -11,10 +11,12 @@ existing workflow; the same id with a different definition is refused.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import getpass
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -48,6 +50,10 @@ from dagq.plan import Plan, resolve_params
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
 from dagq.submitted import Submitted, load_submitted, require_submitted
 from dagq.validation import check_values, check_workflow_id
+
+log = logging.getLogger("dagq.submission")
+#: Wake-up messages posted because a hand-over was declined, until sent.
+_POSTING: set[asyncio.Task[None]] = set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +158,14 @@ async def submit(
             ) from None
         submitted, created = existing, False
         initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
-    row = await store.index.get(workflow_id)
-    if row is None:
+    if created:  # no row: a purge deletes it before the definition
+        await _create_row(store, _pending_row(submitted, plan))
+    elif await store.index.get(workflow_id) is None:
         await store.index.upsert(_pending_row(submitted, plan))
     with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
         await create_state(store, initial)
-    await store.queues.send(keys.COMPLETIONS_QUEUE, [_submit_event(workflow_id)])
+    if not _handed_over(store, workflow_id):
+        await store.queues.send(keys.COMPLETIONS_QUEUE, [_submit_event(workflow_id)])
     if created:
         spans.submitted(workflow_id, definition.name, began, clock())
     return SubmitResult(workflow_id, created, plan, submitted.fingerprint)
@@ -184,6 +192,43 @@ async def _submitted_at_once(
     except ConflictError:
         return False
     return True
+
+
+async def _create_row(store: Store, row: IndexRow) -> None:
+    """The row of a workflow that has none: written without looking where it is, on
+    a backend that would otherwise (Azure's ``create``); else upserted."""
+    create = getattr(store.index, "create", None)
+    await (store.index.upsert if create is None else create)(row)
+
+
+def _handed_over(store: Store, workflow_id: str) -> bool:
+    """Give a stored workflow's wake-up to the coordinator of this process, if one
+    takes hand-overs (its next commit starts it), instead of a message on the
+    completion queue (a send, a receive and a delete). Declined later (that commit
+    failed, the coordinator stopped), the message is posted then; lost with the
+    process, a coordinator's rescan of the index finds the workflow pending."""
+    handoff = store.handoff
+    if handoff is None:
+        return False
+    taken = handoff.deliver([SubmitRequested(workflow_id=workflow_id)], {})
+    if taken is None:
+        return False
+
+    def settled(future: asyncio.Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None or future.result() is None:
+            task = asyncio.ensure_future(_post(store, workflow_id))
+            _POSTING.add(task)
+            task.add_done_callback(_POSTING.discard)
+
+    taken.add_done_callback(settled)
+    return True
+
+
+async def _post(store: Store, workflow_id: str) -> None:
+    try:
+        await store.queues.send(keys.COMPLETIONS_QUEUE, [_submit_event(workflow_id)])
+    except Exception as exc:  # the rescan finds it pending
+        log.warning("the wake-up of %s was not posted (%s): a rescan starts it", workflow_id, exc)
 
 
 def _submit_event(workflow_id: str) -> OutgoingMessage:

@@ -25,8 +25,10 @@ from dagq.stores.azure_auth import AZURITE_KEY, parse_azure_url, resolve_auth
 from dagq.stores.azure_index import SHARDS, shard
 from dagq.stores.azure_messages import queue_name
 from dagq.stores.base import MAX_MESSAGE_BYTES, IndexRow, OutgoingMessage, Store
+from dagq.submission import submit
 from tests.azurite import find_azurite
 from tests.conftest import azure_prefix
+from tests.helpers import definition
 
 ACCOUNT_KEY = "a2V5"  # any base64 will do: nothing signs in
 
@@ -334,6 +336,24 @@ async def test_a_steady_upsert_is_one_transaction(store: Store) -> None:
         IndexRow(id="w", name="n", status="running", created_at=1.0, updated_at=2.0)
     )
     assert store.transactions - before == {"table.upsert": 1}
+
+
+async def test_a_new_workflows_submit_writes_its_row_without_reading_where_it_is(
+    store: Store,
+) -> None:
+    assert store.transactions is not None
+    await submit(store, definition([{"name": "a"}]), workflow_id="w")  # opens the store
+    before = store.transactions.copy()
+    await submit(store, definition([{"name": "a"}]), workflow_id="v")
+    spent = store.transactions - before
+    # definition, row and pointer (one transaction), state, wake-up: no pointer read
+    assert spent == {"blob.put": 2, "table.batch": 1, "queue.send": 1}
+    row = await store.index.get("v")
+    assert row is not None and row.status == "pending"
+    before = store.transactions.copy()
+    await submit(store, definition([{"name": "a"}]), workflow_id="v")  # again: a no-op
+    assert (store.transactions - before)["table.get"] >= 1  # looked, wrote no row
+    assert "table.batch" not in store.transactions - before
 
 
 async def test_a_status_move_is_one_transaction(store: Store) -> None:

@@ -16,7 +16,9 @@ from dagq.errors import StoreUnavailable
 from dagq.local import LocalRunner
 from dagq.stores.base import AckOp, BatchOp, PutOp, SendOp, Store
 from dagq.stores.intercepting import intercepted
+from dagq.stores.memory import open_memory_store
 from dagq.stores.sqlite import open_sqlite_store
+from dagq.submission import _POSTING, submit
 from tests.helpers import definition
 
 pytestmark = pytest.mark.timeout(60)
@@ -106,3 +108,45 @@ async def test_a_hand_over_whose_commit_fails_is_posted_and_the_run_completes(
         assert (await base.queues.depth("default")).visible == 0
     finally:
         await base.close()
+
+
+class _Coordinator:
+    """A hand-off that takes what it is given and settles it when told."""
+
+    def __init__(self) -> None:
+        self.taken: list[tuple[list[Any], asyncio.Future[list[AckOp] | None]]] = []
+
+    def deliver(
+        self, events: list[Any], acks: dict[str, list[str]]
+    ) -> asyncio.Future[list[AckOp] | None] | None:
+        done: asyncio.Future[list[AckOp] | None] = asyncio.get_running_loop().create_future()
+        self.taken.append((events, done))
+        return done
+
+
+async def _wake_ups(store: Store) -> int:
+    return (await store.queues.depth(keys.COMPLETIONS_QUEUE)).visible
+
+
+async def test_a_submit_hands_its_wake_up_over_and_posts_it_only_if_declined() -> None:
+    store = open_memory_store()
+    coordinator = _Coordinator()
+    store.handoff = coordinator
+    try:
+        await submit(store, definition([{"name": "a"}]), workflow_id="kept")
+        await submit(store, definition([{"name": "a"}]), workflow_id="declined")
+        assert [events[0].workflow_id for events, _ in coordinator.taken] == ["kept", "declined"]
+        assert await _wake_ups(store) == 0  # handed over: no message
+        coordinator.taken[0][1].set_result([])  # committed
+        coordinator.taken[1][1].set_result(None)  # declined: posted after all
+        await asyncio.sleep(0)  # the futures' callbacks run
+        await asyncio.gather(*_POSTING)
+        received = await store.queues.receive(
+            keys.COMPLETIONS_QUEUE, max_messages=10, visibility_timeout_s=30
+        )
+        assert len(received) == 1
+        message = received[0]
+        assert b"declined" in message.body and b"kept" not in message.body
+        assert await _wake_ups(store) == 0
+    finally:
+        await store.close()

@@ -112,6 +112,10 @@ def open_azure_store(
 class PhasedCommitter:
     """Commits a batch in the phases the module docstring lists."""
 
+    #: Acks (phase 4) go only after the states (phase 2) are written: a coordinator
+    #: may take completions handed over in its process (:func:`.base.takes_handoff`).
+    acks_after_states = True
+
     def __init__(self, store: Store, documents: AzureDocuments) -> None:
         self._store = store
         self._documents = documents

@@ -226,6 +226,12 @@ class AzureIndex:
     async def upsert(self, row: IndexRow) -> None:
         await self.upsert_many([row])
 
+    async def create(self, row: IndexRow) -> None:
+        """Write the row of a workflow known to have none (a submit that created its
+        definition): its row and pointer in one transaction, no pointer read first."""
+        self._where[row.id] = None
+        await self.upsert_many([row])
+
     async def upsert_many(self, rows: Sequence[IndexRow]) -> None:
         """Upsert rows of distinct workflows: one entity group transaction per shard
         partition (and per 100 entities), a move's three operations always together."""

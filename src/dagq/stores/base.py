@@ -205,6 +205,17 @@ def wakes_across_processes(queues: Queues) -> bool:
     return bool(getattr(queues, "wakes", False))
 
 
+def takes_handoff(committer: Committer | None) -> bool:
+    """Whether a coordinator committing through ``committer`` may take completions
+    handed over in its process: the batch is one transaction (``atomic``), or its
+    acks are written only once its states are (``acks_after_states``: a failure part
+    way leaves states written and the acks not, and the events, posted again by their
+    workers, apply as no-ops)."""
+    return bool(
+        getattr(committer, "atomic", False) or getattr(committer, "acks_after_states", False)
+    )
+
+
 def report_linger(queues: Queues) -> float:
     """How long a worker's completion may wait for those of its other running tasks,
     to go out in the same commit (a backend's optional ``report_linger_s``; 0 where
@@ -519,8 +530,9 @@ class Store(msgspec.Struct, eq=False):
     transactions: Counter[str] | None = None
     #: Wakes readers waiting for a part of the store to change (server streams).
     changes: ChangeFeed = msgspec.field(default_factory=ChangeFeed)
-    #: The coordinator of this process while it holds the lease on an atomic store:
-    #: workers here hand it their completions (:class:`Handoff`); None: post them.
+    #: The coordinator of this process while it holds the lease on a store whose
+    #: committer takes hand-overs (:func:`takes_handoff`): workers here hand it their
+    #: completions (:class:`Handoff`); None: post them.
     handoff: Handoff | None = None
 
     def batch(self) -> Batch:

@@ -46,6 +46,9 @@ def _intercepted_committer(committer: Committer, hook: Hook) -> Committer:
         result: list[str] = await hook("batch.commit", (ops,), lambda: committer(ops))
         return result
 
+    # Hooked or not, the inner committer writes in the same order.
+    if getattr(committer, "acks_after_states", False):
+        commit.acks_after_states = True  # type: ignore[attr-defined]
     return commit
 
 
