@@ -90,9 +90,7 @@ def main(argv: list[str]) -> None:
             )
             for task, _span in step:
                 attempt = attempts.begin(STORE, task, QUEUE, now + 0.002, now + 0.002)
-                attempts.end(
-                    attempt, ok=True, duration_s=0.001, error_type=None, end_s=now + 0.003
-                )
+                attempts.end(attempt, ok=True, duration_s=0.001, error_type=None, end_s=now + 0.003)
         in_process = time.process_time() - cpu_before
         tracing.flush(60_000)
         flushed = time.process_time() - cpu_before
