@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from dagq import embedded
 from dagq.observability import exporting, ids, otlp, spans, tracing
-from dagq.observability.tracing import Record, Shaped
+from dagq.observability.tracing import Record, Shape, Shaped
 from dagq.stores.memory import open_memory_store
 from tests.helpers import definition
 
@@ -270,3 +270,14 @@ def test_a_negative_zero_after_a_zero_keeps_its_sign() -> None:
     assert signs == [1.0, -1.0, 1.0]
     expected = encode_spans(through_the_sdk(records)).resource_spans[0].scope_spans[0].spans
     assert [s.SerializeToString() for s in found] == [s.SerializeToString() for s in expected]
+    # The same for shapes holding them, one request after the other.
+    encoder = otlp.Encoder({})
+    for value in (0.0, -0.0, 0.0):
+        shape: Shape = ("s", "internal", trace, (("v", value),))
+        request = encoder.request([(shape, 1, None, 1.0, 2.0, "t", 1, 0, None)])
+        (span,) = (
+            ExportTraceServiceRequest.FromString(request).resource_spans[0].scope_spans[0].spans
+        )
+        assert math.copysign(1.0, span.attributes[0].value.double_value) == math.copysign(
+            1.0, value
+        )

@@ -175,11 +175,16 @@ class Encoder:
         shape, span_id, parent, start_s, end_s, task, attempt, linked, error = record
         blocks = None if seen is None else seen.get(id(shape))
         if blocks is None:
-            blocks = self._shapes.get(shape)
+            # Kept by value across requests, unless a value is a float: 0.0 and -0.0
+            # are equal, not the same double (dagq's shapes hold strings).
+            kept = not any(type(value) is float for _, value in shape[3])
+            blocks = self._shapes.get(shape) if kept else None
             if blocks is None:
-                if len(self._shapes) >= _CACHE_LIMIT:
-                    self._shapes.clear()
-                blocks = self._shapes[shape] = _ShapeBlocks.of(shape)
+                blocks = _ShapeBlocks.of(shape)
+                if kept:
+                    if len(self._shapes) >= _CACHE_LIMIT:
+                        self._shapes.clear()
+                    self._shapes[shape] = blocks
             if seen is not None:
                 seen[id(shape)] = blocks
         task_field = self._tasks.get(task)
