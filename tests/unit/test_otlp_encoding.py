@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
@@ -23,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from dagq import embedded
 from dagq.observability import exporting, ids, otlp, spans, tracing
-from dagq.observability.tracing import Record
+from dagq.observability.tracing import Record, Shape, Shaped
 from dagq.stores.memory import open_memory_store
 from tests.helpers import definition
 
@@ -32,7 +33,9 @@ pytestmark = pytest.mark.timeout(60)
 RESOURCE = Resource.create({"service.name": "dagq-test", "deployment.environment": "ci"})
 
 
-def through_the_sdk(records: Sequence[Record], resource: Resource = RESOURCE) -> list[ReadableSpan]:
+def through_the_sdk(
+    records: Sequence[Record | Shaped], resource: Resource = RESOURCE
+) -> list[ReadableSpan]:
     """The SDK spans the records make (as the helper made them before it encoded)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider(resource=resource)
@@ -43,12 +46,16 @@ def through_the_sdk(records: Sequence[Record], resource: Resource = RESOURCE) ->
     return list(exporter.get_finished_spans())
 
 
-def decoded(records: Sequence[Record], resource: Resource = RESOURCE) -> ExportTraceServiceRequest:
+def decoded(
+    records: Sequence[Record | Shaped], resource: Resource = RESOURCE
+) -> ExportTraceServiceRequest:
     encoder = otlp.Encoder(resource.attributes, resource_schema_url=resource.schema_url)
     return ExportTraceServiceRequest.FromString(encoder.request(records))
 
 
-def assert_same_as_the_sdk(records: Sequence[Record], resource: Resource = RESOURCE) -> None:
+def assert_same_as_the_sdk(
+    records: Sequence[Record | Shaped], resource: Resource = RESOURCE
+) -> None:
     expected = encode_spans(through_the_sdk(records, resource))
     found = decoded(records, resource)
     assert len(found.resource_spans[0].scope_spans[0].spans) == len(records)
@@ -67,17 +74,20 @@ class Recording:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.records: list[Record] = []
+        self.records: list[Record | Shaped] = []
 
-    def put(self, record: Record) -> None:
+    def put(self, record: Record | Shaped) -> None:
         self.records.append(record)
         self.inner.put(record)
 
 
 @pytest.fixture
-def recording() -> Iterator[Recording]:
+def recording(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recording]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    # Not made the global provider, which is set once a process: the tests of user
+    # code's spans (test_observability) need theirs to be it, whichever runs first.
+    monkeypatch.setattr(trace, "set_tracer_provider", lambda _provider: None)
     tracing.install(provider)
     tee = Recording(tracing._on.finished)
     tracing._on.finished = tee
@@ -102,12 +112,16 @@ async def test_a_runs_spans_encode_as_the_sdk_encodes_them(recording: Recording)
     now = time.time()
     spans.batch("sqlite:///x.db", 3, workflow_ids=["w-1", "w-2"], start_s=now, end_s=now)
     spans.waited("timer", workflow_id="w-1", workflow_name="w", epoch=0, start_s=now, end_s=now)
-    names = {r[0] for r in recording.records}
+    records = [tracing.record_of(r) for r in recording.records]
+    names = {r[0] for r in records}
     assert {"submit", "run", "send default", "wait default", "process default"} <= names
     assert {"process _completions", "wait timer"} <= names
-    assert any(r[9] for r in recording.records)  # a failure (status, error.type)
-    assert any(r[6] for r in recording.records)  # links
+    assert any(r[9] for r in records)  # a failure (status, error.type)
+    assert any(r[6] for r in records)  # links
+    # An attempt's spans are emitted by their shape; the rest as records.
+    assert {type(r[0]) for r in recording.records} == {str, tuple}
     assert_same_as_the_sdk(recording.records)
+    assert_same_as_the_sdk(records)
 
 
 def test_lengths_over_one_byte_and_every_kind_of_value() -> None:
@@ -184,6 +198,45 @@ def test_any_records_encode_as_the_sdk_encodes_them(records: list[Any]) -> None:
     assert_same_as_the_sdk(records)
 
 
+_OWN = ("dagq.task.name", "dagq.attempt", "error.type")  # what a shaped span adds itself
+_shapes = st.tuples(
+    st.text(min_size=1, max_size=30),
+    st.sampled_from(["internal", "server", "client", "producer", "consumer"]),
+    st.integers(min_value=1, max_value=2**128 - 1),
+    st.lists(
+        st.tuples(st.text(min_size=1, max_size=12).filter(lambda k: k not in _OWN), _values),
+        max_size=6,
+        unique_by=lambda pair: pair[0],
+    ).map(tuple),
+)
+_seconds = st.floats(min_value=0, max_value=1.8e10)
+_shaped = st.tuples(
+    _shapes,
+    _ids,
+    st.none() | _ids,
+    _seconds,
+    _seconds,
+    st.text(max_size=40),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.integers(0, 70),
+    st.just(0) | _ids,
+    st.none() | st.text(min_size=1, max_size=20),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_shaped | _records, min_size=1, max_size=8), st.data())
+def test_shaped_spans_encode_as_the_sdk_encodes_the_spans_they_stand_for(
+    records: list[Any], data: st.DataObject
+) -> None:
+    # Spans of one shape, as an attempt's are (the encoder keeps a shape's blocks).
+    shaped = [r for r in records if not isinstance(r[0], str)]
+    if shaped:
+        again = data.draw(_shaped)
+        records.append((shaped[0][0], *again[1:]))
+    assert_same_as_the_sdk(records)
+    assert_same_as_the_sdk([tracing.record_of(r) for r in records])
+
+
 def test_the_helper_encodes_itself_for_otlp_and_leaves_the_console_to_the_sdk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -217,3 +270,14 @@ def test_a_negative_zero_after_a_zero_keeps_its_sign() -> None:
     assert signs == [1.0, -1.0, 1.0]
     expected = encode_spans(through_the_sdk(records)).resource_spans[0].scope_spans[0].spans
     assert [s.SerializeToString() for s in found] == [s.SerializeToString() for s in expected]
+    # The same for shapes holding them, one request after the other.
+    encoder = otlp.Encoder({})
+    for value in (0.0, -0.0, 0.0):
+        shape: Shape = ("s", "internal", trace, (("v", value),))
+        request = encoder.request([(shape, 1, None, 1.0, 2.0, "t", 1, 0, None)])
+        (span,) = (
+            ExportTraceServiceRequest.FromString(request).resource_spans[0].scope_spans[0].spans
+        )
+        assert math.copysign(1.0, span.attributes[0].value.double_value) == math.copysign(
+            1.0, value
+        )

@@ -20,10 +20,9 @@ class _OnQueue(msgspec.Struct, frozen=True):
     #: ``00-TRACE-``: a traceparent of this trace up to its span id.
     trace_part: str
     run_span: int
-    wait_name: str
-    process_name: str
-    #: The ``process`` span's attributes but the attempt's own (copied, never changed).
-    common: dict[str, str | int | float | bool]
+    #: The ``wait QUEUE`` and ``process QUEUE`` spans' shapes (:data:`tracing.Shape`).
+    wait: tracing.Shape
+    process: tracing.Shape
 
 
 @functools.lru_cache(maxsize=1024)
@@ -31,13 +30,13 @@ def _on_queue(
     store_url: str, queue: str, workflow_id: str, workflow_name: str, epoch: int
 ) -> _OnQueue:
     trace = ids.trace_id(workflow_id)
+    common = spans.attempt_common(store_url, "process", queue, workflow_id, workflow_name)
     return _OnQueue(
         trace=trace,
         trace_part=ids.traceparent(trace, 0)[:36],
         run_span=ids.run_span_id(workflow_id, epoch),
-        wait_name=f"wait {queue}",
-        process_name=f"process {queue}",
-        common=spans.attempt_common(store_url, "process", queue, workflow_id, workflow_name),
+        wait=(f"wait {queue}", "internal", trace, ()),
+        process=(f"process {queue}", "consumer", trace, tuple(common.items())),
     )
 
 
@@ -55,8 +54,8 @@ class Attempt(msgspec.Struct):
     traceparent: str = ""
     span_id: int = 0
     started_at: float = 0.0
-    attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
-    links: tuple[SpanRef, ...] = ()
+    #: The attempt's ``send`` span (what its ``process`` span links to), if known.
+    sent: SpanRef | None = None
     on_queue: _OnQueue | None = None
 
 
@@ -71,7 +70,6 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
     if not tracing.enabled():
         return attempt
     shared = _on_queue(store_url, queue, task.workflow_id, task.workflow_name, task.epoch)
-    trace = shared.trace
     sent: SpanRef | None = None
     traceparent = task.traceparent
     if traceparent:  # as the coordinator makes it (a quick check), or any other
@@ -81,21 +79,16 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
                 span = int(traceparent[36:52], 16)
             except ValueError:
                 span = 0
-        sent = (trace, span) if span else ids.parse_traceparent(traceparent)
+        sent = (shared.trace, span) if span else ids.parse_traceparent(traceparent)
     if sent is not None and task.due_at:
-        tracing.emit(
-            shared.wait_name,
-            trace=trace,
-            parent=sent[1],
-            start_s=task.due_at,
-            end_s=received_at,
-            attributes={"dagq.task.name": name, "dagq.attempt": task.attempt},
+        wait_id, due = ids.new_span_id(), task.due_at
+        tracing.emit_shaped(
+            (shared.wait, wait_id, sent[1], due, received_at, name, task.attempt, 0, None)
         )
     span_id = attempt.span_id = ids.new_span_id()
-    attempt.traceparent = f"{shared.trace_part}{span_id:016x}-01"
+    attempt.traceparent = ids.traceparent(shared.trace, span_id)
     attempt.started_at = now
-    attempt.attributes = {**shared.common, "dagq.task.name": name, "dagq.attempt": task.attempt}
-    attempt.links = () if sent is None else (sent,)
+    attempt.sent = sent
     attempt.on_queue = shared
     return attempt
 
@@ -109,16 +102,32 @@ def end(
         recorder.task_finished(attempt.queue, ok, duration_s, attempt.task.workflow_id)
     shared = attempt.on_queue
     if attempt.span_id and shared is not None and tracing.enabled():
-        tracing.emit(
-            shared.process_name,
-            trace=shared.trace,
-            span_id=attempt.span_id,
-            parent=shared.run_span,
-            kind="consumer",
-            start_s=attempt.started_at,
-            end_s=end_s,
-            attributes=attempt.attributes,
-            links=attempt.links,
-            error=None if ok else (error_type or "task_failed"),
+        sent = attempt.sent
+        span = (
+            shared.process,
+            attempt.span_id,
+            shared.run_span,
+            attempt.started_at,
+            end_s,
+            attempt.name,
+            attempt.task.attempt,
+            0 if sent is None else sent[1],
+            None if ok else (error_type or "task_failed"),
         )
+        if sent is None or sent[0] == shared.trace:
+            tracing.emit_shaped(span)
+        else:  # linked to a send of another trace (a message not made by dagq's coordinator)
+            name, trace, span_id, parent, kind, attributes, _, _, _, error = tracing.expand(span)
+            tracing.emit(
+                name,
+                trace=trace,
+                span_id=span_id,
+                parent=parent,
+                kind=kind,
+                start_s=attempt.started_at,
+                end_s=end_s,
+                attributes=attributes,
+                links=(sent,),
+                error=error,
+            )
         attempt.span_id = 0

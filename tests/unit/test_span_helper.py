@@ -1,0 +1,121 @@
+"""The span-exporting helper's parts (:mod:`dagq.observability.exporting`): the
+exporter it posts with, and the queue between the pipe and its export thread."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from dagq.observability import exporting
+from dagq.observability.tracing import Record
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def otlp_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> pytest.MonkeyPatch:
+    for name in list(os.environ):
+        if (
+            name.startswith(("OTEL_", "REQUESTS_", "CURL_"))
+            or name.lower().endswith("_proxy")
+            or name == "NETRC"
+        ):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    return monkeypatch
+
+
+def _pool_settings(exporter: Any) -> dict[str, Any]:
+    transport = exporter._client._transport
+    assert type(transport).__name__ == "Urllib3HTTPTransport"
+    return dict(transport._pool.connection_pool_kw)
+
+
+def test_the_helper_posts_through_urllib3_with_the_tls_settings_of_the_environment(
+    otlp_env: pytest.MonkeyPatch,
+) -> None:
+    exporter = exporting.lean_exporter()
+    assert exporter is not None
+    assert _pool_settings(exporter)["cert_reqs"] == "CERT_REQUIRED"
+    assert "ca_certs" not in _pool_settings(exporter)
+    exporter.shutdown()
+    otlp_env.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/collector-ca.pem")
+    otlp_env.setenv("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "/etc/me.pem")
+    otlp_env.setenv("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/etc/me.key")
+    exporter = exporting.lean_exporter()
+    assert exporter is not None
+    settings = _pool_settings(exporter)
+    assert settings["ca_certs"] == "/etc/collector-ca.pem"
+    assert (settings["cert_file"], settings["key_file"]) == ("/etc/me.pem", "/etc/me.key")
+    exporter.shutdown()
+    # As the requests session would: a CA bundle named for it wins.
+    otlp_env.setenv("REQUESTS_CA_BUNDLE", "/etc/bundle.pem")
+    exporter = exporting.lean_exporter()
+    assert exporter is not None
+    assert _pool_settings(exporter)["ca_certs"] == "/etc/bundle.pem"
+    exporter.shutdown()
+    direct = exporting.Direct.made("dagq-test")
+    assert direct is not None and direct.exporter._client._transport is not None
+    assert type(direct.exporter._client._transport).__name__ == "Urllib3HTTPTransport"
+    direct.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HTTPS_PROXY", "http://proxy:3128"),
+        ("http_proxy", "http://proxy:3128"),
+        ("NETRC", "/etc/netrc"),
+        ("OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER", "vault"),
+        ("OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER", "vault"),
+    ],
+)
+def test_what_only_a_requests_session_follows_keeps_the_default_transport(
+    otlp_env: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    otlp_env.setenv(name, value)
+    assert exporting.lean_exporter() is None
+
+
+def test_a_netrc_file_keeps_the_default_transport(
+    otlp_env: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    (tmp_path / ".netrc").write_text("machine collector login me password secret\n")
+    assert exporting.lean_exporter() is None
+
+
+class Posted:
+    """A :class:`exporting.Direct` that keeps how many spans each request carried."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.requests: list[int] = []
+
+    def export(self, records: list[Any]) -> None:
+        self.requests.append(len(records))
+
+
+def _records(count: int) -> list[Record]:
+    return [("s", 1, n + 1, None, "internal", None, (), 1, 2, None) for n in range(count)]
+
+
+def test_the_helper_keeps_what_fits_of_a_large_message_and_posts_it_by_the_batch() -> None:
+    posted = Posted(batch_size=100)
+    read, write = os.pipe()
+    try:
+        sending = exporting.Sending(posted, write, limit=250)  # type: ignore[arg-type]
+        sending.add(_records(180))
+        sending.add(_records(120))  # 70 fit
+        sending.add(_records(5))  # none fit
+        sending.flush()
+        sending.end()
+        sending.run()
+        assert posted.requests == [100, 100, 50]
+        assert sending.dropped == 55
+        assert os.read(read, 8) == b"."  # the flush was answered once all was sent
+    finally:
+        os.close(read)
+        os.close(write)
