@@ -14,7 +14,8 @@ import hashlib
 import random
 
 _FLAGS_SAMPLED = "01"
-_SAMPLED_END = "-" + _FLAGS_SAMPLED
+#: How a traceparent of a sampled span ends (after its span id).
+SAMPLED_END = "-" + _FLAGS_SAMPLED
 
 
 @functools.lru_cache(maxsize=8192)  # a run's ids are asked for at every step of it
@@ -54,7 +55,7 @@ def new_span_id() -> int:
 def traceparent(trace: int, span: int) -> str:
     """The W3C ``traceparent`` header value naming a sampled span (one per attempt:
     the span id in hex by its bytes, a third of the time of a format)."""
-    return _trace_part(trace) + span.to_bytes(8, "big").hex() + _SAMPLED_END
+    return _trace_part(trace) + span.to_bytes(8, "big").hex() + SAMPLED_END
 
 
 @functools.lru_cache(maxsize=4096)  # one per run, for each of its attempts

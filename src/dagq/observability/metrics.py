@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dagq.observability")
 
+_now = time.time
+
 #: Buckets for task durations and queue waits: from 5 ms to an hour.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 #: Buckets for coordinator batches: from half a millisecond to 10 s.
@@ -78,12 +80,13 @@ class Tally:
 
     def inc(self, labels: tuple[str, ...], workflow_id: str = "") -> None:
         """Count one, of the run ``workflow_id`` (its trace is the exemplar)."""
-        now = time.time()
-        count = self.counts.get(labels)
+        now = _now()
+        counts = self.counts
+        count = counts.get(labels)
         if count is None:
             self.created[labels] = now
             count = 0.0
-        self.counts[labels] = count + 1
+        counts[labels] = count + 1
         if workflow_id:
             self.exemplars[labels] = (workflow_id, 1.0, now)
 
@@ -139,7 +142,7 @@ class Histogram:
         series[bucket] += 1
         series[-1] += value
         if workflow_id:
-            self.exemplars[labels][bucket] = (workflow_id, value, time.time())
+            self.exemplars[labels][bucket] = (workflow_id, value, _now())
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.metrics_core import HistogramMetricFamily
