@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 
+import psycopg
 import pytest
 
 from dagq.stores import open_store
@@ -89,3 +90,33 @@ async def test_a_registered_process_that_stopped_waiting_does_not_absorb_the_wak
             if busy.stdout is not None:
                 busy.stdout.close()
         await idle.close()
+
+
+async def test_receives_renewing_stale_registrations_at_once_do_not_deadlock(
+    postgres_cluster: Cluster,
+) -> None:
+    """Workers whose registrations went stale (their slots were full for a minute)
+    receive at once: each renews its own and deletes the others' stale ones; neither
+    may wait for the other (PostgreSQL would fail one with 'deadlock detected')."""
+    url = postgres_url(postgres_cluster)
+    stores = [open_store(url) for _ in range(4)]
+    schema = url.rpartition("schema=")[2]
+    conninfo = stores[0].queues._db.target.conninfo  # type: ignore[attr-defined]
+    conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    try:
+        for store in stores:
+            await store.queues.wait("tasks", 0.01)
+        for _ in range(200):
+            await conn.execute(f"UPDATE {schema}.waiters SET until = %s", (time.time() - 100,))
+            found = await asyncio.gather(
+                *(
+                    s.queues.receive("tasks", max_messages=4, visibility_timeout_s=30)
+                    for s in stores
+                ),
+                return_exceptions=True,
+            )
+            assert found == [[]] * len(stores)
+    finally:
+        await conn.close()
+        for store in stores:
+            await store.close()
