@@ -553,6 +553,14 @@ async def _notices(conn: psycopg.AsyncConnection[Any], settle_s: float = 0.3) ->
     return heard
 
 
+async def _keep_waiting(store: Store, queue: str) -> None:
+    """Keep a wait for ``queue`` under way in this process (not one that returns at
+    once for a send since the store's last receive)."""
+    wakeups = store.queues._wakeups  # type: ignore[attr-defined]
+    while True:
+        await wakeups.wait(queue, 1.0)
+
+
 async def test_a_send_wakes_as_many_registered_waiters_as_it_sends_messages(
     postgres_cluster: Cluster,
 ) -> None:
@@ -571,6 +579,8 @@ async def test_a_send_wakes_as_many_registered_waiters_as_it_sends_messages(
             assert (
                 await store.queues.receive("tasks", max_messages=4, visibility_timeout_s=30) == []
             )
+        # ... and waiting (a process woken while nothing in it waits passes it on).
+        keeper = asyncio.ensure_future(_keep_waiting(first, "tasks"))
         await sender.queues.send("tasks", [OutgoingMessage(b"1")])
         woken = await _notices(ear)
         assert len(woken) == 1 and woken[0] in own.values(), woken  # one of them, alone
@@ -589,6 +599,7 @@ async def test_a_send_wakes_as_many_registered_waiters_as_it_sends_messages(
         )
         cur = await ear.execute(f"SELECT channel FROM {schema}.waiters WHERE queue = 'tasks'")
         assert [row[0] for row in await cur.fetchall()] == [own[second]]
+        keeper.cancel()
         # Closed: its registration goes.
         await second.close()
         cur = await ear.execute(f"SELECT count(*) FROM {schema}.waiters")

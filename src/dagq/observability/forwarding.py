@@ -62,7 +62,9 @@ class Forwarder:
         #: or at a flush); spans are not counted as they come, which would cost each one.
         self.interval_s = min(delay_s, SEND_INTERVAL_S)
         self.dropped = 0
-        self._pending: collections.deque[Record | Shaped] = collections.deque()
+        # Bounded: the fast ``put`` (the deque's own append) drops the oldest itself
+        # while the sending thread is blocked on a helper that does not read.
+        self._pending: collections.deque[Record | Shaped] = collections.deque(maxlen=MAX_PENDING)
         self._wake = threading.Event()
         self._lock = threading.Lock()  # the pipe: one writer at a time
         self._closing = False
@@ -202,11 +204,8 @@ class Forwarder:
     def _send_pending(self) -> None:
         """Send what waits, in one message (the helper posts it by the batch)."""
         pending = self._pending
-        over = len(pending) - MAX_PENDING
-        if over > 0:  # made faster than the helper reads them: the oldest go
-            for _ in range(over):
-                pending.popleft()
-            self._drop(over)
+        if len(pending) >= MAX_PENDING and not self.dropped:  # full: the oldest went
+            self._drop(1)  # at least: how many is not counted a span
         if pending:
             spans = [pending.popleft() for _ in range(len(pending))]
             if not self._write(("spans", spans)):

@@ -219,6 +219,11 @@ class Wakeups:
                 if not waiters:
                     self._waiters.pop(queue, None)
 
+    def waiting(self, queue: str) -> bool:
+        """Does a ``wait`` for ``queue`` wait now (in any loop of this process)?"""
+        with self._lock:
+            return bool(self._waiters.get(queue))
+
     def notify_all(self) -> None:
         """Wake every waiter of every queue, as if each had been sent to (after sends
         may have gone unseen, such as while a listening connection was down)."""

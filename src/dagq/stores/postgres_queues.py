@@ -65,6 +65,11 @@ woken AS (
         ORDER BY until DESC LIMIT %(n)s FOR UPDATE SKIP LOCKED
     ) p WHERE w.queue = p.queue AND w.channel = p.channel
     RETURNING w.channel
+), expired AS (
+    DELETE FROM {s}.waiters w USING (
+        SELECT queue, channel FROM {s}.waiters
+        WHERE queue = %(queue)s AND until < %(now)s - 30.0 FOR UPDATE SKIP LOCKED
+    ) p WHERE w.queue = p.queue AND w.channel = p.channel
 )"""
 #: The waiters taken are notified on their own channels; the queue's channel, which
 #: every process waiting for the queue hears, only when there were fewer of them than
@@ -128,16 +133,17 @@ SELECT NULL, NULL, NULL, NULL, count(*), NULL FROM dead HAVING count(*) > 0
 
 # A receive that took fewer messages than it asked for registers its process as
 # waiting for the queue (or renews its registration); one that took as many as it
-# asked for withdraws it (the process is not waiting). Registrations long expired (of
-# processes gone without withdrawing them) go too.
+# asked for withdraws it (the process is not waiting). It touches no other process's
+# registration: two receives, each renewing its own and deleting the other's as stale,
+# would wait for each other (a deadlock). Those of processes gone without withdrawing
+# them are deleted by sends (``expired``: skipping locked rows, a send never waits).
 _WAITING = """, waiting AS (
     INSERT INTO {s}.waiters (queue, channel, until)
     SELECT %(queue)s, %(me)s, %(expires)s WHERE (SELECT count(*) FROM taken) < %(limit)s
     ON CONFLICT (queue, channel) DO UPDATE SET until = excluded.until
 ), withdrawn AS (
-    DELETE FROM {s}.waiters WHERE queue = %(queue)s AND (
-        channel = %(me)s AND (SELECT count(*) FROM taken) >= %(limit)s
-        OR channel <> %(me)s AND until < %(stale)s)
+    DELETE FROM {s}.waiters WHERE queue = %(queue)s AND channel = %(me)s
+        AND (SELECT count(*) FROM taken) >= %(limit)s
 )
 """
 
@@ -274,7 +280,7 @@ class PostgresQueues:
             me = self._listener.waiter(queue)
             if me is not None:
                 sql = self._receive_waiting
-                args.update(me=me, expires=now + WAITER_S, stale=now - WAITER_S)
+                args.update(me=me, expires=now + WAITER_S)
             rows = await self._db.rows(sql, args)
             got = [r for r in rows if r[0] is not None]
             taken += got

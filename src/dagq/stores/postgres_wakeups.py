@@ -255,7 +255,20 @@ class Listener:
                 else:
                     self._changes.notify(topics)
                 continue
+            if notify.channel == self.own and not self._wakeups.waiting(notify.payload):
+                # A send took this process's registration, but nothing here waits for
+                # that queue now (its receive registered it, then it took other work):
+                # pass the wake-up on to every process waiting for the queue.
+                await self._pass_on(notify.payload)
             self._wakeups.notify(notify.payload)
+
+    async def _pass_on(self, queue: str) -> None:
+        channel = queue_channel(self._db.target.schema, queue)
+        try:
+            async with self._db.connection() as other:
+                await other.execute("SELECT pg_notify(%s, %s)", (channel, queue))
+        except Exception as exc:  # the others find the message at their next poll
+            log.debug("postgres store %s: a wake-up not passed on (%s)", self._db.url, exc)
 
     async def close(self) -> None:
         """Stop listening."""
