@@ -228,13 +228,17 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
             assert submitted.code == 0, submitted.output
             watch = cli.run("status", WORKFLOW_ID, "--watch", timeout_s=60)
 
-            def workers_seen() -> bool:
+            def settled() -> bool:
+                # The gauges are sampled every few seconds: wait for a sample taken
+                # after the run's last message was deleted, with both workers counted.
                 got = scrape(ports["coordinator"])
-                return value(got, "dagq_workers", queue="gpu") == 1 and (
-                    value(got, "dagq_workers", queue="cpu") == 1
+                return all(
+                    value(got, "dagq_workers", queue=q) == 1
+                    and value(got, "dagq_queue_depth", queue=q) == 0
+                    for q in ("cpu", "gpu")
                 )
 
-            wait_until(workers_seen, timeout_s=20, what="the coordinator to count the workers")
+            wait_until(settled, timeout_s=30, what="the coordinator's gauges to settle")
             metrics = {name: scrape(port) for name, port in ports.items()}
             for process in (coordinator, cpu, gpu):
                 process.send(signal.SIGTERM)

@@ -88,6 +88,7 @@ async def run_shell(
         except BaseException:  # cancelled before the wait began: the command must not outlive it
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+            _close_unwaited(process)
             for _, transport in pipes:
                 transport.close()
             for fd in (out_r, err_r)[len(pipes) + 1 :]:  # not yet handed to a transport
@@ -104,6 +105,14 @@ async def run_shell(
         finally:
             for _, transport in pipes:
                 transport.close()
+
+
+def _close_unwaited(process: asyncio.subprocess.Process) -> None:
+    """Close the transport of a process killed and never waited for (closing reaps it):
+    left open, it warns "unclosed transport" whenever it is collected."""
+    transport = getattr(process, "_transport", None)  # asyncio keeps it private
+    if transport is not None:
+        transport.close()
 
 
 async def _finish(
