@@ -74,6 +74,7 @@ def workflow(cli: DagqCli) -> Path:
                 {
                     "name": "flaky",
                     "call": "pg_tasks:flaky",
+                    "queue": "retry",
                     "depends_on": ["root"],
                     "args": {"marker": str(cli.workdir / "flaky.marker")},
                     "num_retries": 2,
@@ -101,6 +102,12 @@ def test_a_fan_out_survives_killing_the_coordinator_and_a_worker(cli: DagqCli) -
     worker_args = ("-q", "default", "-c", "8", "--visibility-timeout", "3")
     worker_args += ("--import-path", str(cli.workdir))
     workers = [cli.start_worker(*worker_args, timeout_s=60) for _ in range(2)]
+    # The retried task has a worker of its own that is never killed: a worker killed after
+    # a failed attempt but before its report went out has that attempt delivered again, and
+    # the redelivery (the marker now written) succeeds as attempt 1, which is right but
+    # would not show the retry.
+    retry_args = ("-q", "retry", "-c", "1", "--import-path", str(cli.workdir))
+    cli.start_worker(*retry_args, timeout_s=60)
     submitted = cli.run("submit", workflow(cli), "--id", "big", timeout_s=60)
     assert submitted.code == 0, submitted.output
 
