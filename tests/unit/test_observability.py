@@ -470,3 +470,41 @@ def test_tracing_is_wanted_only_when_the_environment_says_so() -> None:
     assert not tracing.wanted(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_SDK_DISABLED": "true"}
     )
+
+
+class _AllOrNothing:
+    """A committer that commits a batch in one transaction (as sqlite's does)."""
+
+    atomic = True
+
+    async def __call__(self, ops: Any) -> list[str]:
+        return []
+
+
+class _AcksLast:
+    """A committer that writes a batch's acks after its states (as Azure's does)."""
+
+    acks_after_states = True
+
+    async def __call__(self, ops: Any) -> list[str]:
+        return []
+
+
+@pytest.mark.parametrize("committer", [_AllOrNothing, _AcksLast])
+def test_views_of_a_store_keep_what_its_committer_promises(
+    recorder: metrics.Metrics, committer: type[Any]
+) -> None:
+    """With metrics on, the counted view still takes hand-overs (on Azure it lost the
+    promise, and with it the hand-off); a hooked view keeps the order of the writes but
+    is never said to be all or nothing (faults go between a submit's writes)."""
+    from dagq.observability import sampling
+    from dagq.stores.base import takes_handoff
+    from dagq.stores.intercepting import intercepted
+
+    store = open_memory_store()
+    store.committer = committer()
+    counted = sampling.counted(store, recorder)
+    assert takes_handoff(counted.committer)
+    hooked = intercepted(store, lambda _operation, _args, call: call())
+    assert not getattr(hooked.committer, "atomic", False)
+    assert takes_handoff(hooked.committer) is (committer is _AcksLast)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from dagq import keys, registry
 from dagq.errors import DagqError
 from dagq.observability.metrics import Metrics, Tally
-from dagq.stores.base import Store
+from dagq.stores.base import Store, wrapped_committer
 
 log = logging.getLogger("dagq.observability")
 
@@ -56,7 +56,8 @@ def counted(store: Store, metrics: Metrics) -> Store:
     )
     committer = store.committer
     if committer is not None:
-        view.committer = _counting(committer, tally.counter((scheme, "batch.commit")))
+        counting = _counting(committer, tally.counter((scheme, "batch.commit")))
+        view.committer = wrapped_committer(committer, counting, atomic=True)
     return view
 
 
@@ -79,14 +80,12 @@ class _Counted:
 
 
 def _counting(call: Any, count: Callable[[], None]) -> Any:
-    """``call``, counting each call (an ``atomic`` committer stays atomic)."""
+    """``call``, counting each call."""
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         count()
         return call(*args, **kwargs)
 
-    if getattr(call, "atomic", False):
-        counted.atomic = True  # type: ignore[attr-defined]
     return counted
 
 

@@ -216,6 +216,18 @@ def takes_handoff(committer: Committer | None) -> bool:
     )
 
 
+def wrapped_committer(inner: Committer, wrapper: Committer, *, atomic: bool) -> Committer:
+    """``wrapper``, which calls ``inner`` with each batch whole (or not at all), made to
+    promise what ``inner`` promises: its writes' order (``acks_after_states``) always,
+    all or nothing (``atomic``) only when the caller says so (a wrapper that injects
+    faults between writes must not claim it)."""
+    if getattr(inner, "acks_after_states", False):
+        wrapper.acks_after_states = True  # type: ignore[attr-defined]
+    if atomic and getattr(inner, "atomic", False):
+        wrapper.atomic = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 def report_linger(queues: Queues) -> float:
     """How long a worker's completion may wait for those of its other running tasks,
     to go out in the same commit (a backend's optional ``report_linger_s``; 0 where

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from dagq.stores.base import BatchOp, Committer, Store
+from dagq.stores.base import BatchOp, Committer, Store, wrapped_committer
 
 #: ``hook(operation, args, call)``: perform ``call()`` (or not) and return its result.
 Hook = Callable[[str, tuple[Any, ...], Callable[[], Awaitable[Any]]], Awaitable[Any]]
@@ -46,10 +46,9 @@ def _intercepted_committer(committer: Committer, hook: Hook) -> Committer:
         result: list[str] = await hook("batch.commit", (ops,), lambda: committer(ops))
         return result
 
-    # Hooked or not, the inner committer writes in the same order.
-    if getattr(committer, "acks_after_states", False):
-        commit.acks_after_states = True  # type: ignore[attr-defined]
-    return commit
+    # Hooked or not, the inner committer writes in the same order; it is not said to be
+    # all or nothing, so that a hook may inject faults between a submit's writes.
+    return wrapped_committer(committer, commit, atomic=False)
 
 
 def intercepted(store: Store, hook: Hook, *, rebind: bool = True) -> Store:
