@@ -99,6 +99,10 @@ def open_postgres_store(
 class _Committer:
     """Commits a whole batch in one transaction: all or nothing."""
 
+    #: All or nothing: a submit's writes may share a batch, and a coordinator may take
+    #: completions handed over in its process (:func:`.base.takes_handoff`).
+    atomic = True
+
     def __init__(self, db: Database, wakeups: Wakeups, channel: str) -> None:
         self._db = db
         self._wakeups = wakeups
