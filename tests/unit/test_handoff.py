@@ -45,14 +45,6 @@ def _handed(ops: Sequence[BatchOp]) -> bool:
     )
 
 
-def _atomic(store: Store) -> Store:
-    """The hook calls the sqlite commit whole or not at all: the view is atomic too
-    (a view is not said to be, so that faults can be injected between a submit's
-    writes)."""
-    store.committer.atomic = True  # type: ignore[union-attr]
-    return store
-
-
 async def _run(store: Store) -> str:
     runner = LocalRunner(store, workers=2)
     await runner.submit(definition([dict(t) for t in CHAIN]), params={}, workflow_id="w")
@@ -70,7 +62,7 @@ async def test_a_run_in_one_process_commits_each_step_once_without_the_completio
         return await call()
 
     base = open_sqlite_store(tmp_path / "dagq.db")
-    store = _atomic(intercepted(base, note))
+    store = intercepted(base, note, whole=True)
     try:
         assert await _run(store) == "completed"
         assert not [ops for ops in commits if _posted(ops)]
@@ -97,7 +89,7 @@ async def test_a_hand_over_whose_commit_fails_is_posted_and_the_run_completes(
         return await call()
 
     base = open_sqlite_store(tmp_path / "dagq.db")
-    store = _atomic(intercepted(base, fail_one))
+    store = intercepted(base, fail_one, whole=True)
     try:
         assert await _run(store) == "completed"
         assert failed

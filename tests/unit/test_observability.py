@@ -508,3 +508,5 @@ def test_views_of_a_store_keep_what_its_committer_promises(
     hooked = intercepted(store, lambda _operation, _args, call: call())
     assert not getattr(hooked.committer, "atomic", False)
     assert takes_handoff(hooked.committer) is (committer is _AcksLast)
+    whole = intercepted(store, lambda _operation, _args, call: call(), whole=True)
+    assert takes_handoff(whole.committer)

@@ -33,5 +33,7 @@ def counted(store: Store) -> tuple[Store, Counter[str]]:
             counts[f"{operation}:items"] += len(items)
         return await call()
 
-    # A batch counts once: its writes inside are not counted again.
-    return intercepted(store, count, rebind=False), counts
+    # A batch counts once: its writes inside are not counted again. Counting calls each
+    # commit whole: a committer that is all or nothing stays so (submits in one batch,
+    # the hand-off).
+    return intercepted(store, count, rebind=False, whole=True), counts

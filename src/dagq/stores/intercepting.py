@@ -41,22 +41,23 @@ class _Intercepted:
         return intercepted
 
 
-def _intercepted_committer(committer: Committer, hook: Hook) -> Committer:
+def _intercepted_committer(committer: Committer, hook: Hook, *, whole: bool) -> Committer:
     async def commit(ops: Sequence[BatchOp]) -> list[str]:
         result: list[str] = await hook("batch.commit", (ops,), lambda: committer(ops))
         return result
 
-    # Hooked or not, the inner committer writes in the same order; it is not said to be
-    # all or nothing, so that a hook may inject faults between a submit's writes.
-    return wrapped_committer(committer, commit, atomic=False)
+    # Hooked or not, the inner committer writes in the same order; it is all or nothing
+    # only for a hook that calls it whole (one may inject faults between a submit's writes).
+    return wrapped_committer(committer, commit, atomic=whole)
 
 
-def intercepted(store: Store, hook: Hook, *, rebind: bool = True) -> Store:
+def intercepted(store: Store, hook: Hook, *, rebind: bool = True, whole: bool = False) -> Store:
     """A view of ``store`` whose every operation goes through ``hook``.
 
     A batch committed natively (one transaction) is one ``batch.commit``; one committed
     in order is each operation under its primitive. With ``rebind``, a native committer
-    that writes through the primitives has those writes hooked too.
+    that writes through the primitives has those writes hooked too. With ``whole`` (the
+    hook calls each commit whole, or not at all), an all-or-nothing committer stays one.
     """
     view = Store(
         url=store.url,
@@ -72,6 +73,6 @@ def intercepted(store: Store, hook: Hook, *, rebind: bool = True) -> Store:
     if committer is not None:
         bound_to = getattr(committer, "bound_to", None) if rebind else None
         view.committer = _intercepted_committer(
-            committer if bound_to is None else bound_to(view), hook
+            committer if bound_to is None else bound_to(view), hook, whole=whole
         )
     return view
