@@ -38,6 +38,15 @@ async def nap(seconds: float) -> str:
     return "rested"
 
 
+#: What ``tick`` was called with, in this process (a worker with isolation "thread").
+TICKS: list[int] = []
+
+
+def tick(i: int) -> int:
+    TICKS.append(i)
+    return i
+
+
 def refuse() -> None:
     raise NonRetryable("bad input, do not retry")
 

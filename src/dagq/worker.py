@@ -72,7 +72,8 @@ _WOKEN_FIRST_POLL_S = 0.05
 #: Waits after a failed receive: doubling from the first, up to the last.
 _FIRST_BACKOFF_S = 0.2
 _MAX_BACKOFF_S = 10.0
-#: Tasks whose reports are on their way, per slot, before the worker takes no more.
+#: Tasks whose reports are on their way, per task the worker may hold running or ahead
+#: (its slots, or its prefetch limit if larger), before it takes no more.
 _REPORTING_PER_SLOT = 4
 #: Without ``backlog``: the most tasks a worker takes ahead of its free slots (however
 #: quick its tasks are), if it has fewer slots than this.
@@ -194,7 +195,11 @@ class Worker:
         self._running: dict[str, _Running] = {}
         self._backlog: deque[_Running] = deque()
         self._busy = 0
+        #: Set when the serving loop has something to do: a slot or room in the backlog
+        #: to fill, or fewer reports on their way (see :meth:`_wake_serving`).
         self._slot_freed = asyncio.Event()
+        #: Serving: a freed slot starts a backlog task at once (cleared on stop).
+        self._serving_now = False
         linger = self.options.report_linger_s
         if linger is None:
             linger = 0.02 if self._bundle_size > 1 else report_linger(self.store.queues)
@@ -278,12 +283,19 @@ class Worker:
             "heartbeat", self._heartbeat, restart=True, max_failures=MAX_BACKGROUND_FAILURES
         )
         halt = asyncio.Event()
+
+        def halted(_: object) -> None:
+            self._serving_now = False  # a freed slot starts no more backlog tasks
+            halt.set()
+
         watch = asyncio.create_task(_first(stop.wait(), supervisor.failed.wait()))
-        watch.add_done_callback(lambda _: halt.set())
+        watch.add_done_callback(halted)
+        self._serving_now = True
         switching.lower(self.options.switch_interval_s)
         try:
             await self._serve(halt)
         finally:
+            self._serving_now = False
             switching.restore(self.options.switch_interval_s)
             watch.cancel()
             self._stopping = True
@@ -333,7 +345,7 @@ class Worker:
         while not stop.is_set():
             self._start_backlog()
             wanted = self._wanted()
-            if wanted <= 0 or self._reporting() >= _REPORTING_PER_SLOT * (self.options.concurrency):
+            if wanted <= 0 or self._reporting() >= self._reporting_limit:
                 self._slot_freed.clear()
                 await _first(self._slot_freed.wait(), stopping, keep=stopping)
                 continue
@@ -406,15 +418,27 @@ class Worker:
             return 0
         return max(0, free) + max(0, ahead - len(self._backlog))
 
+    @property
+    def _prefetch_limit(self) -> int:
+        """The most tasks taken ahead of the free slots, however quick they are."""
+        limit = self.options.backlog
+        return max(self.options.concurrency, PREFETCH_MOST) if limit is None else limit
+
+    @property
+    def _reporting_limit(self) -> int:
+        """How many finished tasks may have their reports on the way before the worker
+        takes no more: in proportion to the most it may hold running or ahead, so that
+        a worker of few slots that prefetches quick tasks may run as many between two of
+        the store's commits as one of many slots (one of 4 slots stalled at 16 before)."""
+        return _REPORTING_PER_SLOT * max(self.options.concurrency, self._prefetch_limit)
+
     def _prefetch(self) -> int:
         """How many tasks to keep ahead of the free slots: as many as the slots start
         within half the backlog wait, at the pace of recent tasks (none while no task
         has run, or once a backlog had to go back)."""
         if self._turn_s is None:
             return 0
-        limit = self.options.backlog
-        if limit is None:
-            limit = max(self.options.concurrency, PREFETCH_MOST)
+        limit = self._prefetch_limit
         horizon = self.options.backlog_wait_s / 2
         pace = self.options.concurrency / max(self._turn_s, 1e-4)  # tasks started a second
         return max(0, min(limit, int(horizon * pace)))
@@ -520,11 +544,22 @@ class Worker:
             self._start(running)
 
     def _free_slot(self, running: _Running) -> None:
+        """A task's slot is free: the next backlog task takes it at once (not at the
+        serving loop's next turn), and the serving loop wakes only if it has work."""
         if running.busy:
             running.busy = False
             self._busy -= 1
-            self._slot_freed.set()
             self._turn(time.monotonic() - running.turn_started)
+            if self._serving_now:
+                self._start_backlog()
+            self._wake_serving()
+
+    def _wake_serving(self) -> None:
+        """Wake the serving loop if it would receive now (a slot free with no backlog
+        task for it, the backlog down to half, and room for more reports): a wake-up a
+        finished task, with few slots, cost more than the task's own bookkeeping."""
+        if self._wanted() > 0 and self._reporting() < self._reporting_limit:
+            self._slot_freed.set()
 
     def _reporting(self) -> int:
         return len(self._running) - self._busy - len(self._backlog)
@@ -696,7 +731,7 @@ class Worker:
         finally:
             self._running.pop(running.key, None)
             self._free_slot(running)
-            self._slot_freed.set()
+            self._wake_serving()
 
     async def _finish(self, running: _Running, outcome: Outcome, started: float) -> None:
         """Report an attempt's outcome (and free its slot); return once it is durable.

@@ -19,10 +19,11 @@ from dagq import keys
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.dispatching import attempt_id
 from dagq.messages import TaskMessage, TaskSpec, decode_task, encode_events, encode_task
-from dagq.stores.base import AckOp, OutgoingMessage, Store
+from dagq.stores.base import AckOp, BatchOp, OutgoingMessage, Store, commit_in_order
 from dagq.stores.memory import open_memory_store
 from dagq.submission import submit
 from dagq.worker import Worker, WorkerOptions
+from tests import sample_tasks
 from tests.helpers import definition, finished
 from tests.unit.test_coordinator import Spy
 from tests.unit.test_coordinator import finished as finished_event
@@ -208,6 +209,47 @@ async def test_tasks_taken_ahead_stay_hidden_until_they_run_and_run_once() -> No
     assert await store.queues.dead_letters("default") == []
     depth = await store.queues.depth("default")
     assert (depth.visible, depth.invisible) == (0, 0)
+
+
+async def ticked(n: int) -> None:
+    while len(sample_tasks.TICKS) < n:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_worker_of_one_slot_runs_quick_tasks_on_while_a_commit_is_slow() -> None:
+    """Finished tasks whose reports wait for a commit are bounded by the prefetch cap,
+    not by the slots alone: a worker of few slots does as much between two commits as
+    one of many (at four per slot, one slot stopped after the tasks it had ahead)."""
+    store = open_memory_store()
+    gate = asyncio.Event()
+
+    async def slow_commit(ops: list[BatchOp]) -> list[str]:
+        await gate.wait()
+        return await commit_in_order(store, ops)
+
+    store.committer = slow_commit  # the worker's reports go out in batches: none yet
+    sample_tasks.TICKS.clear()
+    spec = lambda i: TaskSpec(kind="python", call="tests.sample_tasks:tick", args={"i": i})  # noqa: E731
+    tasks = [
+        TaskMessage(workflow_id="w", task=i, name=f"t{i}", attempt=1, spec=spec(i))
+        for i in range(150)
+    ]
+    await queued(store, tasks)
+    options = WorkerOptions(concurrency=1, isolation="thread", poll_interval_s=0.05)
+    worker = Worker(store, options)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(worker.run(stop))
+    try:
+        # Before: ~35 ran (4 reports, then the 32 it had ahead), and it took no more.
+        await asyncio.wait_for(ticked(100), 10)
+        gate.set()
+        reports = await asyncio.wait_for(finished(store, 150), 20)
+    finally:
+        gate.set()
+        stop.set()
+        await serving
+    assert Counter(e.task for e in reports) == Counter(range(150))
+    assert sorted(sample_tasks.TICKS) == list(range(150))  # each ran once
 
 
 def test_an_acks_outcome_is_not_part_of_its_value() -> None:
