@@ -599,17 +599,22 @@ async def test_a_send_hands_its_messages_to_registered_waiters(
         depth = await sender.queues.depth("tasks")
         assert (depth.visible, depth.invisible) == (0, 1)
         assert await _take(taker) == [b"1"]
-        # Both still want more: one message handed to each, nobody else woken.
+        # Several messages: each registered waiter woken, none handed one (they look in
+        # the table for the others anyway), and the registrations go.
         await sender.queues.send("tasks", [OutgoingMessage(b"2"), OutgoingMessage(b"3")])
         assert sorted(await _notices(ear)) == sorted(own.values())
+        depth = await sender.queues.depth("tasks")
+        assert (depth.visible, depth.invisible) == (2, 0)
         assert sorted([*await _take(first), *await _take(second)]) == [b"2", b"3"]
         # A registration wanting one is handed one and goes.
+        assert await _take(first) == []  # registered again, after ``second``
         await ear.execute(f"UPDATE {schema}.waiters SET want = 1")
-        await sender.queues.send("tasks", [OutgoingMessage(b"4"), OutgoingMessage(b"5")])
-        assert sorted(await _notices(ear)) == sorted(own.values())
-        cur = await ear.execute(f"SELECT count(*) FROM {schema}.waiters")
-        assert await cur.fetchone() == (0,)
-        assert sorted([*await _take(first), *await _take(second)]) == [b"4", b"5"]
+        await sender.queues.send("tasks", [OutgoingMessage(b"4")])
+        assert await _notices(ear) == [own[first]]
+        cur = await ear.execute(f"SELECT channel FROM {schema}.waiters")
+        assert [row[0] for row in await cur.fetchall()] == [own[second]]
+        assert await _take(first) == [b"4"]
+        await ear.execute(f"DELETE FROM {schema}.waiters")
         # Nobody registered: every listener, and the message waits in the table.
         await sender.queues.send("tasks", [OutgoingMessage(b"6")])
         assert set(await _notices(ear)) == {broadcast}

@@ -5,13 +5,16 @@
   statement, up to one registered waiter per message is taken from ``waiters`` and
   notified on its process's own channel, and the queue's channel (every process
   waiting for the queue) only when there were fewer waiters than messages; delivered
-  when the insert commits (see :mod:`.postgres_wakeups`).
+  when the insert commits (see :mod:`.postgres_wakeups`). A live waiter that wants
+  messages is handed one in that notification, inserted as received by it.
 * **receive**: one statement that claims up to ``max_messages`` visible messages with
   ``FOR UPDATE SKIP LOCKED`` over the ``(queue, visible_at, seq)`` index, so concurrent
   receivers never wait for each other nor take the same message, and moves those of
   them delivered ``max_deliveries`` times already to ``dead_letters``; where this
   process listens for the queue, the same statement registers it in ``waiters`` when
-  it took fewer messages than asked (it is about to wait), and withdraws it otherwise.
+  it took fewer messages than asked (it is about to wait: wanting as many as it did not
+  get), and withdraws it otherwise. Messages handed to this process come first, and
+  while its registration wants more, without a look in the database.
 * **delete**: one ``DELETE … receipt = ANY(…)``: a handled message is deleted, never
   marked, so the table holds only what is pending.
 """
@@ -47,7 +50,7 @@ from dagq.stores.transfer import PendingMessage
 #: by that waiter (hidden for the waiter's ``hide``, delivered once, a new receipt) and
 #: the notification to the waiter's channel carries it (:data:`WAKE`), so the waiter
 #: takes it without a receive (:mod:`.postgres_wakeups`).
-SENT = """
+HAND_SENT = """
 outgoing AS (
     SELECT * FROM unnest(%(ids)b::text[], %(bodies)b::bytea[], %(delays)b::float8[])
         WITH ORDINALITY AS m (id, body, delay, n)
@@ -88,7 +91,7 @@ acked AS (
 #: The registrations the send took: one handed a message that wants more keeps it,
 #: wanting one less; the others go (a dead waiter's too). Those long expired go as well
 #: (skipping locked rows, a send never waits).
-WOKEN = """
+HAND_WOKEN = """
 kept AS (
     UPDATE {s}.waiters w SET want = w.want - 1 FROM handed h
     WHERE w.queue = %(queue)s AND w.channel = h.channel AND w.want > 1
@@ -113,7 +116,7 @@ HANDED = "\x03"
 #: taken are woken on their own channels; the queue's channel, which every process
 #: waiting for the queue hears, only when there were fewer live waiters than messages
 #: (none registered, a dead one, or one registering while this statement ran).
-WAKE = (
+HAND_WAKE = (
     "(SELECT count(*) FROM handed h, pg_notify(h.channel, chr(3) || %(queue)s "
     "|| chr(31) || h.id || chr(31) || h.receipt || chr(31) || h.visible_at::text "
     "|| chr(31) || %(now)s::float8::text || chr(31) || encode(h.body, 'base64'))), "
@@ -123,24 +126,70 @@ WAKE = (
     "THEN pg_notify(%(wake)s, %(queue)s) END"
 )
 
+#: A send of several messages: inserted, and up to one registered waiter a message
+#: taken and woken (the latest registered first), none handed one — they would look in
+#: the table for the others anyway, and the handing costs each such send more of the
+#: server's CPU than it saves.
+SENT = """
+sent AS (
+    INSERT INTO {s}.messages (queue, id, body, enqueued_at, visible_at)
+    SELECT %(queue)s, m.id, m.body, %(now)s, %(now)s + m.delay
+    FROM unnest(%(ids)b::text[], %(bodies)b::bytea[], %(delays)b::float8[])
+        WITH ORDINALITY AS m (id, body, delay, n)
+    ORDER BY m.n
+    ON CONFLICT (queue, id) DO NOTHING
+)"""
+WOKEN = """
+woken AS (
+    DELETE FROM {s}.waiters w USING (
+        SELECT queue, channel FROM {s}.waiters
+        WHERE queue = %(queue)s AND until > %(now)s
+        ORDER BY until DESC LIMIT %(n)s FOR UPDATE SKIP LOCKED
+    ) p WHERE w.queue = p.queue AND w.channel = p.channel
+    RETURNING w.channel
+), expired AS (
+    DELETE FROM {s}.waiters w USING (
+        SELECT queue, channel FROM {s}.waiters
+        WHERE queue = %(queue)s AND until < %(now)s - 30.0 FOR UPDATE SKIP LOCKED
+    ) p WHERE w.queue = p.queue AND w.channel = p.channel
+)"""
+#: The waiters taken are notified on their own channels; the queue's channel only when
+#: there were fewer of them than messages.
+WAKE = (
+    "(SELECT count(*) FROM woken, pg_notify(woken.channel, %(queue)s)), "
+    "CASE WHEN (SELECT count(*) FROM woken) < %(n)s "
+    "THEN pg_notify(%(wake)s, %(queue)s) END"
+)
 
-def _send_statement(*, ack: bool, also: bool) -> str:
-    """A send: its messages inserted and waiters for its queue woken; with ``ack``,
-    the delete of received messages too, and how many went as the first column; with
-    ``also``, a notification on the store's changes channel (a batch's changes)."""
-    columns = [WAKE]
+
+def send_parts(args: dict[str, Any]) -> tuple[str, str, str]:
+    """The CTEs and the columns of a send with ``args`` (:func:`send_args`): a lone
+    message is handed to a live waiter, several only wake them."""
+    if args["hand"]:
+        return HAND_SENT, HAND_WOKEN, HAND_WAKE
+    return SENT, WOKEN, WAKE
+
+
+def _send_statement(*, ack: bool, also: bool, hand: bool) -> str:
+    """A send: its messages inserted and waiters for its queue woken (``hand``: a
+    lone message handed to one); with ``ack``, the delete of received messages too,
+    and how many went as the first column; with ``also``, a notification on the
+    store's changes channel (a batch's changes)."""
+    sent, woken, wake = send_parts({"hand": hand})
+    columns = [wake]
     if also:
         columns.append("pg_notify(%(channel)s, %(also)s)")
     if ack:
         columns.insert(0, "(SELECT count(*) FROM acked)")
-    ctes = [ACKED, SENT, WOKEN] if ack else [SENT, WOKEN]
+    ctes = [ACKED, sent, woken] if ack else [sent, woken]
     return "WITH" + ",".join(ctes) + "\nSELECT " + ", ".join(columns) + "\n"
 
 
 _SENDS = {
-    (ack, also): _send_statement(ack=ack, also=also)
+    (ack, also, hand): _send_statement(ack=ack, also=also, hand=hand)
     for ack in (False, True)
     for also in (False, True)
+    for hand in (False, True)
 }
 
 # One walk of the queue's index, in order, takes up to ``limit`` visible messages;
@@ -251,7 +300,8 @@ async def send(
         args["also"] = also
     if ack is not None:
         args["acked"], args["receipts"] = ack.queue, list(ack.receipts)
-    return await conn.execute(db.sql(_SENDS[ack is not None, also is not None]), args)
+    sql = _SENDS[ack is not None, also is not None, args["hand"]]
+    return await conn.execute(db.sql(sql), args)
 
 
 async def deleted_by(cur: Cursor) -> int:
@@ -270,7 +320,7 @@ def send_args(op: SendOp, now: float, schema: str) -> dict[str, Any]:
         "delays": [float(m.delay_s) for m in op.messages],
         "n": len(op.messages),
         "wake": queue_channel(schema, op.queue),
-        "hand": "\x1f" not in op.queue and len(op.queue.encode()) <= 1000,
+        "hand": len(op.messages) == 1 and "\x1f" not in op.queue and len(op.queue.encode()) <= 1000,
         "hand_most": HAND_MOST,
     }
 

@@ -27,6 +27,24 @@ while the send runs is not seen by it, and neither was the send by that receive,
 nobody would wake that process otherwise. Registrations expire (``WAITER_S``) and are
 withdrawn when the store closes.
 
+Handing messages over: a registration also says how many messages its process would
+take (``want``), how long they hide once taken (``hide``) and an advisory lock key
+(:attr:`Listener.key`) that the listening connection holds, shared, for as long as it
+lives. The send tries that lock for each registration it takes: where the try fails
+the waiter is alive and listening, and the send inserts the message it pairs with it
+as already received by it (hidden, delivered once, a new receipt) and puts the message
+in its notification (:func:`handed_message`); where it succeeds (a process killed, a
+listener down) the registration is dropped and handed nothing. The listener keeps a
+handed message (:meth:`Listener.handed`) and wakes the queue's waiters; the receive
+that follows takes it without a round trip — while the registration still wants more
+and no other wake-up came, that is all it takes; otherwise it also looks in the
+database (and registers again). A message no receive here takes within :data:`HOLD_S`
+(nothing waits for its queue any more: a worker stopping or full) is given back: made
+visible again, as if never delivered, and the queue's channel notified; so are those
+held when the store closes. Only a notification lost in the instant the listening
+connection drops, after the send found it alive, leaves its message hidden until its
+hiding time ends, as a received message whose receiver died.
+
 A commit that writes documents or index rows notifies the store's changes channel
 (:func:`changes_channel`) with :data:`CHANGES` and the topics it changed
 (:mod:`.changes`). Only a process whose change feed is watched (a server's streams)
