@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from dagq.errors import ConflictError
-from dagq.stores import open_store
+from dagq.stores import open_store, postgres_wakeups
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
 from dagq.stores.postgres_schema import VERSION
 from dagq.stores.postgres_wakeups import queue_channel
@@ -80,7 +80,13 @@ def test_a_version_2_store_gains_the_waiters_table_and_keeps_its_messages(cli: D
     with psycopg.connect(server, autocommit=True) as conn:
         assert conn.execute(f"SELECT count(*) FROM {schema}.waiters").fetchone() == (0,)
         assert conn.execute(f"SELECT id FROM {schema}.messages").fetchall() == [("m1",)]
-    assert VERSION == 3
+        columns = conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = 'waiters'",
+            (schema.strip('"'),),
+        ).fetchall()
+        assert {"want", "hide", "key"} <= {c for (c,) in columns}  # version 4: handing
+    assert VERSION == 4
 
 
 def test_a_schema_without_a_store_is_not_created_by_commands_that_only_look(
@@ -561,7 +567,14 @@ async def _keep_waiting(store: Store, queue: str) -> None:
         await wakeups.wait(queue, 1.0)
 
 
-async def test_a_send_wakes_as_many_registered_waiters_as_it_sends_messages(
+async def _take(store: Store, most: int = 4) -> list[bytes]:
+    """Receive from "tasks" and delete what came: the bodies."""
+    got = await store.queues.receive("tasks", max_messages=most, visibility_timeout_s=30)
+    assert await store.queues.delete("tasks", [m.receipt for m in got]) == len(got)
+    return [m.body for m in got]
+
+
+async def test_a_send_hands_its_messages_to_registered_waiters(
     postgres_cluster: Cluster,
 ) -> None:
     url = postgres_url(postgres_cluster)
@@ -576,30 +589,38 @@ async def test_a_send_wakes_as_many_registered_waiters_as_it_sends_messages(
             await ear.execute(f'LISTEN "{channel}"')
         for store in (first, second):  # as idle workers: listening, a receive found nothing
             await store.queues.wait("tasks", 0.01)
-            assert (
-                await store.queues.receive("tasks", max_messages=4, visibility_timeout_s=30) == []
-            )
-        # ... and both waiting (a process woken while nothing in it waits passes it on).
+            assert await _take(store) == []
         keepers = [asyncio.ensure_future(_keep_waiting(s, "tasks")) for s in (first, second)]
         await sender.queues.send("tasks", [OutgoingMessage(b"1")])
-        heard = await _notices(ear)
-        # One of them alone (and every listener only if that one found nothing of its own
-        # waiting at that moment and passed the wake-up on: more wake-ups, never fewer).
-        woken = [c for c in heard if c in own.values()]
-        assert len(woken) == 1 and set(heard) <= {woken[0], broadcast}, heard
-        # One registered waiter left and two messages: it, and every listener too.
+        woken = await _notices(ear)
+        assert len(woken) == 1 and woken[0] in own.values(), woken  # one of them, alone
+        taker = first if woken[0] == own[first] else second
+        # Handed: received by the taker already (hidden), taken without a look.
+        depth = await sender.queues.depth("tasks")
+        assert (depth.visible, depth.invisible) == (0, 1)
+        assert await _take(taker) == [b"1"]
+        # Several messages: each registered waiter woken, none handed one (they look in
+        # the table for the others anyway), and the registrations go.
         await sender.queues.send("tasks", [OutgoingMessage(b"2"), OutgoingMessage(b"3")])
-        assert set(await _notices(ear)) == {*(set(own.values()) - set(woken)), broadcast}
-        # Nobody registered: every listener.
+        assert sorted(await _notices(ear)) == sorted(own.values())
+        depth = await sender.queues.depth("tasks")
+        assert (depth.visible, depth.invisible) == (2, 0)
+        assert sorted([*await _take(first), *await _take(second)]) == [b"2", b"3"]
+        # A registration wanting one is handed one and goes.
+        assert await _take(first) == []  # registered again, after ``second``
+        await ear.execute(f"UPDATE {schema}.waiters SET want = 1")
         await sender.queues.send("tasks", [OutgoingMessage(b"4")])
+        assert await _notices(ear) == [own[first]]
+        cur = await ear.execute(f"SELECT channel FROM {schema}.waiters")
+        assert [row[0] for row in await cur.fetchall()] == [own[second]]
+        assert await _take(first) == [b"4"]
+        await ear.execute(f"DELETE FROM {schema}.waiters")
+        # Nobody registered: every listener, and the message waits in the table.
+        await sender.queues.send("tasks", [OutgoingMessage(b"6")])
         assert set(await _notices(ear)) == {broadcast}
         # A receive that gets what it asked for is not waiting: it withdraws.
-        assert (
-            len(await first.queues.receive("tasks", max_messages=1, visibility_timeout_s=30)) == 1
-        )
-        assert (
-            len(await second.queues.receive("tasks", max_messages=9, visibility_timeout_s=30)) == 3
-        )
+        assert await _take(first, 1) == [b"6"]
+        assert await _take(second, 9) == []
         cur = await ear.execute(f"SELECT channel FROM {schema}.waiters WHERE queue = 'tasks'")
         assert [row[0] for row in await cur.fetchall()] == [own[second]]
         for keeper in keepers:
@@ -611,6 +632,99 @@ async def test_a_send_wakes_as_many_registered_waiters_as_it_sends_messages(
     finally:
         await ear.close()
         for store in (first, second, sender):
+            await store.close()
+
+
+async def test_a_registration_whose_listener_is_gone_is_handed_nothing(
+    postgres_cluster: Cluster,
+) -> None:
+    """A process killed while registered holds no lock: its registration is dropped,
+    the message stays visible and every listener of the queue is woken."""
+    url = postgres_url(postgres_cluster)
+    live, sender = open_store(url), open_store(url)
+    schema = _schema(url)
+    conninfo = live.queues._db.target.conninfo  # type: ignore[attr-defined]
+    ear = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    try:
+        await live.queues.wait("tasks", 0.01)
+        assert await _take(live) == []
+        own = live.queues._listener.own  # type: ignore[attr-defined]
+        for channel in (own, "dagq:w:gone", queue_channel(schema, "tasks")):
+            await ear.execute(f'LISTEN "{channel}"')
+        # Renewed after the live one's (so taken first), and its lock is held by nobody.
+        await ear.execute(
+            f"INSERT INTO {schema}.waiters (queue, channel, until, want, hide, key) "
+            "VALUES ('tasks', 'dagq:w:gone', %s, 4, 30, 12345)",
+            (time.time() + 60,),
+        )
+        await sender.queues.send("tasks", [OutgoingMessage(b"1")])
+        assert await _notices(ear) == [queue_channel(schema, "tasks")]
+        depth = await sender.queues.depth("tasks")
+        assert (depth.visible, depth.invisible) == (1, 0)
+        cur = await ear.execute(f"SELECT channel FROM {schema}.waiters")
+        assert [row[0] for row in await cur.fetchall()] == [own]
+        assert await _take(live) == [b"1"]
+    finally:
+        await ear.close()
+        for store in (live, sender):
+            await store.close()
+
+
+async def test_a_handed_message_no_receive_takes_soon_is_given_back(
+    postgres_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Handed to a process that registered, then stopped receiving (stopping, full):
+    visible again for everyone after HOLD_S, not after its hiding time."""
+    monkeypatch.setattr(postgres_wakeups, "HOLD_S", 0.2)
+    url = postgres_url(postgres_cluster)
+    busy, other, sender = open_store(url), open_store(url), open_store(url)
+    conninfo = busy.queues._db.target.conninfo  # type: ignore[attr-defined]
+    ear = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    try:
+        own = busy.queues._listener.own  # type: ignore[attr-defined]
+        for channel in (own, queue_channel(_schema(url), "tasks")):
+            await ear.execute(f'LISTEN "{channel}"')
+        await busy.queues.wait("tasks", 0.01)
+        assert await _take(busy) == []
+        await sender.queues.send("tasks", [OutgoingMessage(b"1")])
+        depth = await sender.queues.depth("tasks")
+        assert (depth.visible, depth.invisible) == (0, 1)  # handed to ``busy``: hidden
+        deadline = time.monotonic() + 5  # given back after HOLD_S, not its 30 s
+        while (await sender.queues.depth("tasks")).visible == 0:
+            assert time.monotonic() < deadline, "not given back"
+            await asyncio.sleep(0.05)
+        [back] = await other.queues.receive("tasks", max_messages=2, visibility_timeout_s=30)
+        assert back.body == b"1" and back.dequeue_count == 1  # as never delivered
+        assert await _take(busy) == []  # not kept there either
+        # Handed to ``busy`` alone, then every listener of the queue woken for it.
+        assert await _notices(ear) == [own, queue_channel(_schema(url), "tasks")]
+    finally:
+        await ear.close()
+        for store in (busy, other, sender):
+            await store.close()
+
+
+async def test_a_handed_message_not_taken_goes_back_when_the_store_closes(
+    postgres_cluster: Cluster,
+) -> None:
+    url = postgres_url(postgres_cluster)
+    closing, sender = open_store(url), open_store(url)
+    schema = _schema(url)
+    conninfo = sender.queues._db.target.conninfo  # type: ignore[attr-defined]
+    ear = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    try:
+        await ear.execute(f'LISTEN "{closing.queues._listener.own}"')  # type: ignore[attr-defined]
+        await closing.queues.wait("tasks", 0.01)
+        assert await _take(closing) == []
+        await sender.queues.send("tasks", [OutgoingMessage(b"1")])
+        assert len(await _notices(ear)) == 1
+        await closing.close()
+        cur = await ear.execute(f"SELECT count(*) FROM {schema}.waiters")
+        assert await cur.fetchone() == (0,)
+        assert await _take(sender) == [b"1"]
+    finally:
+        await ear.close()
+        for store in (closing, sender):
             await store.close()
 
 

@@ -27,7 +27,7 @@ from dagq.stores.base import AckOp, BatchOp, FenceOp, PutOp, SendOp, UpsertOp
 from dagq.stores.common import conflict, new_token
 from dagq.stores.postgres_index import row_args
 from dagq.stores.postgres_leases import fence_lost
-from dagq.stores.postgres_queues import ACKED, SENT, WAKE, WOKEN, send_args
+from dagq.stores.postgres_queues import ACKED, send_args, send_parts
 
 _HELD = """
 held AS (SELECT 1 FROM {s}.leases WHERE name = %(lease)s AND token = %(token)s FOR SHARE)"""
@@ -94,6 +94,8 @@ def plan(ops: Sequence[BatchOp], now: float, schema: str, changes: str | None) -
         messages = [m for op in sends for m in op.messages]
         found.queue = sends[0].queue
         args.update(send_args(SendOp(found.queue, messages), now, schema))
+        if args["hand"]:
+            parts.add("hand")
     for op in ops:
         if isinstance(op, AckOp):
             parts.add("ack")
@@ -187,8 +189,9 @@ def statement(parts: frozenset[str]) -> str:
         ctes.append(ACKED)
         columns.insert(0, "(SELECT count(*) FROM acked)")
     if "send" in parts:
-        ctes += [SENT, WOKEN]
-        columns.append(WAKE)
+        sent, woken, wake = send_parts({"hand": "hand" in parts})
+        ctes += [sent, woken]
+        columns.append(wake)
     if "changes" in parts:
         columns.append("pg_notify(%(channel)s, %(also)s)")
     head = "WITH" + ",".join(ctes) + "\n" if ctes else ""

@@ -5,13 +5,16 @@
   statement, up to one registered waiter per message is taken from ``waiters`` and
   notified on its process's own channel, and the queue's channel (every process
   waiting for the queue) only when there were fewer waiters than messages; delivered
-  when the insert commits (see :mod:`.postgres_wakeups`).
+  when the insert commits (see :mod:`.postgres_wakeups`). A live waiter that wants
+  messages is handed one in that notification, inserted as received by it.
 * **receive**: one statement that claims up to ``max_messages`` visible messages with
   ``FOR UPDATE SKIP LOCKED`` over the ``(queue, visible_at, seq)`` index, so concurrent
   receivers never wait for each other nor take the same message, and moves those of
   them delivered ``max_deliveries`` times already to ``dead_letters``; where this
   process listens for the queue, the same statement registers it in ``waiters`` when
-  it took fewer messages than asked (it is about to wait), and withdraws it otherwise.
+  it took fewer messages than asked (it is about to wait: wanting as many as it did not
+  get), and withdraws it otherwise. Messages handed to this process come first, and
+  while its registration wants more, without a look in the database.
 * **delete**: one ``DELETE … receipt = ANY(…)``: a handled message is deleted, never
   marked, so the table holds only what is pending.
 """
@@ -38,6 +41,95 @@ from dagq.stores.postgres_database import Conn, Cursor, Database
 from dagq.stores.postgres_wakeups import Listener, queue_channel
 from dagq.stores.transfer import PendingMessage
 
+#: The messages of a send, and up to one registered waiter a message taken (the latest
+#: registered first: a process gone without withdrawing its registration last). A
+#: waiter is alive while its listening connection holds the advisory lock its
+#: registration names (``key``, shared): the send's try for that lock fails. Each live
+#: waiter that still wants messages (``want``) is handed one message sent now (at most
+#: :data:`HAND_MOST` bytes, an id without a unit separator): it is inserted as received
+#: by that waiter (hidden for the waiter's ``hide``, delivered once, a new receipt) and
+#: the notification to the waiter's channel carries it (:data:`WAKE`), so the waiter
+#: takes it without a receive (:mod:`.postgres_wakeups`).
+HAND_SENT = """
+outgoing AS (
+    SELECT * FROM unnest(%(ids)b::text[], %(bodies)b::bytea[], %(delays)b::float8[])
+        WITH ORDINALITY AS m (id, body, delay, n)
+), picked AS (
+    SELECT queue, channel, until, want, hide, key FROM {s}.waiters
+    WHERE queue = %(queue)s AND until > %(now)s
+    ORDER BY until DESC LIMIT %(n)s FOR UPDATE SKIP LOCKED
+), checked AS (
+    SELECT *, key IS NULL OR NOT pg_try_advisory_xact_lock(key) AS alive FROM picked
+), handing AS (
+    SELECT channel, hide, row_number() OVER (ORDER BY until DESC, channel) AS k
+    FROM checked WHERE alive AND want > 0 AND key IS NOT NULL AND %(hand)s
+), pairs AS (
+    SELECT m.n, h.channel, %(now)s + h.hide AS until,
+        md5(m.n::text || random()::text || clock_timestamp()::text) AS receipt
+    FROM outgoing m JOIN handing h ON h.k = m.n
+    WHERE m.delay = 0 AND octet_length(m.body) <= %(hand_most)s
+        AND octet_length(m.id) <= 200 AND strpos(m.id, chr(31)) = 0
+), sent AS (
+    INSERT INTO {s}.messages (queue, id, body, enqueued_at, visible_at, receipt, dequeue_count)
+    SELECT %(queue)s, m.id, m.body, %(now)s, coalesce(p.until, %(now)s + m.delay), p.receipt,
+        CASE WHEN p.receipt IS NULL THEN 0 ELSE 1 END
+    FROM outgoing m LEFT JOIN pairs p ON p.n = m.n
+    ORDER BY m.n
+    ON CONFLICT (queue, id) DO NOTHING
+    RETURNING id, body, receipt, visible_at
+), handed AS (
+    SELECT s.id, s.body, s.receipt, s.visible_at, p.channel
+    FROM sent s JOIN pairs p ON p.receipt = s.receipt
+)"""
+#: The delete of received messages (of another queue), folded in a send's statement.
+ACKED = """
+acked AS (
+    DELETE FROM {s}.messages WHERE queue = %(acked)s AND receipt = ANY(%(receipts)s)
+    RETURNING 1
+)"""
+
+#: The registrations the send took: one handed a message that wants more keeps it,
+#: wanting one less; the others go (a dead waiter's too). Those long expired go as well
+#: (skipping locked rows, a send never waits).
+HAND_WOKEN = """
+kept AS (
+    UPDATE {s}.waiters w SET want = w.want - 1 FROM handed h
+    WHERE w.queue = %(queue)s AND w.channel = h.channel AND w.want > 1
+), woken AS (
+    DELETE FROM {s}.waiters w USING checked c
+    WHERE w.queue = c.queue AND w.channel = c.channel
+        AND NOT (c.want > 1 AND c.channel IN (SELECT channel FROM handed))
+), expired AS (
+    DELETE FROM {s}.waiters w USING (
+        SELECT queue, channel FROM {s}.waiters
+        WHERE queue = %(queue)s AND until < %(now)s - 30.0 FOR UPDATE SKIP LOCKED
+    ) p WHERE w.queue = p.queue AND w.channel = p.channel
+)"""
+#: The largest message body handed to a waiter in its notification (base64 in a
+#: payload of at most 8,000 bytes).
+HAND_MOST = 4096
+#: What starts a notification that carries a message: then the queue, the id, the
+#: receipt, until when it is hidden, when it was sent and the body in base64, apart by
+#: unit separators (``chr(31)``).
+HANDED = "\x03"
+#: The waiters handed a message get it in their notification; the other live ones
+#: taken are woken on their own channels; the queue's channel, which every process
+#: waiting for the queue hears, only when there were fewer live waiters than messages
+#: (none registered, a dead one, or one registering while this statement ran).
+HAND_WAKE = (
+    "(SELECT count(*) FROM handed h, pg_notify(h.channel, chr(3) || %(queue)s "
+    "|| chr(31) || h.id || chr(31) || h.receipt || chr(31) || h.visible_at::text "
+    "|| chr(31) || %(now)s::float8::text || chr(31) || encode(h.body, 'base64'))), "
+    "(SELECT count(*) FROM checked c, pg_notify(c.channel, %(queue)s) "
+    "WHERE c.alive AND c.channel NOT IN (SELECT channel FROM handed)), "
+    "CASE WHEN (SELECT count(*) FROM checked WHERE alive) < %(n)s "
+    "THEN pg_notify(%(wake)s, %(queue)s) END"
+)
+
+#: A send of several messages: inserted, and up to one registered waiter a message
+#: taken and woken (the latest registered first), none handed one — they would look in
+#: the table for the others anyway, and the handing costs each such send more of the
+#: server's CPU than it saves.
 SENT = """
 sent AS (
     INSERT INTO {s}.messages (queue, id, body, enqueued_at, visible_at)
@@ -47,16 +139,6 @@ sent AS (
     ORDER BY m.n
     ON CONFLICT (queue, id) DO NOTHING
 )"""
-#: The delete of received messages (of another queue), folded in a send's statement.
-ACKED = """
-acked AS (
-    DELETE FROM {s}.messages WHERE queue = %(acked)s AND receipt = ANY(%(receipts)s)
-    RETURNING 1
-)"""
-
-
-#: Up to one registered waiter a message sent, taken (:mod:`.postgres_wakeups`): the
-#: latest registered first (a process gone without withdrawing its registration last).
 WOKEN = """
 woken AS (
     DELETE FROM {s}.waiters w USING (
@@ -71,9 +153,8 @@ woken AS (
         WHERE queue = %(queue)s AND until < %(now)s - 30.0 FOR UPDATE SKIP LOCKED
     ) p WHERE w.queue = p.queue AND w.channel = p.channel
 )"""
-#: The waiters taken are notified on their own channels; the queue's channel, which
-#: every process waiting for the queue hears, only when there were fewer of them than
-#: messages (none registered, or one registering while this statement ran).
+#: The waiters taken are notified on their own channels; the queue's channel only when
+#: there were fewer of them than messages.
 WAKE = (
     "(SELECT count(*) FROM woken, pg_notify(woken.channel, %(queue)s)), "
     "CASE WHEN (SELECT count(*) FROM woken) < %(n)s "
@@ -81,23 +162,34 @@ WAKE = (
 )
 
 
-def _send_statement(*, ack: bool, also: bool) -> str:
-    """A send: its messages inserted and waiters for its queue woken; with ``ack``,
-    the delete of received messages too, and how many went as the first column; with
-    ``also``, a notification on the store's changes channel (a batch's changes)."""
-    columns = [WAKE]
+def send_parts(args: dict[str, Any]) -> tuple[str, str, str]:
+    """The CTEs and the columns of a send with ``args`` (:func:`send_args`): a lone
+    message is handed to a live waiter, several only wake them."""
+    if args["hand"]:
+        return HAND_SENT, HAND_WOKEN, HAND_WAKE
+    return SENT, WOKEN, WAKE
+
+
+def _send_statement(*, ack: bool, also: bool, hand: bool) -> str:
+    """A send: its messages inserted and waiters for its queue woken (``hand``: a
+    lone message handed to one); with ``ack``, the delete of received messages too,
+    and how many went as the first column; with ``also``, a notification on the
+    store's changes channel (a batch's changes)."""
+    sent, woken, wake = send_parts({"hand": hand})
+    columns = [wake]
     if also:
         columns.append("pg_notify(%(channel)s, %(also)s)")
     if ack:
         columns.insert(0, "(SELECT count(*) FROM acked)")
-    ctes = [ACKED, SENT, WOKEN] if ack else [SENT, WOKEN]
+    ctes = [ACKED, sent, woken] if ack else [sent, woken]
     return "WITH" + ",".join(ctes) + "\nSELECT " + ", ".join(columns) + "\n"
 
 
 _SENDS = {
-    (ack, also): _send_statement(ack=ack, also=also)
+    (ack, also, hand): _send_statement(ack=ack, also=also, hand=hand)
     for ack in (False, True)
     for also in (False, True)
+    for hand in (False, True)
 }
 
 # One walk of the queue's index, in order, takes up to ``limit`` visible messages;
@@ -132,19 +224,29 @@ SELECT NULL, NULL, NULL, NULL, count(*), NULL FROM dead HAVING count(*) > 0
 """
 
 # A receive that took fewer messages than it asked for registers its process as
-# waiting for the queue (or renews its registration); one that took as many as it
-# asked for withdraws it (the process is not waiting). It touches no other process's
-# registration: two receives, each renewing its own and deleting the other's as stale,
-# would wait for each other (a deadlock). Those of processes gone without withdrawing
-# them are deleted by sends (``expired``: skipping locked rows, a send never waits).
+# waiting for the queue (or renews its registration), wanting as many messages as it
+# did not get, hidden for its visibility timeout once handed, alive while its lock
+# ``key`` is held; one that took as many as it asked for withdraws it (the process is
+# not waiting). It touches no other process's registration: two receives, each
+# renewing its own and deleting the other's as stale, would wait for each other (a
+# deadlock). Those of processes gone without withdrawing them are deleted by sends
+# (``expired``: skipping locked rows, a send never waits). The last row says how many
+# messages the registration wants (none: withdrawn).
 _WAITING = """, waiting AS (
-    INSERT INTO {s}.waiters (queue, channel, until)
-    SELECT %(queue)s, %(me)s, %(expires)s WHERE (SELECT count(*) FROM taken) < %(limit)s
-    ON CONFLICT (queue, channel) DO UPDATE SET until = excluded.until
+    INSERT INTO {s}.waiters (queue, channel, until, want, hide, key)
+    SELECT %(queue)s, %(me)s, %(expires)s, %(limit)s - (SELECT count(*) FROM taken),
+        %(hide)s, %(key)s
+    WHERE (SELECT count(*) FROM taken) < %(limit)s
+    ON CONFLICT (queue, channel) DO UPDATE SET until = excluded.until,
+        want = excluded.want, hide = excluded.hide, key = excluded.key
+    RETURNING want
 ), withdrawn AS (
     DELETE FROM {s}.waiters WHERE queue = %(queue)s AND channel = %(me)s
         AND (SELECT count(*) FROM taken) >= %(limit)s
 )
+"""
+_WANT = """UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, want FROM waiting
 """
 
 #: How long a registration as a waiter holds without a receive renewing it (a waiting
@@ -198,7 +300,8 @@ async def send(
         args["also"] = also
     if ack is not None:
         args["acked"], args["receipts"] = ack.queue, list(ack.receipts)
-    return await conn.execute(db.sql(_SENDS[ack is not None, also is not None]), args)
+    sql = _SENDS[ack is not None, also is not None, args["hand"]]
+    return await conn.execute(db.sql(sql), args)
 
 
 async def deleted_by(cur: Cursor) -> int:
@@ -217,6 +320,8 @@ def send_args(op: SendOp, now: float, schema: str) -> dict[str, Any]:
         "delays": [float(m.delay_s) for m in op.messages],
         "n": len(op.messages),
         "wake": queue_channel(schema, op.queue),
+        "hand": len(op.messages) == 1 and "\x1f" not in op.queue and len(op.queue.encode()) <= 1000,
+        "hand_most": HAND_MOST,
     }
 
 
@@ -245,7 +350,7 @@ class PostgresQueues:
         self._seen: dict[str, int] = {}
         receive = _RECEIVE.replace("{most}", str(int(max_deliveries)))
         self._receive = receive.replace("{waiting}", "")
-        self._receive_waiting = receive.replace("{waiting}", _WAITING)
+        self._receive_waiting = receive.replace("{waiting}", _WAITING) + _WANT
 
     @property
     def wakes(self) -> bool:
@@ -267,7 +372,15 @@ class PostgresQueues:
     ) -> list[Message]:
         check_receive(max_messages, visibility_timeout_s)
         self._seen[queue] = self._wakeups.sends(queue)
+        listener = self._listener
+        # Messages sends handed this process (in their notifications) come first; while
+        # its registration still wants more and no other wake-up came, they are all
+        # there is to take: no round trip.
+        handed, settled = listener.handed(queue, max_messages)
+        if handed and (settled or len(handed) >= max_messages):
+            return handed
         taken: list[tuple[Any, ...]] = []
+        max_messages -= len(handed)
         while True:
             now = self._db.clock()
             args = {
@@ -277,18 +390,25 @@ class PostgresQueues:
                 "until": now + visibility_timeout_s,
             }
             sql = self._receive
-            me = self._listener.waiter(queue)
+            me = listener.waiter(queue)
             if me is not None:
                 sql = self._receive_waiting
-                args.update(me=me, expires=now + WAITER_S)
+                args.update(
+                    me=me, expires=now + WAITER_S, hide=visibility_timeout_s, key=listener.key
+                )
+            listener.looking(queue)
             rows = await self._db.rows(sql, args)
             got = [r for r in rows if r[0] is not None]
+            dead = [r for r in rows if r[0] is None and r[4] is not None]
+            if me is not None:  # how many this registration wants handed (0: withdrawn)
+                wants = [int(r[5]) for r in rows if r[0] is None and r[4] is None]
+                listener.registered(queue, wants[0] if wants else 0)
             taken += got
             # Messages dead-lettered took places in the limit: look again for more.
-            if len(got) == len(rows) or len(taken) >= max_messages:
+            if not dead or len(taken) >= max_messages:
                 break
         taken.sort()
-        return [Message(queue, r[1], bytes(r[2]), r[3], r[4], r[5]) for r in taken]
+        return handed + [Message(queue, r[1], bytes(r[2]), r[3], r[4], r[5]) for r in taken]
 
     async def delete(self, queue: str, receipts: Sequence[str]) -> int:
         if not receipts:

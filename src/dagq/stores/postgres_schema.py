@@ -19,7 +19,7 @@ from __future__ import annotations
 FAILED = "DQ001"
 
 #: The schema version this dagq writes; a newer store is refused.
-VERSION = 3
+VERSION = 4
 
 #: Statements per version; ``{s}`` is the quoted schema name.
 MIGRATIONS: dict[int, list[str]] = {
@@ -88,6 +88,14 @@ MIGRATIONS: dict[int, list[str]] = {
             PRIMARY KEY (queue, channel)
         ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.01,
                 autovacuum_vacuum_cost_delay = 0)"""
+    ],
+    # A waiter says how many messages it would take (``want``), how long they hide once
+    # taken (``hide``), and the advisory lock its listening connection holds while it
+    # listens (``key``): a send hands a live waiter its message in the notification.
+    4: [
+        """ALTER TABLE {s}.waiters ADD COLUMN IF NOT EXISTS want integer NOT NULL DEFAULT 0,
+            ADD COLUMN IF NOT EXISTS hide float8 NOT NULL DEFAULT 0,
+            ADD COLUMN IF NOT EXISTS key bigint"""
     ],
 }
 

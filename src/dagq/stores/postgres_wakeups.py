@@ -27,6 +27,24 @@ while the send runs is not seen by it, and neither was the send by that receive,
 nobody would wake that process otherwise. Registrations expire (``WAITER_S``) and are
 withdrawn when the store closes.
 
+Handing messages over: a registration also says how many messages its process would
+take (``want``), how long they hide once taken (``hide``) and an advisory lock key
+(:attr:`Listener.key`) that the listening connection holds, shared, for as long as it
+lives. The send tries that lock for each registration it takes: where the try fails
+the waiter is alive and listening, and the send inserts the message it pairs with it
+as already received by it (hidden, delivered once, a new receipt) and puts the message
+in its notification (:func:`handed_message`); where it succeeds (a process killed, a
+listener down) the registration is dropped and handed nothing. The listener keeps a
+handed message (:meth:`Listener.handed`) and wakes the queue's waiters; the receive
+that follows takes it without a round trip — while the registration still wants more
+and no other wake-up came, that is all it takes; otherwise it also looks in the
+database (and registers again). A message no receive here takes within :data:`HOLD_S`
+(nothing waits for its queue any more: a worker stopping or full) is given back: made
+visible again, as if never delivered, and the queue's channel notified; so are those
+held when the store closes. Only a notification lost in the instant the listening
+connection drops, after the send found it alive, leaves its message hidden until its
+hiding time ends, as a received message whose receiver died.
+
 A commit that writes documents or index rows notifies the store's changes channel
 (:func:`changes_channel`) with :data:`CHANGES` and the topics it changed
 (:mod:`.changes`). Only a process whose change feed is watched (a server's streams)
@@ -43,6 +61,7 @@ made meanwhile were not announced to it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import hashlib
@@ -50,6 +69,7 @@ import logging
 
 import psycopg
 
+from dagq.stores.base import Message
 from dagq.stores.changes import ANY, ChangeFeed
 from dagq.stores.common import Wakeups, new_token
 from dagq.stores.postgres_database import CONNECT_TIMEOUT_S, Conn, Database
@@ -68,6 +88,11 @@ RETRY_AFTER_S = 5.0
 #: After the listening connection dropped: the first wait before listening again
 #: (doubling, up to :data:`RETRY_AFTER_S`, while that fails).
 RELISTEN_FIRST_S = 0.05
+#: How long a message handed to this process waits for a receive here to take it
+#: before it is made visible again for every process (and its waiters woken).
+HOLD_S = 1.0
+#: What starts a notification that carries a message (``postgres_queues.HANDED``).
+HANDED = "\x03"
 
 
 class Listener:
@@ -94,8 +119,25 @@ class Listener:
         #: This process's own channel: a send that takes this process's registration
         #: as a waiter (:meth:`waiter`) notifies it here, and no other process.
         self.own = f"dagq:w:{new_token()}"
+        #: The advisory lock the listening connection holds (shared) while it listens:
+        #: a send hands messages only to registrations whose lock is held.
+        self.key = int(new_token(), 16) >> 1
         #: False once the start-up check failed: waits poll.
         self.working = True
+        #: Messages sends handed this process, by queue: each with when it stops being
+        #: hidden and when it arrived (loop time).
+        self._handed: dict[str, list[tuple[Message, float, float]]] = {}
+        #: Receipts handed lately: a notification heard on two connections at once
+        #: (while :meth:`_extend` swaps them) is taken once.
+        self._receipts: dict[str, None] = {}
+        #: How many more messages each queue's registration wants handed.
+        self._wants: dict[str, int] = {}
+        #: Plain wake-ups of each queue heard, and how many of them the last receive
+        #: that looked in the database had heard before it looked.
+        self._plain: dict[str, int] = {}
+        self._plain_looked: dict[str, int] = {}
+        self._expiry: asyncio.TimerHandle | None = None
+        self._releases: set[asyncio.Task[None]] = set()
 
     async def changes_source(self) -> bool:
         """Listen for the change feed; True once notifications are known to arrive."""
@@ -113,6 +155,81 @@ class Listener:
         not waited for here yet, the listener down or not working)."""
         channel = queue_channel(self._db.target.schema, queue)
         return self.own if self.working and self._listening(channel) else None
+
+    def looking(self, queue: str) -> None:
+        """A receive is about to look in the database: the plain wake-ups heard so far
+        are answered by it."""
+        self._plain_looked[queue] = self._plain.get(queue, 0)
+
+    def registered(self, queue: str, want: int) -> None:
+        """A receive registered this process as wanting ``want`` messages handed (0:
+        none, or withdrawn)."""
+        self._wants[queue] = want
+
+    def handed(self, queue: str, most: int) -> tuple[list[Message], bool]:
+        """Up to ``most`` of the messages sends handed this process for ``queue`` (those
+        past half their hiding time are left to come back by themselves); and whether
+        they are all there is to take: the registration still wants more, and no
+        wake-up came that a look in the database has not answered."""
+        kept = self._handed.get(queue)
+        taken: list[Message] = []
+        if kept:
+            now = self._db.clock()
+            fresh = [h for h in kept if now < (h[1] + h[0].enqueued_at) / 2]
+            taken = [h[0] for h in fresh[:most]]
+            self._handed[queue] = fresh[most:]
+        settled = self._wants.get(queue, 0) > 0 and self._plain.get(
+            queue, 0
+        ) == self._plain_looked.get(queue, 0)
+        return taken, settled
+
+    def _hand(self, message: Message, until: float) -> None:
+        """Keep a message a send handed this process until a receive takes it, or
+        :data:`HOLD_S` passed (then it goes back: :meth:`_expire`)."""
+        if message.receipt in self._receipts:
+            return
+        self._receipts[message.receipt] = None
+        if len(self._receipts) > 4096:
+            del self._receipts[next(iter(self._receipts))]
+        loop = asyncio.get_running_loop()
+        self._handed.setdefault(message.queue, []).append((message, until, loop.time()))
+        self._wants[message.queue] = self._wants.get(message.queue, 0) - 1
+        if self._expiry is None:
+            self._expiry = loop.call_later(HOLD_S, self._expire)
+        self._wakeups.notify(message.queue)
+
+    def _expire(self) -> None:
+        """Give back the handed messages no receive took within :data:`HOLD_S` (nothing
+        here waits for their queue any more: a worker stopping, or full)."""
+        loop = asyncio.get_running_loop()
+        self._expiry = None
+        due = loop.time() - HOLD_S
+        later: list[float] = []
+        for queue, kept in self._handed.items():
+            old = [h[0] for h in kept if h[2] <= due]
+            if old:
+                self._handed[queue] = [h for h in kept if h[2] > due]
+                task = loop.create_task(self._release(queue, old))
+                self._releases.add(task)
+                task.add_done_callback(self._releases.discard)
+            later += [h[2] for h in self._handed[queue]]
+        if later:
+            self._expiry = loop.call_later(min(later) + HOLD_S - loop.time(), self._expire)
+
+    async def _release(self, queue: str, messages: list[Message]) -> None:
+        """Make handed messages nobody here took visible again, as if never received,
+        and wake the queue's waiters everywhere."""
+        args = {
+            "now": self._db.clock(),
+            "queue": queue,
+            "receipts": [m.receipt for m in messages],
+            "wake": queue_channel(self._db.target.schema, queue),
+        }
+        try:
+            async with self._db.connection() as conn:
+                await conn.execute(self._db.sql(_RELEASE), args)
+        except Exception as exc:  # they come back after their hiding time
+            log.debug("postgres store %s: handed messages not given back (%s)", self._db.url, exc)
 
     async def start(self, queue: str | None = None) -> None:
         """Listen (for sends to ``queue`` too), unless listening already or known not to
@@ -202,6 +319,9 @@ class Listener:
             for channel in sorted(channels):
                 await conn.execute(f"LISTEN {_quote(channel)}")
             await conn.execute(f"LISTEN {_quote(self.own)}")
+            # Held while this connection lives: sends hand messages to this process's
+            # registrations only meanwhile (a process killed, or not listening, gets none).
+            await conn.execute("SELECT pg_advisory_lock_shared(%s)", (self.key,))
             await conn.execute(f"LISTEN {_quote(self.channel)}")
         except BaseException:
             with contextlib.suppress(psycopg.Error):
@@ -225,7 +345,10 @@ class Listener:
                     await conn.close()
             conn = await self._relisten()
             log.info("postgres store %s: listening again", self._db.url)
-            # Whatever was sent while nobody listened went unannounced: look again.
+            # Whatever was sent while nobody listened went unannounced: look again (in
+            # the database too, not only at what was handed here).
+            for queue in self._queue_of.values():
+                self._plain[queue] = self._plain.get(queue, 0) + 1
             self._wakeups.notify_all()
             self._changes.notify_all()
 
@@ -255,6 +378,12 @@ class Listener:
                 else:
                     self._changes.notify(topics)
                 continue
+            if notify.payload.startswith(HANDED):
+                handed = handed_message(notify.payload)
+                if handed is not None:
+                    self._hand(*handed)
+                continue
+            self._plain[notify.payload] = self._plain.get(notify.payload, 0) + 1
             if notify.channel == self.own and not self._wakeups.waiting(notify.payload):
                 # A send took this process's registration, but nothing here waits for
                 # that queue now (its receive registered it, then it took other work):
@@ -278,6 +407,9 @@ class Listener:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, RuntimeError):
                 await task
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if conn is not None:
             with contextlib.suppress(psycopg.Error, RuntimeError):
                 await conn.close()
@@ -287,6 +419,41 @@ class Listener:
                 async with self._db.connection() as other:
                     sql = "DELETE FROM {s}.waiters WHERE channel = %s"
                     await other.execute(self._db.sql(sql), (self.own,))
+        # Messages handed here and not taken go back at once.
+        handed, self._handed = self._handed, {}
+        for queue, kept in handed.items():
+            if kept:
+                await self._release(queue, [h[0] for h in kept])
+        for task in list(self._releases):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+#: Handed messages given back: visible at once, as if never delivered, and the queue's
+#: waiters woken.
+_RELEASE = """
+WITH back AS (
+    UPDATE {s}.messages SET visible_at = %(now)s,
+        dequeue_count = greatest(dequeue_count - 1, 0)
+    WHERE queue = %(queue)s AND receipt = ANY(%(receipts)s)
+    RETURNING 1
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM back) THEN pg_notify(%(wake)s, %(queue)s) END
+"""
+
+
+def handed_message(payload: str) -> tuple[Message, float] | None:
+    """The message a send handed this process in ``payload``, and until when it is
+    hidden; None for a payload that does not parse."""
+    fields = payload[len(HANDED) :].split("\x1f")
+    if len(fields) != 6:
+        return None
+    queue, id_, receipt, until, enqueued, body = fields
+    try:
+        message = Message(queue, id_, base64.b64decode(body), receipt, 1, float(enqueued))
+        return message, float(until)
+    except ValueError:
+        return None
 
 
 def changes_payload(topics: set[str]) -> str:
