@@ -4,6 +4,7 @@ exporter it posts with, and the queue between the pipe and its export thread."""
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import pytest
@@ -119,3 +120,50 @@ def test_the_helper_keeps_what_fits_of_a_large_message_and_posts_it_by_the_batch
     finally:
         os.close(read)
         os.close(write)
+
+
+class Watched(Posted):
+    """A :class:`Posted` whose requests can be awaited."""
+
+    def __init__(self, batch_size: int) -> None:
+        super().__init__(batch_size)
+        self.posted = threading.Semaphore(0)
+
+    def export(self, records: list[Any]) -> None:
+        super().export(records)
+        self.posted.release()
+
+
+def test_the_helper_posts_a_full_batch_at_once_and_the_rest_when_due_or_flushed() -> None:
+    """As the SDK's batch processor: a batch as soon as it is full; fewer spans once the
+    oldest of them has waited the schedule delay, or at a flush."""
+    posted = Watched(batch_size=100)
+    read, write = os.pipe()
+    sending = exporting.Sending(posted, write, limit=1000, delay_s=60)  # type: ignore[arg-type]
+    thread = threading.Thread(target=sending.run, daemon=True)
+    thread.start()
+    try:
+        sending.add(_records(50))
+        sending.add(_records(60))
+        assert posted.posted.acquire(timeout=10)
+        assert posted.requests == [100]  # the other 10 wait: not due for a minute
+        sending.flush()
+        assert os.read(read, 8) == b"."
+        assert posted.requests == [100, 10]
+    finally:
+        sending.end()
+        thread.join(10)
+        os.close(read)
+        os.close(write)
+    assert not thread.is_alive()
+    soon = Watched(batch_size=100)
+    sending = exporting.Sending(soon, -1, limit=1000, delay_s=0.05)  # type: ignore[arg-type]
+    thread = threading.Thread(target=sending.run, daemon=True)
+    thread.start()
+    try:
+        sending.add(_records(7))
+        assert soon.posted.acquire(timeout=10)  # due after the delay, with no flush
+        assert soon.requests == [7]
+    finally:
+        sending.end()
+        thread.join(10)

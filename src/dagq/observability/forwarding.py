@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from dagq.observability.tracing import Record, Shaped
+from dagq.observability.tracing import Emitted
 
 log = logging.getLogger("dagq.observability")
 
@@ -64,7 +64,7 @@ class Forwarder:
         self.dropped = 0
         # Bounded: the fast ``put`` (the deque's own append) drops the oldest itself
         # while the sending thread is blocked on a helper that does not read.
-        self._pending: collections.deque[Record | Shaped] = collections.deque(maxlen=MAX_PENDING)
+        self._pending: collections.deque[Emitted] = collections.deque(maxlen=MAX_PENDING)
         self._wake = threading.Event()
         self._lock = threading.Lock()  # the pipe: one writer at a time
         self._closing = False
@@ -75,7 +75,7 @@ class Forwarder:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
-    def put(self, record: Record | Shaped) -> None:
+    def put(self, record: Emitted) -> None:
         """Queue a finished span for the helper (as :meth:`tracing.Finished.put`).
 
         Once the helper is started, and while every span is kept (the default sampler),
