@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dagq.observability import exporting
+from dagq.observability import exporting, tracing
 from dagq.observability.tracing import Record
 
 pytestmark = pytest.mark.timeout(60)
@@ -94,9 +94,11 @@ class Posted:
     def __init__(self, batch_size: int) -> None:
         self.batch_size = batch_size
         self.requests: list[int] = []
+        self.spans: list[Any] = []
 
     def export(self, records: list[Any]) -> None:
-        self.requests.append(len(records))
+        self.requests.append(sum(map(tracing.span_count, records)))
+        self.spans += [s for r in records for s in tracing.spans_of(r)]
 
 
 def _records(count: int) -> list[Record]:
@@ -167,3 +169,30 @@ def test_the_helper_posts_a_full_batch_at_once_and_the_rest_when_due_or_flushed(
     finally:
         sending.end()
         thread.join(10)
+
+
+def test_records_of_several_spans_are_counted_and_cut_by_their_spans() -> None:
+    """A step's sends (one record) and an attempt's wait and process spans (one record)
+    count as the spans they hold, in the queue's limit and in a request's batch; a
+    step's sends are cut where a request is full."""
+    shape: Any = ("send q", "producer", 1, ())
+    sends = (shape, 9, 1.0, 2.0, [v for n in range(1, 251) for v in (n, f"t{n}", 1)])
+    attempted = ("process q", "consumer", 1, ())
+    attempt = (attempted, 7, 9, 1.0, 2.0, "t", 1, 3, None, ("wait q", "internal", 1, ()), 0.5, 1.0)
+    posted = Posted(batch_size=100)
+    read, write = os.pipe()
+    try:
+        sending = exporting.Sending(posted, write, limit=300)  # type: ignore[arg-type]
+        sending.add([attempt, sends])  # 252 spans
+        sending.add([attempt] * 30)  # 24 fit (the rest of the room, 48 spans)
+        sending.flush()
+        sending.end()
+        sending.run()
+    finally:
+        os.close(read)
+        os.close(write)
+    assert posted.requests == [100, 100, 100]
+    assert sending.dropped == 12
+    sent = [s for s in posted.spans if s[0][0] == "send q"]
+    assert [s[1] for s in sent] == list(range(1, 251))  # each once, in order
+    assert len(posted.spans) == 300

@@ -181,11 +181,9 @@ class Sending:
         if delay_s is None:
             delay_s = max(0, _setting("OTEL_BSP_SCHEDULE_DELAY", 5000)) / 1000
         self.delay_s = delay_s
-        #: Lists of records as they came, with when they came, and flush marks (None)
-        #: to answer once what came before is sent.
-        self.queue: collections.deque[tuple[float, list[Emitted] | None]] = (
-            collections.deque()
-        )
+        #: Lists of records as they came, with when they came and how many spans they
+        #: hold, and flush marks (None) to answer once what came before is sent.
+        self.queue: collections.deque[tuple[float, list[Emitted] | None, int]] = collections.deque()
         self.waiting = 0
         self.marks = 0
         self.ended = False
@@ -193,18 +191,20 @@ class Sending:
         self.ready = threading.Condition()
 
     def add(self, records: list[Emitted]) -> None:
+        count = sum(map(tracing.span_count, records))
         with self.ready:
             room = self.limit - self.waiting
-            if len(records) > room:  # what does not fit is dropped
+            if count > room:  # what does not fit is dropped
                 if not self.dropped:
                     log.warning("spans come faster than they are exported: dropping some")
-                self.dropped += len(records) - max(room, 0)
-                records = records[: max(room, 0)]
+                records, kept, _ = split(records, max(room, 0))
+                self.dropped += count - kept
+                count = kept
                 if not records:
                     return
             first = not self.waiting
-            self.queue.append((time.monotonic(), records))
-            self.waiting += len(records)
+            self.queue.append((time.monotonic(), records, count))
+            self.waiting += count
             # The export thread is woken when there is a batch to post, or to learn
             # when the first of a new lot came (it waits for it to be due).
             if first or self.waiting >= self.direct.batch_size:
@@ -212,7 +212,7 @@ class Sending:
 
     def flush(self) -> None:
         with self.ready:
-            self.queue.append((0.0, None))
+            self.queue.append((0.0, None, 0))
             self.marks += 1
             self.ready.notify()
 
@@ -246,23 +246,50 @@ class Sending:
                 if not queue:  # ended, all sent
                     return
                 batch: list[Emitted] = []
+                taken = 0
                 flush = False
-                while queue and len(batch) < size:
-                    came, records = queue.popleft()
+                while queue and taken < size:
+                    came, records, count = queue.popleft()
                     if records is None:
                         self.marks -= 1
                         flush = True
                         break
-                    room = size - len(batch)
-                    if len(records) > room:  # the rest waits for the next request
-                        queue.appendleft((came, records[room:]))
-                        records = records[:room]
+                    if taken + count > size:  # the rest waits for the next request
+                        records, part, rest = split(records, size - taken, at_least_one=not batch)
+                        queue.appendleft((came, rest, count - part))
+                        count = part
                     batch += records
-                self.waiting -= len(batch)
+                    taken += count
+                self.waiting -= taken
             if batch:
                 self.direct.export(batch)
             if flush:
                 os.write(self.acks, b".")
+
+
+def split(
+    records: list[Emitted], room: int, *, at_least_one: bool = False
+) -> tuple[list[Emitted], int, list[Emitted]]:
+    """The first records holding ``room`` spans at most, how many spans they hold, and
+    the rest. A record of sends is cut where ``room`` ends; another that does not fit
+    waits for the next request, unless ``at_least_one`` (a request must carry
+    something)."""
+    taken = 0
+    for i, record in enumerate(records):
+        count = tracing.span_count(record)
+        if taken + count <= room:
+            taken += count
+            continue
+        left = room - taken
+        if left > 0 and len(record) == 5:  # sends (the only records of five)
+            shape, parent, start_s, end_s, flat = record
+            head: Emitted = (shape, parent, start_s, end_s, flat[: 3 * left])
+            tail: Emitted = (shape, parent, start_s, end_s, flat[3 * left :])
+            return [*records[:i], head], room, [tail, *records[i + 1 :]]
+        if i == 0 and at_least_one:
+            return records[:1], count, records[1:]
+        return records[:i], taken, records[i:]
+    return records, taken, []
 
 
 def _through_the_sdk(service: str, acks: int) -> int:
