@@ -10,8 +10,11 @@ its exporter is made), and at the end of its stdin exports what it has and exits
 With the OTLP exporter (the default), the records are encoded straight into the
 request's protobuf (:mod:`dagq.observability.otlp`) and posted by the standard
 exporter's HTTP client (its endpoint, headers, compression, timeout, TLS and retries,
-all from the environment) in a thread of its own, as many as wait, up to
-``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` a request; past ``OTEL_BSP_MAX_QUEUE_SIZE`` waiting
+all from the environment) in a thread of its own, as the SDK's batch processor posts
+(:class:`Sending`: ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans a request, at once when
+there are as many, else once the oldest has waited ``OTEL_BSP_SCHEDULE_DELAY``, or at a
+flush; a record may hold several spans, :func:`tracing.spans_of`); past
+``OTEL_BSP_MAX_QUEUE_SIZE`` waiting
 spans (default :data:`QUEUE_SIZE`), new ones are dropped, so a slow collector never
 stops this process reading (nor the traced process writing). Otherwise (the console
 exporter, or an exporter without that client) each record becomes an SDK span for a

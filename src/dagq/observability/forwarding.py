@@ -3,7 +3,7 @@
 Encoding a span for OTLP costs more than the work it describes (~100 µs a span in
 the standard exporter, three spans an attempt), and an exporter thread takes that time
 from the event loop: they share the interpreter lock. So a process that traces by its
-``OTEL_*`` environment hands its spans, as plain tuples (:data:`tracing.Record`), to a
+``OTEL_*`` environment hands its spans, as plain tuples (:data:`tracing.Emitted`), to a
 helper process (:mod:`dagq.observability.exporting`) that makes them SDK spans and
 exports them with the standard BatchSpanProcessor and OTLP exporter, configured by the
 same environment. The event loop pays a tuple and an append per span; a thread of this
