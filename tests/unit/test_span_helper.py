@@ -196,3 +196,15 @@ def test_records_of_several_spans_are_counted_and_cut_by_their_spans() -> None:
     sent = [s for s in posted.spans if s[0][0] == "send q"]
     assert [s[1] for s in sent] == list(range(1, 251))  # each once, in order
     assert len(posted.spans) == 300
+
+
+def test_a_request_carries_2048_spans_unless_the_environment_says(
+    otlp_env: pytest.MonkeyPatch,
+) -> None:
+    direct = exporting.Direct.made("dagq-test")
+    assert direct is not None and direct.batch_size == exporting.BATCH_SIZE == 2048
+    direct.shutdown()
+    otlp_env.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "100")
+    direct = exporting.Direct.made("dagq-test")
+    assert direct is not None and direct.batch_size == 100
+    direct.shutdown()

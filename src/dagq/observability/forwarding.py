@@ -34,7 +34,8 @@ from dagq.observability.tracing import Emitted
 
 log = logging.getLogger("dagq.observability")
 
-#: Spans waiting for the helper at most; more are dropped (and said so, once).
+#: Records waiting for the helper at most (a span each, or an attempt's two, or a
+#: step's sends); more are dropped (and said so, once).
 MAX_PENDING = 16384
 #: How often spans go to the helper at most (``OTEL_BSP_SCHEDULE_DELAY`` if shorter).
 SEND_INTERVAL_S = 0.25
