@@ -10,6 +10,8 @@ from typing import Any
 
 
 class _Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keeps the connection open, as collectors do
+
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         self.send_response(200)

@@ -59,3 +59,22 @@ def spent(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU seconds spent between two readings (a process new since ``before``: all of
     its time; one gone since: nothing after ``before`` can be read)."""
     return sum(t - before.get(pid, 0.0) for pid, t in after.items())
+
+
+def is_span_helper(pid: int) -> bool:
+    """Is ``pid`` a span-exporting helper (``dagq.observability.exporting``)?"""
+    try:
+        return b"dagq.observability.exporting" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def by_part(root: int, reading: dict[int, float], helpers: set[int]) -> dict[str, list[int]]:
+    """The PIDs of a tree reading by part: ``main`` (the root), ``helper`` (span
+    helpers: ``helpers``, found by :func:`is_span_helper` while they lived), ``other``
+    (pool processes and the rest)."""
+    parts: dict[str, list[int]] = {"main": [], "helper": [], "other": []}
+    for pid in reading:
+        part = "main" if pid == root else "helper" if pid in helpers else "other"
+        parts[part].append(pid)
+    return parts

@@ -215,6 +215,7 @@ async def multiproc(
             await client.wait(workflow_id, timeout_s=1800)
         waited = time.time()
         cpu_after = _cpu_reading(processes, server | _server_pids(url))
+        helpers = {pid for r in cpu_after.values() for pid in r if process_cpu.is_span_helper(pid)}
         rss = {name: _peak_rss_mb(p.pid) for name, p in processes.items()}
         result = await settle(store, ids, workload, size, started=started)
         size_bytes = len((await store.documents.get(keys.state(ids[0]))).data)  # type: ignore[union-attr]
@@ -231,6 +232,17 @@ async def multiproc(
     result["slots"] = per_worker * 2
     cpu = {k: round(process_cpu.spent(cpu_before[k], v), 3) for k, v in cpu_after.items()}
     result["cpu_by_process_s"] = cpu
+    # Each cluster process's CPU by part: itself, its span helper, its pool processes.
+    parts: dict[str, float] = {}
+    for name, p in processes.items():
+        for part, pids in process_cpu.by_part(p.pid, cpu_after[name], helpers).items():
+            before = {pid: cpu_before[name].get(pid, 0.0) for pid in pids}
+            after = {pid: cpu_after[name][pid] for pid in pids}
+            key = f"{name.split('-')[0]}.{part}"
+            parts[key] = parts.get(key, 0.0) + process_cpu.spent(before, after)
+    result["cpu_by_part_us_per_task"] = {
+        k: round(v * 1e6 / result["tasks"], 1) for k, v in parts.items()
+    }
     result["cpu_ms_per_task"] = round(sum(cpu.values()) * 1000 / result["tasks"], 3)
     return result
 

@@ -729,6 +729,8 @@ class Worker:
             else:
                 running.held.report_failed()
         finally:
+            if trace.span_id:  # it did not end here: its wait span goes alone
+                attempts.abandoned(trace)
             self._running.pop(running.key, None)
             self._free_slot(running)
             self._wake_serving()

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dagq import embedded
 from dagq.cli.log_output import JsonFormatter
 from dagq.messages import TaskMessage, TaskSpec, decode_task, encode_task
-from dagq.observability import context, ids, metrics, tracing
+from dagq.observability import attempts, context, ids, metrics, tracing
 from dagq.stores.memory import open_memory_store
 from tests.helpers import definition
 
@@ -368,6 +368,33 @@ def test_a_send_traceparent_gives_its_span_only_in_its_own_trace() -> None:
     assert ids.span_in(header, ids.trace_id("wf-other")) == 0
     assert ids.span_in("00-" + "f" * 32 + "-zzzzzzzzzzzzzzzz-01", int("f" * 32, 16)) == 0
     assert ids.span_in("garbage", trace) == 0
+
+
+def test_an_attempt_that_does_not_end_here_still_has_its_wait_span(
+    spans: InMemorySpanExporter,
+) -> None:
+    """An attempt's wait and process spans go out together when it ends; one that never
+    ends on this worker (it stops, its report could not be made) has its wait alone."""
+    trace, send = ids.trace_id("wf-gone"), 0xABC
+    task = TaskMessage(
+        workflow_id="wf-gone",
+        task=1,
+        name="t",
+        attempt=2,
+        spec=TaskSpec(kind="shell", cmd="true"),
+        traceparent=ids.traceparent(trace, send),
+        due_at=10.0,
+        workflow_name="w",
+    )
+    attempt = attempts.begin("sqlite:///x.db", task, "q", 11.0, 11.5)
+    assert spans.get_finished_spans() == ()  # nothing until it ends
+    attempts.abandoned(attempt)
+    attempts.end(attempt, ok=False, duration_s=1, error_type=None, end_s=13)  # too late
+    (wait,) = spans.get_finished_spans()
+    assert (wait.name, parent_id(wait), wait.context.trace_id) == ("wait q", send, trace)
+    assert (wait.start_time, wait.end_time) == (10_000_000_000, 11_000_000_000)
+    process_span = ids.span_in(attempt.traceparent, trace)
+    assert process_span and wait.context.span_id == tracing.wait_span_id(process_span)
 
 
 def test_the_exporters_resource_is_the_providers() -> None:

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from dagq import embedded
 from dagq.observability import exporting, ids, otlp, spans, tracing
-from dagq.observability.tracing import Record, Shape, Shaped
+from dagq.observability.tracing import Emitted, Record, Shape
 from dagq.stores.memory import open_memory_store
 from tests.helpers import definition
 
@@ -34,7 +34,7 @@ RESOURCE = Resource.create({"service.name": "dagq-test", "deployment.environment
 
 
 def through_the_sdk(
-    records: Sequence[Record | Shaped], resource: Resource = RESOURCE
+    records: Sequence[Emitted], resource: Resource = RESOURCE
 ) -> list[ReadableSpan]:
     """The SDK spans the records make (as the helper made them before it encoded)."""
     exporter = InMemorySpanExporter()
@@ -46,19 +46,16 @@ def through_the_sdk(
     return list(exporter.get_finished_spans())
 
 
-def decoded(
-    records: Sequence[Record | Shaped], resource: Resource = RESOURCE
-) -> ExportTraceServiceRequest:
+def decoded(records: Sequence[Emitted], resource: Resource = RESOURCE) -> ExportTraceServiceRequest:
     encoder = otlp.Encoder(resource.attributes, resource_schema_url=resource.schema_url)
     return ExportTraceServiceRequest.FromString(encoder.request(records))
 
 
-def assert_same_as_the_sdk(
-    records: Sequence[Record | Shaped], resource: Resource = RESOURCE
-) -> None:
+def assert_same_as_the_sdk(records: Sequence[Emitted], resource: Resource = RESOURCE) -> None:
     expected = encode_spans(through_the_sdk(records, resource))
     found = decoded(records, resource)
-    assert len(found.resource_spans[0].scope_spans[0].spans) == len(records)
+    spans_made = sum(len(tracing.spans_of(r)) for r in records)
+    assert len(found.resource_spans[0].scope_spans[0].spans) == spans_made
     # Compared span by span first, so a difference names its span.
     for want, got in zip(
         expected.resource_spans[0].scope_spans[0].spans,
@@ -74,9 +71,9 @@ class Recording:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.records: list[Record | Shaped] = []
+        self.records: list[Emitted] = []
 
-    def put(self, record: Record | Shaped) -> None:
+    def put(self, record: Emitted) -> None:
         self.records.append(record)
         self.inner.put(record)
 
@@ -112,14 +109,16 @@ async def test_a_runs_spans_encode_as_the_sdk_encodes_them(recording: Recording)
     now = time.time()
     spans.batch("sqlite:///x.db", 3, workflow_ids=["w-1", "w-2"], start_s=now, end_s=now)
     spans.waited("timer", workflow_id="w-1", workflow_name="w", epoch=0, start_s=now, end_s=now)
-    records = [tracing.record_of(r) for r in recording.records]
+    records = [tracing.record_of(s) for r in recording.records for s in tracing.spans_of(r)]
     names = {r[0] for r in records}
     assert {"submit", "run", "send default", "wait default", "process default"} <= names
     assert {"process _completions", "wait timer"} <= names
     assert any(r[9] for r in records)  # a failure (status, error.type)
     assert any(r[6] for r in records)  # links
-    # An attempt's spans are emitted by their shape; the rest as records.
+    # An attempt's spans are emitted by their shape, a step's sends and an attempt's
+    # wait and process spans in one record each; the rest as records.
     assert {type(r[0]) for r in recording.records} == {str, tuple}
+    assert {len(r) for r in recording.records if type(r[0]) is tuple} == {5, 12}
     assert_same_as_the_sdk(recording.records)
     assert_same_as_the_sdk(records)
 
@@ -235,6 +234,49 @@ def test_shaped_spans_encode_as_the_sdk_encodes_the_spans_they_stand_for(
         records.append((shaped[0][0], *again[1:]))
     assert_same_as_the_sdk(records)
     assert_same_as_the_sdk([tracing.record_of(r) for r in records])
+
+
+_attempted = st.tuples(_shaped, _shapes, _seconds, _seconds).map(
+    lambda drawn: (*drawn[0], drawn[1], drawn[2], drawn[3])
+)
+_task_names = st.text(max_size=40)
+_attempt_numbers = st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.integers(0, 70)
+_sends = st.tuples(
+    _shapes,
+    _ids,
+    _seconds,
+    _seconds,
+    st.lists(st.tuples(_ids, _task_names, _attempt_numbers), min_size=1, max_size=5).map(
+        lambda sends: [value for send in sends for value in send]
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_attempted | _sends | _shaped | _records, min_size=1, max_size=6))
+def test_records_of_several_spans_encode_as_the_sdk_encodes_the_spans_they_hold(
+    records: list[Any],
+) -> None:
+    """A worker's attempt (its wait and process spans) and a coordinator's step (its
+    sends) each travel as one record; the helper writes the spans they stand for."""
+    assert_same_as_the_sdk(records)
+    assert_same_as_the_sdk([s for r in records for s in tracing.spans_of(r)])
+
+
+def test_an_attempts_wait_span_has_an_id_of_its_own_under_the_send() -> None:
+    trace = ids.trace_id("attempted")
+    process: Shape = ("process q", "consumer", trace, (("dagq.queue", "q"),))
+    wait: Shape = ("wait q", "internal", trace, ())
+    record = (process, 7, 3, 2.0, 3.0, "t", 1, 5, None, wait, 1.0, 1.5)
+    found = decoded([record]).resource_spans[0].scope_spans[0].spans
+    assert [s.name for s in found] == ["wait q", "process q"]
+    waited, processed = found
+    assert int.from_bytes(waited.parent_span_id, "big") == 5  # the send
+    assert int.from_bytes(processed.parent_span_id, "big") == 3  # the run
+    assert [int.from_bytes(link.span_id, "big") for link in processed.links] == [5]
+    ids_made = {tracing.wait_span_id(n) for n in range(1, 10_000)}
+    assert len(ids_made) == 9_999 and 0 not in ids_made  # distinct, never 0
+    assert int.from_bytes(waited.span_id, "big") == tracing.wait_span_id(7) != 7
 
 
 def test_the_helper_encodes_itself_for_otlp_and_leaves_the_console_to_the_sdk(

@@ -4,11 +4,12 @@ exporter it posts with, and the queue between the pipe and its export thread."""
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import pytest
 
-from dagq.observability import exporting
+from dagq.observability import exporting, tracing
 from dagq.observability.tracing import Record
 
 pytestmark = pytest.mark.timeout(60)
@@ -93,9 +94,11 @@ class Posted:
     def __init__(self, batch_size: int) -> None:
         self.batch_size = batch_size
         self.requests: list[int] = []
+        self.spans: list[Any] = []
 
     def export(self, records: list[Any]) -> None:
-        self.requests.append(len(records))
+        self.requests.append(sum(map(tracing.span_count, records)))
+        self.spans += [s for r in records for s in tracing.spans_of(r)]
 
 
 def _records(count: int) -> list[Record]:
@@ -119,3 +122,89 @@ def test_the_helper_keeps_what_fits_of_a_large_message_and_posts_it_by_the_batch
     finally:
         os.close(read)
         os.close(write)
+
+
+class Watched(Posted):
+    """A :class:`Posted` whose requests can be awaited."""
+
+    def __init__(self, batch_size: int) -> None:
+        super().__init__(batch_size)
+        self.posted = threading.Semaphore(0)
+
+    def export(self, records: list[Any]) -> None:
+        super().export(records)
+        self.posted.release()
+
+
+def test_the_helper_posts_a_full_batch_at_once_and_the_rest_when_due_or_flushed() -> None:
+    """As the SDK's batch processor: a batch as soon as it is full; fewer spans once the
+    oldest of them has waited the schedule delay, or at a flush."""
+    posted = Watched(batch_size=100)
+    read, write = os.pipe()
+    sending = exporting.Sending(posted, write, limit=1000, delay_s=60)  # type: ignore[arg-type]
+    thread = threading.Thread(target=sending.run, daemon=True)
+    thread.start()
+    try:
+        sending.add(_records(50))
+        sending.add(_records(60))
+        assert posted.posted.acquire(timeout=10)
+        assert posted.requests == [100]  # the other 10 wait: not due for a minute
+        sending.flush()
+        assert os.read(read, 8) == b"."
+        assert posted.requests == [100, 10]
+    finally:
+        sending.end()
+        thread.join(10)
+        os.close(read)
+        os.close(write)
+    assert not thread.is_alive()
+    soon = Watched(batch_size=100)
+    sending = exporting.Sending(soon, -1, limit=1000, delay_s=0.05)  # type: ignore[arg-type]
+    thread = threading.Thread(target=sending.run, daemon=True)
+    thread.start()
+    try:
+        sending.add(_records(7))
+        assert soon.posted.acquire(timeout=10)  # due after the delay, with no flush
+        assert soon.requests == [7]
+    finally:
+        sending.end()
+        thread.join(10)
+
+
+def test_records_of_several_spans_are_counted_and_cut_by_their_spans() -> None:
+    """A step's sends (one record) and an attempt's wait and process spans (one record)
+    count as the spans they hold, in the queue's limit and in a request's batch; a
+    step's sends are cut where a request is full."""
+    shape: Any = ("send q", "producer", 1, ())
+    sends = (shape, 9, 1.0, 2.0, [v for n in range(1, 251) for v in (n, f"t{n}", 1)])
+    attempted = ("process q", "consumer", 1, ())
+    attempt = (attempted, 7, 9, 1.0, 2.0, "t", 1, 3, None, ("wait q", "internal", 1, ()), 0.5, 1.0)
+    posted = Posted(batch_size=100)
+    read, write = os.pipe()
+    try:
+        sending = exporting.Sending(posted, write, limit=300)  # type: ignore[arg-type]
+        sending.add([attempt, sends])  # 252 spans
+        sending.add([attempt] * 30)  # 24 fit (the rest of the room, 48 spans)
+        sending.flush()
+        sending.end()
+        sending.run()
+    finally:
+        os.close(read)
+        os.close(write)
+    assert posted.requests == [100, 100, 100]
+    assert sending.dropped == 12
+    sent = [s for s in posted.spans if s[0][0] == "send q"]
+    assert [s[1] for s in sent] == list(range(1, 251))  # each once, in order
+    assert len(posted.spans) == 300
+
+
+def test_a_request_carries_2048_spans_unless_the_environment_says(
+    otlp_env: pytest.MonkeyPatch,
+) -> None:
+    direct = exporting.Direct.made("dagq-test")
+    assert direct is not None and direct.batch_size == exporting.BATCH_SIZE == 2048
+    direct.shutdown()
+    otlp_env.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "100")
+    direct = exporting.Direct.made("dagq-test")
+    assert direct is not None and direct.batch_size == 100
+    direct.shutdown()

@@ -3,7 +3,7 @@
 Encoding a span for OTLP costs more than the work it describes (~100 µs a span in
 the standard exporter, three spans an attempt), and an exporter thread takes that time
 from the event loop: they share the interpreter lock. So a process that traces by its
-``OTEL_*`` environment hands its spans, as plain tuples (:data:`tracing.Record`), to a
+``OTEL_*`` environment hands its spans, as plain tuples (:data:`tracing.Emitted`), to a
 helper process (:mod:`dagq.observability.exporting`) that makes them SDK spans and
 exports them with the standard BatchSpanProcessor and OTLP exporter, configured by the
 same environment. The event loop pays a tuple and an append per span; a thread of this
@@ -30,11 +30,12 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from dagq.observability.tracing import Record, Shaped
+from dagq.observability.tracing import Emitted
 
 log = logging.getLogger("dagq.observability")
 
-#: Spans waiting for the helper at most; more are dropped (and said so, once).
+#: Records waiting for the helper at most (a span each, or an attempt's two, or a
+#: step's sends); more are dropped (and said so, once).
 MAX_PENDING = 16384
 #: How often spans go to the helper at most (``OTEL_BSP_SCHEDULE_DELAY`` if shorter).
 SEND_INTERVAL_S = 0.25
@@ -64,7 +65,7 @@ class Forwarder:
         self.dropped = 0
         # Bounded: the fast ``put`` (the deque's own append) drops the oldest itself
         # while the sending thread is blocked on a helper that does not read.
-        self._pending: collections.deque[Record | Shaped] = collections.deque(maxlen=MAX_PENDING)
+        self._pending: collections.deque[Emitted] = collections.deque(maxlen=MAX_PENDING)
         self._wake = threading.Event()
         self._lock = threading.Lock()  # the pipe: one writer at a time
         self._closing = False
@@ -75,7 +76,7 @@ class Forwarder:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
-    def put(self, record: Record | Shaped) -> None:
+    def put(self, record: Emitted) -> None:
         """Queue a finished span for the helper (as :meth:`tracing.Finished.put`).
 
         Once the helper is started, and while every span is kept (the default sampler),

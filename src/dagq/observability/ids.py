@@ -53,20 +53,27 @@ def new_span_id() -> int:
 
 
 def traceparent(trace: int, span: int) -> str:
-    """The W3C ``traceparent`` header value naming a sampled span (one per attempt:
-    the span id in hex by its bytes, a third of the time of a format)."""
-    return _trace_part(trace) + span.to_bytes(8, "big").hex() + SAMPLED_END
+    """The W3C ``traceparent`` header value naming a sampled span."""
+    return traceparent_of(trace_part(trace), span)
+
+
+def traceparent_of(head: str, span: int) -> str:
+    """:func:`traceparent` from its trace's :func:`trace_part` (made once a run: two
+    attempts' traceparents differ only by their span ids), the span id in hex by its
+    bytes (a third of the time of a format)."""
+    return head + span.to_bytes(8, "big").hex() + SAMPLED_END
 
 
 @functools.lru_cache(maxsize=4096)  # one per run, for each of its attempts
-def _trace_part(trace: int) -> str:
+def trace_part(trace: int) -> str:
+    """A traceparent of ``trace`` up to its span id: ``00-TRACE-``."""
     return f"00-{trace:032x}-"
 
 
 def span_in(text: str, trace: int) -> int:
     """The span id of a ``traceparent`` made by :func:`traceparent` for ``trace``, or
     0 if it is not one (without parsing the trace id: a worker checks each message's)."""
-    head = _trace_part(trace)
+    head = trace_part(trace)
     if len(text) != 55 or not text.startswith(head):
         return 0
     try:

@@ -22,7 +22,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dagq.observability.tracing import Kind, Record, Shape, Shaped
+from dagq.observability.tracing import (
+    Attempted,
+    Emitted,
+    Kind,
+    Record,
+    Sends,
+    Shape,
+    Shaped,
+    wait_span_id,
+)
 
 _Q = struct.Struct("<Q").pack  # fixed64
 _D = struct.Struct("<d").pack  # double
@@ -150,9 +159,11 @@ class Encoder:
         self._shapes: dict[Shape, _ShapeBlocks] = {}
         self._tasks: dict[str, bytes] = {}
 
-    def request(self, records: Iterable[Record | Shaped]) -> bytes:
-        """The serialized request carrying ``records`` (one resource, one scope)."""
-        span, shaped = self.span, self.shaped
+    def request(self, records: Iterable[Emitted]) -> bytes:
+        """The serialized request carrying ``records`` (one resource, one scope), the
+        spans of a record that holds several (:func:`tracing.spans_of`) one after the
+        other."""
+        span = self.span
         # Each shape's blocks, by the shape's identity within this request (the records
         # hold the shapes meanwhile): one dict lookup a span, no tuple hashed.
         seen: dict[int, _ShapeBlocks] = {}
@@ -160,19 +171,26 @@ class Encoder:
         add = pieces.append
         heads = _SPAN_HEADS
         for record in records:
-            body = span(record) if type(record[0]) is str else shaped(record, seen)  # type: ignore[arg-type]
-            size = len(body)
-            add(heads[size] if size < len(heads) else b"\x12" + varint(size))
-            add(body)
+            if type(record[0]) is str:
+                bodies: Sequence[bytes] = (span(record),)
+            else:
+                size = len(record)
+                if size == 9:
+                    bodies = (self.shaped(record, seen),)  # type: ignore[arg-type]
+                elif size == 12:
+                    bodies = self.attempted(record, seen)  # type: ignore[arg-type]
+                else:
+                    bodies = self.sends(record, seen)  # type: ignore[arg-type]
+            for body in bodies:
+                size = len(body)
+                add(heads[size] if size < len(heads) else b"\x12" + varint(size))
+                add(body)
         scope_spans = b"".join(pieces)
         resource_spans = self.resource + field(0x12, scope_spans) + self.resource_schema_url
         return field(0x0A, resource_spans)
 
-    def shaped(self, record: Shaped, seen: dict[int, _ShapeBlocks] | None = None) -> bytes:
-        """One ``Span`` message's bytes, of a :data:`Shaped` span: the bytes of
-        :meth:`span` for the :data:`Record` it stands for, from blocks made once a shape
-        (``seen``: those of this request, by the shape's identity)."""
-        shape, span_id, parent, start_s, end_s, task, attempt, linked, error = record
+    def _blocks(self, shape: Shape, seen: dict[int, _ShapeBlocks] | None) -> _ShapeBlocks:
+        """A shape's blocks (``seen``: those of this request, by the shape's identity)."""
         blocks = None if seen is None else seen.get(id(shape))
         if blocks is None:
             # Kept by value across requests, unless a value is a float: 0.0 and -0.0
@@ -187,31 +205,119 @@ class Encoder:
                     self._shapes[shape] = blocks
             if seen is not None:
                 seen[id(shape)] = blocks
+        return blocks
+
+    def _task(self, task: str) -> bytes:
+        """A ``dagq.task.name`` attribute's field (kept: names repeat across attempts)."""
         task_field = self._tasks.get(task)
         if task_field is None:
             if len(self._tasks) >= _CACHE_LIMIT:
                 self._tasks.clear()
             task_field = self._tasks[task] = _task_field(task)
+        return task_field
+
+    def shaped(self, record: Shaped, seen: dict[int, _ShapeBlocks] | None = None) -> bytes:
+        """One ``Span`` message's bytes, of a :data:`Shaped` span: the bytes of
+        :meth:`span` for the :data:`Record` it stands for, from blocks made once a shape
+        (``seen``: those of this request, by the shape's identity)."""
+        shape, span_id, parent, start_s, end_s, task, attempt, linked, error = record
+        return _shaped(
+            self._blocks(shape, seen),
+            span_id,
+            parent,
+            start_s,
+            end_s,
+            task_field=self._task(task),
+            attempt_field=(
+                _ATTEMPTS[attempt] if 0 <= attempt < len(_ATTEMPTS) else _attempt_field(attempt)
+            ),
+            linked=linked,
+            error=error,
+        )
+
+    def attempted(
+        self, record: Attempted, seen: dict[int, _ShapeBlocks] | None = None
+    ) -> tuple[bytes, bytes]:
+        """The ``wait`` and ``process`` spans' bytes of an :data:`Attempted` record (as
+        :meth:`shaped` writes each of :func:`tracing.attempted`), their task and
+        attempt attributes written once for both."""
+        (
+            process,
+            span_id,
+            parent,
+            start_s,
+            end_s,
+            task,
+            attempt,
+            sent,
+            error,
+            wait,
+            due_s,
+            received_s,
+        ) = record
+        task_field = self._task(task)
+        attempt_field = (
+            _ATTEMPTS[attempt] if 0 <= attempt < len(_ATTEMPTS) else _attempt_field(attempt)
+        )
+        return (
+            _shaped(
+                self._blocks(wait, seen),
+                wait_span_id(span_id),
+                sent,
+                due_s,
+                received_s,
+                task_field=task_field,
+                attempt_field=attempt_field,
+                linked=0,
+                error=None,
+            ),
+            _shaped(
+                self._blocks(process, seen),
+                span_id,
+                parent,
+                start_s,
+                end_s,
+                task_field=task_field,
+                attempt_field=attempt_field,
+                linked=sent,
+                error=error,
+            ),
+        )
+
+    def sends(self, record: Sends, seen: dict[int, _ShapeBlocks] | None = None) -> list[bytes]:
+        """The ``send`` spans' bytes of a :data:`Sends` record (as :meth:`shaped` writes
+        each of :func:`tracing.sends`): what they share — all but their ids, names and
+        attempts — written once."""
+        shape, parent, start_s, end_s, flat = record
+        blocks = self._blocks(shape, seen)
         start_ns = int(start_s * 1e9)
         end_ns = int(end_s * 1e9)
-        parts = [
-            blocks.trace,
-            _SPAN(0x1208, span_id)
-            if parent is None
-            else _SPAN_PARENT(0x1208, span_id, 0x2208, parent),
-            blocks.name_kind,
-            _TIMES(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns),
-            blocks.common,
-            task_field,
-            _ATTEMPTS[attempt] if 0 <= attempt < len(_ATTEMPTS) else _attempt_field(attempt),
-        ]
-        if error is not None:
-            parts.append(field(0x4A, key_value("error.type", error)))
-        if linked:
-            parts += (blocks.link, _SPAN(0x1208, linked), _LINK_FLAGS)
-        parts.append(_STATUS_UNSET if error is None else _STATUS_ERROR)
-        parts.append(_FLAGS_ROOT if parent is None else _FLAGS_REMOTE_PARENT)
-        return b"".join(parts)
+        # Between a span's ids and its task name; after its attempt.
+        middle = (
+            blocks.name_kind
+            + _TIMES(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns)
+            + blocks.common
+        )
+        tail = _STATUS_UNSET + _FLAGS_REMOTE_PARENT
+        trace, task_of, attempts = blocks.trace, self._task, _ATTEMPTS
+        out = []
+        for i in range(0, len(flat), 3):
+            attempt: int = flat[i + 2]  # type: ignore[assignment]
+            out.append(
+                b"".join(
+                    (
+                        trace,
+                        _SPAN_PARENT(0x1208, flat[i], 0x2208, parent),
+                        middle,
+                        task_of(flat[i + 1]),  # type: ignore[arg-type]
+                        attempts[attempt]
+                        if 0 <= attempt < len(attempts)
+                        else _attempt_field(attempt),
+                        tail,
+                    )
+                )
+            )
+        return out
 
     def span(self, record: Record) -> bytes:
         """One ``Span`` message's bytes."""
@@ -255,6 +361,39 @@ class Encoder:
         parts.append(_STATUS_UNSET if error is None else _STATUS_ERROR)
         parts.append(_FLAGS_ROOT if parent is None else _FLAGS_REMOTE_PARENT)
         return b"".join(parts)
+
+
+def _shaped(
+    blocks: _ShapeBlocks,
+    span_id: int,
+    parent: int | None,
+    start_s: float,
+    end_s: float,
+    *,
+    task_field: bytes,
+    attempt_field: bytes,
+    linked: int,
+    error: str | None,
+) -> bytes:
+    """A shaped span's bytes (:meth:`Encoder.shaped`)."""
+    start_ns = int(start_s * 1e9)
+    end_ns = int(end_s * 1e9)
+    parts = [
+        blocks.trace,
+        _SPAN(0x1208, span_id) if parent is None else _SPAN_PARENT(0x1208, span_id, 0x2208, parent),
+        blocks.name_kind,
+        _TIMES(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns),
+        blocks.common,
+        task_field,
+        attempt_field,
+    ]
+    if error is not None:
+        parts.append(field(0x4A, key_value("error.type", error)))
+    if linked:
+        parts += (blocks.link, _SPAN(0x1208, linked), _LINK_FLAGS)
+    parts.append(_STATUS_UNSET if error is None else _STATUS_ERROR)
+    parts.append(_FLAGS_ROOT if parent is None else _FLAGS_REMOTE_PARENT)
+    return b"".join(parts)
 
 
 def _task_field(task: str) -> bytes:

@@ -84,18 +84,22 @@ class RunTelemetry:
     ) -> None:
         """After the commit: the sends are out, their spans are emitted."""
         if tracing.enabled() and outgoing:
-            by_queue: dict[str, list[tuple[int, str, int, str]]] = {}
+            # Each queue's sends in one flat list (span id, name, attempt, ...), one
+            # record a queue: most steps send on one.
+            by_queue: dict[str, list[int | str]] = {}
             for o in outgoing:
-                send = (o.span_id, o.name, o.attempt, o.message.id or "")
-                by_queue.setdefault(o.queue, []).append(send)
-            for queue, sends in by_queue.items():
-                spans.sent(
+                if o.span_id:
+                    flat = by_queue.get(o.queue)
+                    if flat is None:
+                        flat = by_queue[o.queue] = []
+                    flat += (o.span_id, o.name, o.attempt)
+            for queue, flat in by_queue.items():
+                spans.sent_flat(
                     self.store_url,
-                    workflow_id=st.workflow_id,
-                    workflow_name=name,
-                    epoch=st.epoch,
-                    queue=queue,
-                    sends=sends,
+                    st.workflow_id,
+                    st.epoch,
+                    queue,
+                    flat,
                     start_s=staged_at,
                     end_s=now,
                 )

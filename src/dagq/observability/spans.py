@@ -135,12 +135,30 @@ def sent(
     """``send QUEUE`` spans: (span id, attempt name, attempt, message id) per message."""
     if not tracing.enabled():
         return
-    shape = send_shape(store_url, queue, workflow_id)
-    parent = ids.run_span_id(workflow_id, epoch)
-    emit = tracing.emit_shaped
+    flat: list[int | str] = []
     for span_id, name, attempt, _message_id in sends:
         if span_id:
-            emit((shape, span_id, parent, start_s, end_s, name, attempt, 0, None))
+            flat += (span_id, name, attempt)
+    sent_flat(store_url, workflow_id, epoch, queue, flat, start_s=start_s, end_s=end_s)
+
+
+def sent_flat(
+    store_url: str,
+    workflow_id: str,
+    epoch: int,
+    queue: str,
+    flat: list[int | str],
+    *,
+    start_s: float,
+    end_s: float,
+) -> None:
+    """``send QUEUE`` spans of one step, in one record (:data:`tracing.Sends`): ``flat``
+    holds each span's id (never 0), attempt name and attempt, one after the other."""
+    if flat and tracing.enabled():
+        parent = ids.run_span_id(workflow_id, epoch)
+        tracing.emit_shaped(
+            (send_shape(store_url, queue, workflow_id), parent, start_s, end_s, flat)
+        )
 
 
 @functools.lru_cache(maxsize=1024)

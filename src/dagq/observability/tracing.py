@@ -55,6 +55,20 @@ Shape = tuple[str, Kind, int, tuple[tuple[str, str | int | float | bool], ...]]
 #: of the trace it links to (0: none), error type. The same span as the :data:`Record`
 #: :func:`expand` makes of it; a tenth of the work to make, pickle and encode.
 Shaped = tuple[Shape, int, int | None, float, float, str, int, int, str | None]
+#: An attempt's ``process`` span and its ``wait`` span in one record, as a worker emits
+#: them when the attempt ends: the ``process`` span's :data:`Shaped` fields, then the
+#: ``wait`` span's shape, when the message was due and when it was received. The wait
+#: span's parent is the ``send`` span the process span links to, its id is
+#: :func:`wait_span_id` of the process span's.
+Attempted = tuple[
+    Shape, int, int | None, float, float, str, int, int, str | None, Shape, float, float
+]
+#: A run's ``send`` spans of one step on one queue in one record, as the coordinator
+#: emits them: their shape, parent (the run's span), start and end, then each span's
+#: id, ``dagq.task.name`` and ``dagq.attempt`` in a flat list.
+Sends = tuple[Shape, int, float, float, list[int | str]]
+#: Whatever :func:`emit` and :func:`emit_shaped` hand on: a span, or several in one.
+Emitted = Record | Shaped | Attempted | Sends
 
 
 class _Installed:
@@ -315,11 +329,13 @@ def emit(
     )
 
 
-def emit_shaped(span: Shaped) -> None:
+def emit_shaped(span: Shaped | Attempted | Sends) -> None:
     """Record a span that already happened, given as a :data:`Shaped` one: as
     :func:`emit` with its shape's name, kind, trace and attributes, then
     ``dagq.task.name`` and ``dagq.attempt`` (and ``error.type``), linked to a span of
-    the same trace if it says so. Its span id is never 0."""
+    the same trace if it says so. Its span id is never 0. Or several such spans in one
+    record (:data:`Attempted`, :data:`Sends`): they are told apart where they are
+    exported (:func:`spans_of`), not here."""
     finished = _on.finished
     if finished is not None:
         finished.put(span)
@@ -353,6 +369,58 @@ def record_of(record: Record | Shaped) -> Record:
     if type(record[0]) is str:
         return record
     return expand(record)  # type: ignore[arg-type]
+
+
+_MIX = 0x9E3779B97F4A7C15  # odd: multiplying by it is a bijection of 64-bit ids
+
+
+def wait_span_id(process_span_id: int) -> int:
+    """The id of an attempt's ``wait`` span, from its ``process`` span's (random, never
+    0): a bijection, so distinct process spans give distinct wait spans, and every
+    process that expands an :data:`Attempted` record gives the same one."""
+    return process_span_id * _MIX & 0xFFFFFFFFFFFFFFFF
+
+
+def spans_of(record: Emitted) -> Sequence[Record | Shaped]:
+    """The spans one emitted record stands for (itself, unless it holds several)."""
+    if type(record[0]) is str:
+        return (record,)
+    size = len(record)
+    if size == 9:
+        return (record,)  # type: ignore[return-value]
+    if size == 12:
+        return attempted(record)  # type: ignore[arg-type]
+    return sends(record)  # type: ignore[arg-type]
+
+
+def span_count(record: Emitted) -> int:
+    """How many spans a record stands for (:func:`spans_of`), without making them."""
+    if type(record[0]) is str:
+        return 1
+    size = len(record)
+    if size == 9:
+        return 1
+    if size == 12:
+        return 2
+    return len(record[4]) // 3  # type: ignore[arg-type]
+
+
+def attempted(record: Attempted) -> tuple[Shaped, Shaped]:
+    """The ``wait`` and ``process`` spans of an :data:`Attempted` record."""
+    _, span_id, _, _, _, task, attempt, sent, _, wait, due_s, received_s = record
+    return (
+        (wait, wait_span_id(span_id), sent, due_s, received_s, task, attempt, 0, None),
+        record[:9],
+    )
+
+
+def sends(record: Sends) -> list[Shaped]:
+    """The ``send`` spans of a :data:`Sends` record."""
+    shape, parent, start_s, end_s, flat = record
+    return [
+        (shape, flat[i], parent, start_s, end_s, flat[i + 1], flat[i + 2], 0, None)  # type: ignore[misc]
+        for i in range(0, len(flat), 3)
+    ]
 
 
 class Sampling:
@@ -437,24 +505,25 @@ class Finished:
         )
         self.processor.on_end(span)
 
-    def put(self, record: Record | Shaped) -> None:
-        """Emit a span given as a :data:`Record` or :data:`Shaped` (from :func:`emit`
-        and :func:`emit_shaped`, or from a forwarding process)."""
-        name, trace, span_id, parent, kind, attributes, links, start_ns, end_ns, error = record_of(
-            record
-        )
-        self.emit(
-            name,
-            trace=trace,
-            span_id=span_id,
-            parent=parent,
-            kind=kind,
-            attributes=attributes,
-            links=links,
-            start_ns=start_ns,
-            end_ns=end_ns,
-            error=error,
-        )
+    def put(self, record: Emitted) -> None:
+        """Emit the spans of a record from :func:`emit` or :func:`emit_shaped` (or from
+        a forwarding process)."""
+        for span in spans_of(record):
+            name, trace, span_id, parent, kind, attributes, links, start_ns, end_ns, error = (
+                record_of(span)
+            )
+            self.emit(
+                name,
+                trace=trace,
+                span_id=span_id,
+                parent=parent,
+                kind=kind,
+                attributes=attributes,
+                links=links,
+                start_ns=start_ns,
+                end_ns=end_ns,
+                error=error,
+            )
 
 
 def _hashed_once(resource: Any) -> Any:
