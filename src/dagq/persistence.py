@@ -31,10 +31,29 @@ from dagq.stores.base import Batch, Store
 
 #: Workflows up to this many tasks keep their task columns in the header itself.
 INLINE_TASKS = 2048
-#: Fold deltas into a new base after this many, or once they outweigh the base.
+#: Fold deltas into a new base after this many (more over a large base, see
+#: :func:`delta_limit`), or once they outweigh the base.
 MAX_DELTAS = 32
-#: While a new base is being encoded deltas go on; at this many the flush folds itself.
-MOST_DELTAS = 2 * MAX_DELTAS
+#: Over a large base, one more delta before a fold for every this many bytes of base: a
+#: fold encodes the whole state, so its cost spread over the flushes between two folds
+#: stays about the same whatever the workflow's size. A million-instance foreach's base
+#: (~5 MB) took ~0.25 s of CPU to fold; begun every 32 flushes, a fold was under way
+#: for most of the run.
+BASE_BYTES_PER_DELTA = 32 * 1024
+#: ... up to this many deltas (a reader gets each part: their number stays bounded).
+DELTA_LIMIT = 256
+
+
+def delta_limit(base_bytes: int) -> int:
+    """How many deltas a base of this size takes before a fold begins."""
+    return min(DELTA_LIMIT, max(MAX_DELTAS, base_bytes // BASE_BYTES_PER_DELTA))
+
+
+def most_deltas(base_bytes: int) -> int:
+    """While a new base is being encoded deltas go on; at this many the flush folds
+    itself."""
+    return 2 * delta_limit(base_bytes)
+
 #: How often a reader re-reads the header when a part it names vanished meanwhile.
 READ_ATTEMPTS = 5
 #: States over this many bytes (or over INLINE_TASKS tasks) are decoded in a thread.
@@ -162,7 +181,10 @@ def _assemble(head: snapshots.Header, base: bytes, deltas: list[bytes], plan: Pl
     state = snapshots.empty_state(head)
     snapshots.load_tasks(state, base)
     for delta in deltas:
-        snapshots.apply_delta(state, delta)
+        snapshots.apply_delta(state, delta, recount=False)
+    if deltas:  # once, not at each delta: a recount walks every instance of a group
+        for group in state.groups.values():
+            group.recount()
     state.rebuild(plan)
     return state
 
@@ -186,7 +208,7 @@ def stage_state(batch: Batch, state: RunState, stored: Stored) -> Staged:
         ended = state.status in WORKFLOW_TERMINAL
         head = snapshots.header(state, inline=snapshots.encode_tasks(state, compress=ended))
         written = Stored("")
-    elif stored.base is None or len(stored.deltas) >= MOST_DELTAS:
+    elif stored.base is None or len(stored.deltas) >= most_deltas(stored.base_bytes):
         # No base yet (a state stored inline grew), or folding lags far behind: fold here.
         data = snapshots.encode_tasks(state)
         base = keys.state_part(workflow_id, f"base-{_token()}")
@@ -253,7 +275,10 @@ async def write_state(store: Store, state: RunState, stored: Stored) -> Stored:
 
 
 def _compact(stored: Stored) -> bool:
-    return len(stored.deltas) >= MAX_DELTAS or stored.delta_bytes > stored.base_bytes
+    return (
+        len(stored.deltas) >= delta_limit(stored.base_bytes)
+        or stored.delta_bytes > stored.base_bytes
+    )
 
 
 async def _fold(state: RunState, written: Stored) -> Folding:
