@@ -27,7 +27,7 @@ from dagq import keys, snapshots
 from dagq.errors import ConflictError, DagqError, DamagedData, StoreUnavailable
 from dagq.plan import Plan
 from dagq.state import WORKFLOW_TERMINAL, RunState
-from dagq.stores.base import Batch, Store
+from dagq.stores.base import Batch, Document, Store
 
 #: Workflows up to this many tasks keep their task columns in the header itself.
 INLINE_TASKS = 2048
@@ -42,6 +42,10 @@ MAX_DELTAS = 32
 BASE_BYTES_PER_DELTA = 32 * 1024
 #: ... up to this many deltas (a reader gets each part: their number stays bounded).
 DELTA_LIMIT = 256
+#: How often a reader re-reads the header when a part it names vanished meanwhile.
+READ_ATTEMPTS = 5
+#: States over this many bytes (or over INLINE_TASKS tasks) are decoded in a thread.
+OFF_LOOP_BYTES = 256 * 1024
 
 
 def delta_limit(base_bytes: int) -> int:
@@ -54,10 +58,6 @@ def most_deltas(base_bytes: int) -> int:
     itself."""
     return 2 * delta_limit(base_bytes)
 
-#: How often a reader re-reads the header when a part it names vanished meanwhile.
-READ_ATTEMPTS = 5
-#: States over this many bytes (or over INLINE_TASKS tasks) are decoded in a thread.
-OFF_LOOP_BYTES = 256 * 1024
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -125,8 +125,11 @@ async def create_state(store: Store, state: RunState) -> str:
         raise
 
 
-async def read_state(store: Store, workflow_id: str, plan: Plan) -> tuple[RunState, Stored] | None:
-    """The working state and where it lives, or None if the workflow has no state.
+async def read_state(
+    store: Store, workflow_id: str, plan: Plan, *, header: Document | None = None
+) -> tuple[RunState, Stored] | None:
+    """The working state and where it lives, or None if the workflow has no state;
+    ``header``: its header document, read by the caller a moment ago (not read again).
 
     A part missing under a header that has since moved on was folded away while this
     read ran: the new header is followed. One missing under the current header is
@@ -135,7 +138,8 @@ async def read_state(store: Store, workflow_id: str, plan: Plan) -> tuple[RunSta
     seen: str | None = None
     missing = ""
     for _ in range(READ_ATTEMPTS):
-        doc = await store.documents.get(keys.state(workflow_id))
+        doc = header or await store.documents.get(keys.state(workflow_id))
+        header = None
         if doc is None:
             return None
         if doc.etag == seen:
