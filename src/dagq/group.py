@@ -208,8 +208,10 @@ def encode_items(group: Group, items: set[int]) -> bytes:
     )
 
 
-def apply_items(group: Group, data: bytes) -> None:
-    """Replay instance records onto a group (a later record wins)."""
+def apply_items(group: Group, data: bytes, *, recount: bool = True) -> None:
+    """Replay instance records onto a group (a later record wins); ``recount=False``
+    leaves its derived counters to the caller (one :meth:`Group.recount` after many
+    deltas, not one a delta: each walks every instance)."""
     doc = _items_decoder().decode(data)
     times = array("d")
     times.frombytes(doc.times)
@@ -221,7 +223,8 @@ def apply_items(group: Group, data: bytes) -> None:
         set_or_drop(group.output_refs, doc.output_refs, k)
         set_or_drop(group.errors, doc.errors, k)
         set_or_drop(group.retry_base, doc.retry_base, k)
-    group.recount()
+    if recount:
+        group.recount()
 
 
 def set_or_drop(column: dict[int, T], values: dict[int, T], key: int) -> None:

@@ -27,18 +27,37 @@ from dagq import keys, snapshots
 from dagq.errors import ConflictError, DagqError, DamagedData, StoreUnavailable
 from dagq.plan import Plan
 from dagq.state import WORKFLOW_TERMINAL, RunState
-from dagq.stores.base import Batch, Store
+from dagq.stores.base import Batch, Document, Store
 
 #: Workflows up to this many tasks keep their task columns in the header itself.
 INLINE_TASKS = 2048
-#: Fold deltas into a new base after this many, or once they outweigh the base.
+#: Fold deltas into a new base after this many (more over a large base, see
+#: :func:`delta_limit`), or once they outweigh the base.
 MAX_DELTAS = 32
-#: While a new base is being encoded deltas go on; at this many the flush folds itself.
-MOST_DELTAS = 2 * MAX_DELTAS
+#: Over a large base, one more delta before a fold for every this many bytes of base: a
+#: fold encodes the whole state, so its cost spread over the flushes between two folds
+#: stays about the same whatever the workflow's size. A million-instance foreach's base
+#: (~5 MB) took ~0.25 s of CPU to fold; begun every 32 flushes, a fold was under way
+#: for most of the run.
+BASE_BYTES_PER_DELTA = 32 * 1024
+#: ... up to this many deltas (a reader gets each part: their number stays bounded).
+DELTA_LIMIT = 256
 #: How often a reader re-reads the header when a part it names vanished meanwhile.
 READ_ATTEMPTS = 5
 #: States over this many bytes (or over INLINE_TASKS tasks) are decoded in a thread.
 OFF_LOOP_BYTES = 256 * 1024
+
+
+def delta_limit(base_bytes: int) -> int:
+    """How many deltas a base of this size takes before a fold begins."""
+    return min(DELTA_LIMIT, max(MAX_DELTAS, base_bytes // BASE_BYTES_PER_DELTA))
+
+
+def most_deltas(base_bytes: int) -> int:
+    """While a new base is being encoded deltas go on; at this many the flush folds
+    itself."""
+    return 2 * delta_limit(base_bytes)
+
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -106,8 +125,11 @@ async def create_state(store: Store, state: RunState) -> str:
         raise
 
 
-async def read_state(store: Store, workflow_id: str, plan: Plan) -> tuple[RunState, Stored] | None:
-    """The working state and where it lives, or None if the workflow has no state.
+async def read_state(
+    store: Store, workflow_id: str, plan: Plan, *, header: Document | None = None
+) -> tuple[RunState, Stored] | None:
+    """The working state and where it lives, or None if the workflow has no state;
+    ``header``: its header document, read by the caller a moment ago (not read again).
 
     A part missing under a header that has since moved on was folded away while this
     read ran: the new header is followed. One missing under the current header is
@@ -116,7 +138,8 @@ async def read_state(store: Store, workflow_id: str, plan: Plan) -> tuple[RunSta
     seen: str | None = None
     missing = ""
     for _ in range(READ_ATTEMPTS):
-        doc = await store.documents.get(keys.state(workflow_id))
+        doc = header or await store.documents.get(keys.state(workflow_id))
+        header = None
         if doc is None:
             return None
         if doc.etag == seen:
@@ -162,7 +185,10 @@ def _assemble(head: snapshots.Header, base: bytes, deltas: list[bytes], plan: Pl
     state = snapshots.empty_state(head)
     snapshots.load_tasks(state, base)
     for delta in deltas:
-        snapshots.apply_delta(state, delta)
+        snapshots.apply_delta(state, delta, recount=False)
+    if deltas:  # once, not at each delta: a recount walks every instance of a group
+        for group in state.groups.values():
+            group.recount()
     state.rebuild(plan)
     return state
 
@@ -186,7 +212,7 @@ def stage_state(batch: Batch, state: RunState, stored: Stored) -> Staged:
         ended = state.status in WORKFLOW_TERMINAL
         head = snapshots.header(state, inline=snapshots.encode_tasks(state, compress=ended))
         written = Stored("")
-    elif stored.base is None or len(stored.deltas) >= MOST_DELTAS:
+    elif stored.base is None or len(stored.deltas) >= most_deltas(stored.base_bytes):
         # No base yet (a state stored inline grew), or folding lags far behind: fold here.
         data = snapshots.encode_tasks(state)
         base = keys.state_part(workflow_id, f"base-{_token()}")
@@ -253,7 +279,10 @@ async def write_state(store: Store, state: RunState, stored: Stored) -> Stored:
 
 
 def _compact(stored: Stored) -> bool:
-    return len(stored.deltas) >= MAX_DELTAS or stored.delta_bytes > stored.base_bytes
+    return (
+        len(stored.deltas) >= delta_limit(stored.base_bytes)
+        or stored.delta_bytes > stored.base_bytes
+    )
 
 
 async def _fold(state: RunState, written: Stored) -> Folding:

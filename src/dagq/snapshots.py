@@ -14,6 +14,7 @@ is pure: :mod:`dagq.persistence` does the reading and writing.
 
 from __future__ import annotations
 
+import operator
 import sys
 import zlib
 from array import array
@@ -308,19 +309,30 @@ def empty_state(head: Header) -> RunState:
 def encode_tasks(state: RunState, *, compress: bool = True) -> bytes:
     """Every task column (compressed unless small, see :data:`RAW_BYTES`, or unless
     ``compress`` is False)."""
-    return encode_copy(copy_tasks(state), compress=compress)
+    return encode_copy(_columns(state, copy=False), compress=compress)
 
 
 def copy_tasks(state: RunState) -> _Tasks:
     """The task columns, copied: another thread may encode them while ``state`` moves on."""
+    return _columns(state, copy=True)
+
+
+#: The sparse columns of a state, as a tuple (one C call, not one ``getattr`` each).
+_sparse_of = operator.attrgetter(*_SPARSE)
+
+
+def _columns(state: RunState, *, copy: bool) -> _Tasks:
+    """The task columns; the sparse ones copied only if ``copy`` (encoded at once, as
+    every flush of a small state is, they need not be: ~12 dict copies a flush)."""
+    sparse = _sparse_of(state)
     return _Tasks(
         task_status=bytes(state.task_status),
         attempt=state.attempt.tolist(),
         dispatched_at=_pack(state.dispatched_at),
         started_at=_pack(state.started_at),
         task_finished_at=_pack(state.task_finished_at),
-        sparse=_Sparse(*(dict(getattr(state, name)) for name in _SPARSE)),
-        groups={i: encode_group(g) for i, g in state.groups.items()},
+        sparse=_Sparse(*map(dict, sparse)) if copy else _Sparse(*sparse),
+        groups={i: encode_group(g) for i, g in state.groups.items()} if state.groups else {},
     )
 
 
@@ -379,8 +391,10 @@ def delta_tasks(data: bytes) -> list[int]:
     return _delta.decode(_unpacked(data)).tasks
 
 
-def apply_delta(state: RunState, data: bytes) -> None:
-    """Replay a delta onto task columns (later deltas win)."""
+def apply_delta(state: RunState, data: bytes, *, recount: bool = True) -> None:
+    """Replay a delta onto task columns (later deltas win); ``recount=False``: the
+    foreach groups' derived counters are left to the caller (see
+    :func:`~dagq.group.apply_items`)."""
     delta = _delta.decode(_unpacked(data))
     times = _unpack(delta.times, 3 * len(delta.tasks))
     for n, i in enumerate(delta.tasks):
@@ -394,7 +408,7 @@ def apply_delta(state: RunState, data: bytes) -> None:
     for i, group in delta.groups.items():
         state.groups[i] = decode_group(group)
     for i, records in delta.items.items():
-        apply_items(state.groups[i], records)
+        apply_items(state.groups[i], records, recount=recount)
 
 
 def _pick(column: dict[int, T], indexes: list[int]) -> dict[int, T]:

@@ -29,7 +29,7 @@ from dagq.state import (
     RunState,
     TaskStatus,
 )
-from dagq.stores.base import Store
+from dagq.stores.base import Document, Store
 from dagq.submitted import Submitted, decode_document, require_submitted
 
 
@@ -189,6 +189,7 @@ async def load_run(
     A document that cannot be decoded is DamagedData naming the workflow (one line
     for the user, never a traceback).
     """
+    header: Document | None = None  # the state's header, if read here already
     if plans is not None:
         header = await store.documents.get(keys.state(check_workflow_id(workflow_id)))
         kept = None if header is None else plans.run(workflow_id, header.etag)
@@ -208,7 +209,7 @@ async def load_run(
         raise DamagedData(
             f"the definition of workflow '{workflow_id}' cannot be read: {cut(str(exc), 300)}"
         ) from exc
-    found = await read_checked(store, workflow_id, plan)
+    found = await read_checked(store, workflow_id, plan, header=header)
     if found is None:
         raise WorkflowNotFound(f"workflow '{workflow_id}' has no runtime state yet")
     if plans is not None:
@@ -217,11 +218,11 @@ async def load_run(
 
 
 async def read_checked(
-    store: Store, workflow_id: str, plan: Plan
+    store: Store, workflow_id: str, plan: Plan, *, header: Document | None = None
 ) -> tuple[RunState, Stored] | None:
     """:func:`~dagq.persistence.read_state`, with a damaged document as DamagedData."""
     try:
-        return await read_state(store, workflow_id, plan)
+        return await read_state(store, workflow_id, plan, header=header)
     except _DECODING as exc:
         raise DamagedData(
             f"the state of workflow '{workflow_id}' cannot be read: {cut(str(exc), 300)}"

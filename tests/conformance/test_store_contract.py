@@ -589,6 +589,29 @@ async def test_upsert_replaces_the_row_with_the_same_id(store: Store) -> None:
     assert [r.id for r in (await store.index.query(status=["running"])).rows] == []
 
 
+async def test_upsert_of_another_run_under_the_same_id_replaces_every_column(
+    store: Store,
+) -> None:
+    await store.index.upsert(row("w1", 100.0, name="etl", tenant="x"))
+    for batched in (False, True):  # alone, and in a batch (as the coordinator writes)
+        created = 300.0 if batched else 200.0
+        newer = row("w1", created, name="report", tenant="y", status="failed")
+        if batched:
+            batch = store.batch()
+            batch.upsert(newer)
+            await batch.commit()
+        else:
+            await store.index.upsert(newer)
+        assert await store.index.get("w1") == newer
+
+        async def ids(**filters: object) -> list[str]:
+            return [r.id for r in (await store.index.query(**filters)).rows]  # type: ignore[arg-type]
+
+        assert await ids(name="etl") == [] and await ids(tenant="x") == []
+        assert await ids(name="report", tenant="y", status=["failed"]) == ["w1"]
+        assert [r.created_at for r in (await store.index.query()).rows] == [created]
+
+
 async def test_query_returns_the_newest_first(store: Store) -> None:
     for i, created_at in enumerate([300.0, 100.0, 200.0]):
         await store.index.upsert(row(f"w{i}", created_at))

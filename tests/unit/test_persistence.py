@@ -16,6 +16,7 @@ from hypothesis import strategies as st_
 
 from dagq import keys, persistence, snapshots
 from dagq.errors import ConflictError, DamagedData
+from dagq.group import Group
 from dagq.messages import SubmitRequested, TaskFinished
 from dagq.persistence import INLINE_TASKS, MAX_DELTAS, create_state, read_state, write_state
 from dagq.state import RunState, TaskStatus, dispatch_key, dispatch_parts
@@ -336,3 +337,41 @@ async def test_an_inline_state_is_compressed_only_once_its_run_has_ended(store: 
     assert ended is not None and zlib.decompress(ended)  # at rest: compressed
     loaded, _ = await read_state(store, "wf-1", sim.plan)  # type: ignore[misc]
     assert loaded.outputs == sim.state.outputs and loaded.status == "completed"
+
+
+def test_a_large_base_takes_more_deltas_before_a_fold_up_to_a_bound() -> None:
+    small = persistence.Stored("e", "base", ["d"] * MAX_DELTAS, 100_000, 1_000)
+    assert persistence._compact(small)  # a small base folds after MAX_DELTAS, as before
+    large = persistence.Stored("e", "base", ["d"] * MAX_DELTAS, 5_000_000, 40_000)
+    assert not persistence._compact(large)  # its fold would cost 50 times as much
+    at_limit = persistence.delta_limit(large.base_bytes)
+    assert MAX_DELTAS < at_limit <= persistence.DELTA_LIMIT
+    assert persistence._compact(msgspec.structs.replace(large, deltas=["d"] * at_limit))
+    outweighed = msgspec.structs.replace(large, delta_bytes=large.base_bytes + 1)
+    assert persistence._compact(outweighed)  # deltas heavier than the base: fold now
+    assert persistence.delta_limit(10**12) == persistence.DELTA_LIMIT
+    assert persistence.most_deltas(10**12) == 2 * persistence.DELTA_LIMIT
+
+
+def test_deltas_of_foreach_instances_replayed_then_recounted_once_read_the_same() -> None:
+    st = RunState("w", 2, 1.0)
+    st.groups[1] = Group(10, None, "ref")
+    base = snapshots.encode_tasks(st)
+    deltas = []
+    for k, status in ((0, TaskStatus.READY), (1, TaskStatus.RUNNING), (0, TaskStatus.COMPLETED)):
+        st.groups[1].status[k] = status
+        st.groups[1].outputs[k] = k
+        deltas.append(snapshots.encode_delta(st, [], changed_items={1: {k}}))
+    st.groups[1].recount()
+    for recount in (True, False):
+        loaded = RunState("w", 2, 1.0)
+        snapshots.load_tasks(loaded, base)
+        for delta in deltas:
+            snapshots.apply_delta(loaded, delta, recount=recount)
+        group = loaded.groups[1]
+        if not recount:
+            assert (group.sent, group.settled, len(group.unsent)) == (0, 0, 10)  # as loaded
+            group.recount()
+        want = st.groups[1]
+        assert (group.sent, group.settled, list(group.unsent)) == (1, 1, list(want.unsent))
+        assert bytes(group.status) == bytes(want.status) and group.outputs == want.outputs

@@ -9,6 +9,7 @@ from dagq.client import Client
 from dagq.compiled import PLANS, Compiled
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.stores import open_store
+from dagq.stores.counting import counted
 from dagq.submission import submit
 from dagq.views import PlanCache, load_run
 from tests.helpers import definition
@@ -51,6 +52,24 @@ async def test_a_run_that_did_not_change_is_read_again_from_what_was_kept() -> N
         assert changed[2] is not first[2]
         assert changed[2].task_status == first[2].task_status
         assert changed[0] is first[0]  # the definition document is decoded once
+    finally:
+        await store.close()
+
+
+async def test_a_changed_run_is_read_with_one_read_of_its_state_header() -> None:
+    store, counts = counted(open_store("memory://"))
+    plans = PlanCache()
+    try:
+        await Client(store).submit(definition([{"name": "t"}], name="a"), workflow_id="a")
+        header = await store.documents.get(keys.state("a"))
+        assert header is not None
+        await load_run(store, "a", plans=plans)
+        await store.documents.put(keys.state("a"), header.data)  # rewritten: a new etag
+        counts.clear()
+        st = (await load_run(store, "a", plans=plans))[2]
+        # the header (which says the run changed), then nothing but the definition: the
+        # state is decoded from the header read first, not read again
+        assert counts["documents.get"] == 2 and st.workflow_id == "a"
     finally:
         await store.close()
 
