@@ -513,6 +513,10 @@ class Handoff(Protocol):
         self, events: list[Any], acks: dict[str, list[str]]
     ) -> asyncio.Future[list[AckOp] | None] | None: ...
 
+    def preload(self, created: Any) -> None:
+        """Keep what a submit in this process has just stored of a new workflow (a
+        :class:`dagq.submitted.Created`), so that loading it reads nothing back."""
+
 
 class Store(msgspec.Struct, eq=False):
     """A backend: the four primitives under one URL."""
