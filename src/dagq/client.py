@@ -806,6 +806,14 @@ class Client:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"workflow {workflow_id} is still {current}")
+                if self._held(workflow_id) is not None:
+                    # Coordinated here: its end is written with its index row, which
+                    # this feed hears; nothing is read while the copy here runs on.
+                    await watcher.wait(FEED_POLL_S if left is None else min(FEED_POLL_S, left))
+                    held = self._held(workflow_id)
+                    if held is None or held in WORKFLOW_TERMINAL:
+                        current = None
+                    continue
                 if not watcher.complete:
                     await asyncio.sleep(delay)
                 elif (
@@ -815,6 +823,12 @@ class Client:
                     await asyncio.sleep(delay)  # a broad change: at the polling pace
                 delay = min(delay * 2, poll_s)
                 current = await self._running_status(workflow_id)
+
+    def _held(self, workflow_id: str) -> str | None:
+        """The status of the run in the working copy of the coordinator of this process
+        (:meth:`~dagq.stores.base.Handoff.status_of`), if it holds one."""
+        handoff = self.store.handoff
+        return None if handoff is None else handoff.status_of(workflow_id)
 
     async def _running_status(self, workflow_id: str) -> str | None:
         """The status the run's state header says while the run goes on and is not

@@ -334,6 +334,17 @@ class Coordinator:
         while len(self._preloaded) > _PRELOADED:  # never loaded (a rescan got there first)
             del self._preloaded[next(iter(self._preloaded))]
 
+    def status_of(self, workflow_id: str) -> str | None:
+        """The status of the working copy held here (see
+        :class:`~dagq.stores.base.Handoff`): what a waiter in this process goes by
+        before it reads the store."""
+        if self.store.handoff is not self or self._stop.is_set():
+            return None
+        if workflow_id in self._quarantined:
+            return None
+        entry = self._cache.peek(workflow_id)
+        return None if entry is None else entry.state.status
+
     def _arrived(self) -> asyncio.Future[None]:
         """A future the next delivery resolves (at once if one is waiting)."""
         arrival = asyncio.get_running_loop().create_future()

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from dagq import keys
+from dagq.client import Client
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.maintenance import STOP_EVERYTHING
 from dagq.messages import TaskMessage, TaskSpec, decode_events, encode_task
@@ -62,7 +63,7 @@ def recording(*, handoff: bool = False) -> tuple[Store, Counter[str]]:
     return intercepted(store, hook, rebind=False), seen
 
 
-async def run_chain(store: Store) -> None:
+async def run_chain(store: Store, *, wait: bool = False) -> None:
     """A chain of CHAIN quick tasks, driven by a coordinator and a one-slot worker
     that polls rarely (so the receives counted are the ones the work asked for)."""
     steps: list[dict[str, Any]] = [{"name": "s0", "call": "tests.sample_tasks:echo"}]
@@ -80,6 +81,10 @@ async def run_chain(store: Store) -> None:
             assert time.monotonic() < deadline, "the coordinator did not start"
             await asyncio.sleep(0.005)  # submitted once the coordinator takes hand-overs
         await submit(store, definition(steps), workflow_id="w")
+        if wait:  # as a user waits for it, through the Client
+            ended = await Client(store).wait("w", timeout_s=30)
+            assert ended.status == "completed"
+            return
         deadline = time.monotonic() + 30
         while True:
             st = await coordinator.settled_state("w")
@@ -169,3 +174,11 @@ async def test_a_workflow_submitted_in_the_coordinators_process_is_started_witho
     # record and state are not read back.
     for key in (keys.definition("w"), keys.quarantine("w"), keys.state("w")):
         assert seen[f"get {key}"] == 0, seen
+
+
+async def test_a_client_waits_on_the_coordinator_of_its_process_without_polling_the_store() -> None:
+    store, seen = recording(handoff=True)
+    await run_chain(store, wait=True)
+    # Read at the start and once it ended (twice if its end was seen before the write
+    # landed); not polled all along the chain.
+    assert seen[f"get {keys.state('w')}"] <= 3, seen
