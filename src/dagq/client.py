@@ -790,9 +790,13 @@ class Client:
         Where the store's change feed carries every process's changes (PostgreSQL's
         notifications), it looks when the listing rows change (a run's row is written
         in the commit that changes its status, quarantine included), with a poll every
-        :data:`FEED_POLL_S` as a safety net; elsewhere (or on a broad change: SQLite
-        says only that its file changed) it polls, every 20 ms at first, backing off to
-        ``poll_s``."""
+        :data:`FEED_POLL_S` as a safety net. Where the coordinator of this process
+        holds the run (it takes hand-overs: every status change of the run is its own,
+        its end written with the run's index row), it goes by that coordinator's
+        working copy, waking at this process's index writes or every
+        :data:`FEED_POLL_S`, and reads the store only once that copy has ended (or is
+        no longer held). Elsewhere (or on a broad change: SQLite says only that its
+        file changed) it polls, every 20 ms at first, backing off to ``poll_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         delay = 0.02
         current: str | None = None  # the status the state's header says, while running
