@@ -802,6 +802,9 @@ class Client:
         current: str | None = None  # the status the state's header says, while running
         async with self.store.changes.watch(INDEX_TOPIC) as watcher:
             while True:
+                held = self._held(workflow_id) if current is None else None
+                if held is not None and held not in WORKFLOW_TERMINAL:
+                    current = held  # running in the copy here: nothing to read yet
                 if current is None:  # at first, or when it may have ended: read it all
                     status = await self.status(workflow_id)
                     if status.terminal or status.quarantined:
