@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from bench import process_cpu
 from bench.workloads import data, final, is_foreach, shape
 from dagq import Client
 from dagq.coordinator import Coordinator
@@ -123,11 +124,19 @@ async def client_inproc(workload: str, size: str, workers: int, url: str) -> dic
     try:
         started = time.time()
         cpu_started = time.process_time()
+        server_started = process_cpu.server_cpu()
+        billed = dict(store.transactions or {})
         ids = [(await client.submit(definition, workflow_id=f"bench-{i}")).id for i in range(count)]
         for workflow_id in ids:
             await client.wait(workflow_id, timeout_s=1800)
         waited = time.time()
         cpu = time.process_time() - cpu_started
+        server = process_cpu.server_cpu()
+        transactions = {
+            k: v - billed.get(k, 0)
+            for k, v in (store.transactions or {}).items()
+            if v > billed.get(k, 0)
+        }
         run_peak = _peak_rss_mb()  # the checks below read every state again
         result = await settle(store, ids, workload, size, started=started)
     finally:
@@ -136,6 +145,10 @@ async def client_inproc(workload: str, size: str, workers: int, url: str) -> dic
         await store.close()
     result["waited_s"] = round(waited - started, 4)
     result["cpu_s"] = round(cpu, 4)
+    process_cpu.add_server_cpu(result, cpu, server_started, server)  # the Azurite it started
+    if transactions:  # what a paying store bills, from the first submit to the last wait
+        result["transactions_per_task"] = round(sum(transactions.values()) / result["tasks"], 2)
+        result["transactions"] = dict(sorted(transactions.items()))
     result["peak_rss_mb"] = {"process": run_peak}
     result["peak_rss_checked_mb"] = round(
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1

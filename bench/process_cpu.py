@@ -78,3 +78,31 @@ def by_part(root: int, reading: dict[int, float], helpers: set[int]) -> dict[str
         part = "main" if pid == root else "helper" if pid in helpers else "other"
         parts[part].append(pid)
     return parts
+
+
+#: The environment variable naming the PID of the storage server a benchmark run
+#: started (Azurite), whose CPU the run reports apart (``server_cpu_s``).
+SERVER_PID = "DAGQ_BENCH_SERVER_PID"
+
+
+def server_cpu() -> float | None:
+    """CPU seconds so far of the storage server this run started (with its children),
+    or None when it started none (a server already running is shared: not counted)."""
+    pid = os.environ.get(SERVER_PID)
+    if not pid:
+        return None
+    return sum(tree_cpu(int(pid), cpu_by_pid()).values())
+
+
+def add_server_cpu(
+    result: dict[str, object], cpu_s: float, before: float | None, after: float | None
+) -> None:
+    """Put the server's CPU seconds over a run (``server_cpu_s``) and the CPU of the run
+    and the server per task (``cpu_ms_per_task``) in ``result``, when there is a server
+    to count (readings from :func:`server_cpu`)."""
+    if before is None or after is None:
+        return
+    tasks = result["tasks"]
+    assert isinstance(tasks, int)
+    result["server_cpu_s"] = round(after - before, 4)
+    result["cpu_ms_per_task"] = round((cpu_s + after - before) * 1000 / tasks, 3)

@@ -790,14 +790,21 @@ class Client:
         Where the store's change feed carries every process's changes (PostgreSQL's
         notifications), it looks when the listing rows change (a run's row is written
         in the commit that changes its status, quarantine included), with a poll every
-        :data:`FEED_POLL_S` as a safety net; elsewhere (or on a broad change: SQLite
-        says only that its file changed) it polls, every 20 ms at first, backing off to
-        ``poll_s``."""
+        :data:`FEED_POLL_S` as a safety net. Where the coordinator of this process
+        holds the run (it takes hand-overs: every status change of the run is its own,
+        its end written with the run's index row), it goes by that coordinator's
+        working copy, waking at this process's index writes or every
+        :data:`FEED_POLL_S`, and reads the store only once that copy has ended (or is
+        no longer held). Elsewhere (or on a broad change: SQLite says only that its
+        file changed) it polls, every 20 ms at first, backing off to ``poll_s``."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         delay = 0.02
         current: str | None = None  # the status the state's header says, while running
         async with self.store.changes.watch(INDEX_TOPIC) as watcher:
             while True:
+                held = self._held(workflow_id) if current is None else None
+                if held is not None and held not in WORKFLOW_TERMINAL:
+                    current = held  # running in the copy here: nothing to read yet
                 if current is None:  # at first, or when it may have ended: read it all
                     status = await self.status(workflow_id)
                     if status.terminal or status.quarantined:
@@ -806,6 +813,14 @@ class Client:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"workflow {workflow_id} is still {current}")
+                if self._held(workflow_id) is not None:
+                    # Coordinated here: its end is written with its index row, which
+                    # this feed hears; nothing is read while the copy here runs on.
+                    await watcher.wait(FEED_POLL_S if left is None else min(FEED_POLL_S, left))
+                    held = self._held(workflow_id)
+                    if held is None or held in WORKFLOW_TERMINAL:
+                        current = None
+                    continue
                 if not watcher.complete:
                     await asyncio.sleep(delay)
                 elif (
@@ -815,6 +830,12 @@ class Client:
                     await asyncio.sleep(delay)  # a broad change: at the polling pace
                 delay = min(delay * 2, poll_s)
                 current = await self._running_status(workflow_id)
+
+    def _held(self, workflow_id: str) -> str | None:
+        """The status of the run in the working copy of the coordinator of this process
+        (:meth:`~dagq.stores.base.Handoff.status_of`), if it holds one."""
+        handoff = self.store.handoff
+        return None if handoff is None else handoff.status_of(workflow_id)
 
     async def _running_status(self, workflow_id: str) -> str | None:
         """The status the run's state header says while the run goes on and is not

@@ -51,7 +51,7 @@ from dagq.messages import (
 from dagq.observability.context import Concern, concerning
 from dagq.observability.runs import RunTelemetry
 from dagq.offload import Offload, heavy
-from dagq.persistence import OFF_LOOP_BYTES, Staged, off_loop, read_state, stage_state
+from dagq.persistence import OFF_LOOP_BYTES, Staged, Stored, off_loop, read_state, stage_state
 from dagq.persistence import settle as settle_state
 from dagq.plan import Plan
 from dagq.state import (
@@ -75,7 +75,7 @@ from dagq.stores.base import (
     takes_handoff,
     wakes_across_processes,
 )
-from dagq.submitted import decode_outline, decode_outlined
+from dagq.submitted import Created, decode_outline, decode_outlined
 from dagq.supervision import BackgroundFailed, Supervisor
 
 __all__ = ["Coordinator", "CoordinatorOptions", "Entry", "Stats"]
@@ -83,6 +83,8 @@ __all__ = ["Coordinator", "CoordinatorOptions", "Entry", "Stats"]
 log = logging.getLogger("dagq.coordinator")
 
 _CAS_ATTEMPTS = 8
+#: New workflows given by submits in this process and not loaded yet, kept at most.
+_PRELOADED = 4096
 _FIRST_POLL_S = 0.005
 #: The first poll where a send in another process wakes the wait too (the poll is
 #: only a fallback then; see the worker's).
@@ -228,6 +230,8 @@ class Coordinator:
         self._plans: OrderedDict[str, Plan] = OrderedDict()
         #: Workflows this coordinator quarantined or found quarantined, with the reason.
         self._quarantined: dict[str, str] = {}
+        #: New workflows as their submits in this process stored them (``preload``).
+        self._preloaded: dict[str, Created] = {}
         self._next_sweep = 0.0
         self._backoff = _FIRST_BACKOFF_S
         self._stop = asyncio.Event()  # run() sets the real one
@@ -301,6 +305,7 @@ class Coordinator:
                 self.store.handoff = None
             inbox, self._inbox = self._inbox, []
             _decline(inbox)
+            self._preloaded.clear()
             self.offload.close()
             await supervisor.close()
             await self.lease.release()
@@ -319,6 +324,26 @@ class Coordinator:
         if self._arrival is not None and not self._arrival.done():
             self._arrival.set_result(None)
         return done
+
+    def preload(self, created: Created) -> None:
+        """Keep a new workflow as its submit in this process stored it (see
+        :class:`~dagq.stores.base.Handoff`): its first load reads nothing."""
+        if self.store.handoff is not self or self._stop.is_set():
+            return
+        self._preloaded[created.submitted.workflow_id] = created
+        while len(self._preloaded) > _PRELOADED:  # never loaded (a rescan got there first)
+            del self._preloaded[next(iter(self._preloaded))]
+
+    def status_of(self, workflow_id: str) -> str | None:
+        """The status of the working copy held here (see
+        :class:`~dagq.stores.base.Handoff`): what a waiter in this process goes by
+        before it reads the store."""
+        if self.store.handoff is not self or self._stop.is_set():
+            return None
+        if workflow_id in self._quarantined:
+            return None
+        entry = self._cache.peek(workflow_id)
+        return None if entry is None else entry.state.status
 
     def _arrived(self) -> asyncio.Future[None]:
         """A future the next delivery resolves (at once if one is waiting)."""
@@ -758,7 +783,7 @@ class Coordinator:
             by_queue[o.queue].append(o.message)
         # Bundled at the commit (bundle_sends).
         sent = [batch.send(queue, messages) for queue, messages in by_queue.items()]
-        if fx.stop or fx.finished:
+        if fx.stop or (fx.finished and not nothing_to_stop(st)):
             batch.put(keys.control(workflow_id), control_document(st))
         elif starting:  # a purged namesake may have left its stop-everything marker
             batch.delete(keys.control(workflow_id))
@@ -784,10 +809,14 @@ class Coordinator:
         return flush
 
     def _index_due(self, entry: Entry) -> bool:
-        return (
-            entry.state.status != entry.indexed_status
-            or self.clock() - entry.indexed_at >= self.options.index_interval_s
-        )
+        """Is the index row to be written with this flush? At once for a new status,
+        but for a run's start (``pending`` to ``running``), which waits, as changed
+        counts do, for ``index_interval_s`` after the row's last write: a short run's
+        row goes from ``pending`` to its end in one write (a rescan reads both)."""
+        status, indexed = entry.state.status, entry.indexed_status
+        if status != indexed and not (status == "running" and indexed == "pending"):
+            return True
+        return self.clock() - entry.indexed_at >= self.options.index_interval_s
 
     def _indexed(self, entry: Entry) -> None:
         entry.indexed_status = entry.state.status
@@ -1046,10 +1075,16 @@ class Coordinator:
         return min(times)
 
     async def _entry(self, workflow_id: str) -> Entry | None:
+        created = self._preloaded.pop(workflow_id, None) if self._preloaded else None
         entry = self._cache.get(workflow_id)
         if entry is not None:
             return entry
-        entry = await self._load(workflow_id)
+        if created is not None:  # as stored: what a read would find
+            created.state.rebuild(created.plan)
+            entry = await self._loaded(created.plan, created.state, Stored(created.etag), created)
+            entry.indexed_status, entry.indexed_at = "pending", self.clock()  # the submit's row
+        else:
+            entry = await self._load(workflow_id)
         if entry is None:
             return None
         entry.fresh = True
@@ -1075,14 +1110,27 @@ class Coordinator:
         # A large definition builds a great many objects at once, dead again on return.
         with garbage.young_only(len(definition.data) > OFF_LOOP_BYTES):
             compiled = await self._compiled(definition.data)
-        name, tenant, labels, plan = compiled.name, compiled.tenant, compiled.labels, compiled.plan
+        plan = compiled.plan
         found = await read_state(self.store, workflow_id, plan)
         if found is None:
             return None
-        st, stored = found
-        entry = Entry(plan, st, stored, name, tenant, labels, submitted_by=compiled.submitted_by)
+        entry = await self._loaded(plan, *found, compiled)
         entry.replay = replay
         entry.releasing = held is not None
+        return entry
+
+    async def _loaded(
+        self, plan: Plan, st: RunState, stored: Stored, about: _Compiled | Created
+    ) -> Entry:
+        """The cache entry of a workflow read (or given by its submit) just now."""
+        if isinstance(about, Created):
+            submitted = about.submitted
+            name, tenant = submitted.definition.name, submitted.tenant
+            labels, submitted_by = submitted.labels, submitted.submitted_by
+        else:
+            name, tenant, labels = about.name, about.tenant, about.labels
+            submitted_by = about.submitted_by
+        entry = Entry(plan, st, stored, name, tenant, labels, submitted_by=submitted_by)
         if st.status in WORKFLOW_ACTIVE:
             self._schedule_repairs(entry)
             self._track_deadlines(entry, ())
@@ -1551,6 +1599,17 @@ def control_document(st: RunState) -> bytes:
     return msgspec.json.encode(
         {"stop_through": st.epoch if stopped else -1, "tasks": st.stop_requests}
     )
+
+
+def nothing_to_stop(st: RunState) -> bool:
+    """Has every attempt this run ever sent reported its success? (Then no worker can
+    run one that ought to stop, but a duplicate of one delivered twice, which
+    at-least-once delivery allows: its report applies as a no-op.) A run that ends
+    so writes no control document — a stop for nothing, a request a run."""
+    if st.status != "completed" or st.epoch or st.groups or st.iteration:
+        return False
+    done = st.counts[TaskStatus.COMPLETED] + st.counts[TaskStatus.SKIPPED]
+    return done == st.n_tasks and max(st.attempt, default=0) <= 1
 
 
 def index_row(entry: Entry) -> IndexRow:

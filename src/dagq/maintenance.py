@@ -59,7 +59,9 @@ async def purge(store: Store, workflow_id: str, *, force: bool = False) -> int:
         await docs.put(keys.control(workflow_id), STOP_EVERYTHING)
     await store.index.delete(workflow_id)
     deleted = 0
-    doomed = [keys.state(workflow_id), keys.definition(workflow_id), keys.quarantine(workflow_id)]
+    # The quarantine record before the definition: a submit that creates the definition
+    # anew knows the workflow has no record (its coordinator then reads none).
+    doomed = [keys.state(workflow_id), keys.quarantine(workflow_id), keys.definition(workflow_id)]
     if not unfinished:
         doomed.append(keys.control(workflow_id))
     for key in doomed:

@@ -88,14 +88,15 @@ class Stored(msgspec.Struct):
         return {self.base, *self.deltas} if self.base else set(self.deltas)
 
 
-def _large(state: RunState) -> bool:
+def is_large(state: RunState) -> bool:
+    """Is this state stored in parts (a base and deltas) rather than in its header?"""
     return state.n_tasks + sum(g.n for g in state.groups.values()) > INLINE_TASKS
 
 
 def stage_created_state(batch: Batch, state: RunState) -> bool:
     """Stage a new small workflow's initial state (create-only) in ``batch``; False,
     and nothing staged, for a large one (:func:`create_state` writes its base first)."""
-    if _large(state):
+    if is_large(state):
         return False
     batch.put(keys.state(state.workflow_id), snapshots.encode(state), if_none_match=True)
     return True
@@ -108,7 +109,7 @@ async def create_state(store: Store, state: RunState) -> str:
     to encode its whole state on the event loop.
     """
     workflow_id = state.workflow_id
-    if not _large(state):
+    if not is_large(state):
         data = snapshots.encode(state)
         return await store.documents.put(keys.state(workflow_id), data, if_none_match=True)
     tasks = await asyncio.to_thread(snapshots.encode_tasks, state)  # nobody else has it yet
@@ -204,7 +205,7 @@ class Staged(msgspec.Struct):
 def stage_state(batch: Batch, state: RunState, stored: Stored) -> Staged:
     """Stage the writes of ``state`` over the version ``stored`` names (header last)."""
     workflow_id = state.workflow_id
-    if not _large(state):
+    if not is_large(state):
         # Rewritten whole at every flush: compressed only once the run has ended (it is
         # read, not rewritten, from then on). While it runs, zlib cost more than the
         # bytes it saved: ~0.45 ms of CPU a flush for a 1,000-task run's 41 KB of

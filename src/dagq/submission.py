@@ -45,10 +45,10 @@ from dagq.messages import (
 )
 from dagq.observability import spans
 from dagq.payloads import echo
-from dagq.persistence import create_state, stage_created_state
+from dagq.persistence import create_state, is_large, stage_created_state
 from dagq.plan import Plan, resolve_params
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
-from dagq.submitted import Submitted, load_submitted, require_submitted
+from dagq.submitted import Created, Submitted, load_submitted, require_submitted
 from dagq.validation import check_values, check_workflow_id
 
 log = logging.getLogger("dagq.submission")
@@ -162,9 +162,12 @@ async def submit(
         await _create_row(store, _pending_row(submitted, plan))
     elif await store.index.get(workflow_id) is None:
         await store.index.upsert(_pending_row(submitted, plan))
+    etag = ""
     with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
-        await create_state(store, initial)
-    if not _handed_over(store, workflow_id):
+        etag = await create_state(store, initial)
+    fresh = created and etag and not is_large(initial)  # its header is all of it
+    stored = Created(submitted, plan, initial, etag) if fresh else None
+    if not _handed_over(store, workflow_id, stored):
         await store.queues.send(keys.COMPLETIONS_QUEUE, [_submit_event(workflow_id)])
     if created:
         spans.submitted(workflow_id, definition.name, began, clock())
@@ -201,15 +204,22 @@ async def _create_row(store: Store, row: IndexRow) -> None:
     await (store.index.upsert if create is None else create)(row)
 
 
-def _handed_over(store: Store, workflow_id: str) -> bool:
+def _handed_over(store: Store, workflow_id: str, stored: Created | None = None) -> bool:
     """Give a stored workflow's wake-up to the coordinator of this process, if one
     takes hand-overs (its next commit starts it), instead of a message on the
     completion queue (a send, a receive and a delete). Declined later (that commit
     failed, the coordinator stopped), the message is posted then; lost with the
-    process, a coordinator's rescan of the index finds the workflow pending."""
+    process, a coordinator's rescan of the index finds the workflow pending.
+
+    ``stored``: the new workflow as just written, given to that coordinator with the
+    wake-up, so that it starts the workflow without reading back its definition,
+    quarantine record (a new one has none: a purge deletes it before the definition)
+    and state. Its writes are still conditional on that state's etag."""
     handoff = store.handoff
     if handoff is None:
         return False
+    if stored is not None:
+        handoff.preload(stored)
     taken = handoff.deliver([SubmitRequested(workflow_id=workflow_id)], {})
     if taken is None:
         return False

@@ -7,7 +7,8 @@ the console, the coordinator — decode it without importing the submit path.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -16,6 +17,10 @@ from dagq.definition import TaskDef, WorkflowDef
 from dagq.errors import DamagedData, WorkflowNotFound
 from dagq.keys import check_workflow_id
 from dagq.stores.base import Store
+
+if TYPE_CHECKING:
+    from dagq.plan import Plan
+    from dagq.state import RunState
 
 
 class Submitted(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,6 +36,18 @@ class Submitted(msgspec.Struct, frozen=True, kw_only=True):
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     #: Who submitted it (the audit trail; not part of the fingerprint).
     submitted_by: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """A new workflow as its submit has just stored it: what a coordinator of the same
+    process would otherwise read back (definition, quarantine record, state)."""
+
+    submitted: Submitted
+    plan: Plan
+    #: The initial state as written (nobody else holds it), and its etag.
+    state: RunState
+    etag: str
 
 
 def _outline(struct: type[msgspec.Struct], name: str, kind: Any) -> type[msgspec.Struct]:

@@ -107,6 +107,10 @@ class _Coordinator:
 
     def __init__(self) -> None:
         self.taken: list[tuple[list[Any], asyncio.Future[list[AckOp] | None]]] = []
+        self.preloaded: list[Any] = []
+
+    def preload(self, created: Any) -> None:
+        self.preloaded.append(created)
 
     def deliver(
         self, events: list[Any], acks: dict[str, list[str]]
@@ -128,6 +132,7 @@ async def test_a_submit_hands_its_wake_up_over_and_posts_it_only_if_declined() -
         await submit(store, definition([{"name": "a"}]), workflow_id="kept")
         await submit(store, definition([{"name": "a"}]), workflow_id="declined")
         assert [events[0].workflow_id for events, _ in coordinator.taken] == ["kept", "declined"]
+        assert [c.submitted.workflow_id for c in coordinator.preloaded] == ["kept", "declined"]
         assert await _wake_ups(store) == 0  # handed over: no message
         coordinator.taken[0][1].set_result([])  # committed
         coordinator.taken[1][1].set_result(None)  # declined: posted after all

@@ -7,15 +7,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from dagq import keys
+from dagq.client import Client
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.maintenance import STOP_EVERYTHING
 from dagq.messages import TaskMessage, TaskSpec, decode_events, encode_task
 from dagq.state import WORKFLOW_TERMINAL
-from dagq.stores.base import OutgoingMessage, Store
+from dagq.stores.base import BatchOp, OutgoingMessage, Store, commit_in_order, takes_handoff
 from dagq.stores.intercepting import intercepted
 from dagq.stores.memory import open_memory_store
 from dagq.submission import submit
@@ -25,8 +26,25 @@ from tests.helpers import definition
 CHAIN = 20
 
 
-def recording() -> tuple[Store, Counter[str]]:
-    """A memory store that counts receives by queue and document reads by key."""
+class _AcksLast:
+    """Commits in order, hence a batch's acks after its states: a coordinator may take
+    hand-overs (as on Azure, whose commits are phased)."""
+
+    acks_after_states = True
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def bound_to(self, store: Store) -> _AcksLast:
+        return _AcksLast(store)
+
+    async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
+        return await commit_in_order(self._store, ops)
+
+
+def recording(*, handoff: bool = False) -> tuple[Store, Counter[str]]:
+    """A memory store that counts receives by queue and document reads by key (and,
+    ``handoff``, whose coordinator takes hand-overs)."""
     seen: Counter[str] = Counter()
 
     async def hook(
@@ -39,10 +57,13 @@ def recording() -> tuple[Store, Counter[str]]:
             await asyncio.sleep(0)  # a read takes a round trip: others run meanwhile
         return await call()
 
-    return intercepted(open_memory_store(), hook, rebind=False), seen
+    store = open_memory_store()
+    if handoff:
+        store.committer = _AcksLast(store)
+    return intercepted(store, hook, rebind=False), seen
 
 
-async def run_chain(store: Store) -> None:
+async def run_chain(store: Store, *, wait: bool = False) -> None:
     """A chain of CHAIN quick tasks, driven by a coordinator and a one-slot worker
     that polls rarely (so the receives counted are the ones the work asked for)."""
     steps: list[dict[str, Any]] = [{"name": "s0", "call": "tests.sample_tasks:echo"}]
@@ -55,7 +76,15 @@ async def run_chain(store: Store) -> None:
     stop = asyncio.Event()
     running = [asyncio.create_task(coordinator.run(stop)), asyncio.create_task(worker.run(stop))]
     try:
+        deadline = time.monotonic() + 10
+        while takes_handoff(store.committer) and store.handoff is not coordinator:
+            assert time.monotonic() < deadline, "the coordinator did not start"
+            await asyncio.sleep(0.005)  # submitted once the coordinator takes hand-overs
         await submit(store, definition(steps), workflow_id="w")
+        if wait:  # as a user waits for it, through the Client
+            ended = await Client(store).wait("w", timeout_s=30)
+            assert ended.status == "completed"
+            return
         deadline = time.monotonic() + 30
         while True:
             st = await coordinator.settled_state("w")
@@ -136,3 +165,20 @@ async def test_tasks_of_one_workflow_starting_together_read_its_control_document
         stop.set()
         await serving
     assert seen[f"get {keys.control('w')}"] == 1
+
+
+async def test_a_workflow_submitted_in_the_coordinators_process_is_started_without_reads() -> None:
+    store, seen = recording(handoff=True)
+    await run_chain(store)
+    # The submit handed the new workflow over as it stored it: definition, quarantine
+    # record and state are not read back.
+    for key in (keys.definition("w"), keys.quarantine("w"), keys.state("w")):
+        assert seen[f"get {key}"] == 0, seen
+
+
+async def test_a_client_waits_on_the_coordinator_of_its_process_without_polling_the_store() -> None:
+    store, seen = recording(handoff=True)
+    await run_chain(store, wait=True)
+    # Read at the start and once it ended (twice if its end was seen before the write
+    # landed); not polled all along the chain.
+    assert seen[f"get {keys.state('w')}"] <= 3, seen

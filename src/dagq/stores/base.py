@@ -525,6 +525,15 @@ class Handoff(Protocol):
         self, events: list[Any], acks: dict[str, list[str]]
     ) -> asyncio.Future[list[AckOp] | None] | None: ...
 
+    def preload(self, created: Any) -> None:
+        """Keep what a submit in this process has just stored of a new workflow (a
+        :class:`dagq.submitted.Created`), so that loading it reads nothing back."""
+
+    def status_of(self, workflow_id: str) -> str | None:
+        """The status of the working copy of a run this coordinator holds (every status
+        change of a run is its own while it coordinates); None when it holds none, or
+        is no longer coordinating. May be ahead of the store by one commit."""
+
 
 class Store(msgspec.Struct, eq=False):
     """A backend: the four primitives under one URL."""
