@@ -96,10 +96,13 @@ def test_coordinator_logs_throughput_and_backlog_every_interval(cli: DagqCli) ->
 
     def pace() -> list[re.Match[str]]:
         found = list(PACE_LINE.finditer(coordinator.stderr()))
-        busy = [m for m in found if float(m["events"]) > 0 and float(m["dispatched"]) > 0]
-        return found if len(found) >= 3 and busy else []
+        # The submit's event is counted as its step begins, the task it dispatches once
+        # the step's commit is in: a line may fall between the two (a slow commit).
+        counted = any(float(m["events"]) > 0 for m in found)
+        dispatched = any(float(m["dispatched"]) > 0 for m in found)
+        return found if len(found) >= 3 and counted and dispatched else []
 
-    wait_until(pace, timeout_s=20, what="three pace lines, one with work in it")
+    wait_until(pace, timeout_s=20, what="three pace lines, the work counted in them")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
