@@ -200,12 +200,15 @@ def failing_processor(fail: str = "", **_: Any) -> str:
 
 def watch_cancel(seconds: float = 20.0, ready: str = "") -> str:
     """Poll is_cancelled() until it is true; say so (or give up after ``seconds``).
-    Touches the file ``ready`` (if named) once it watches."""
+    Touches the file ``ready`` (if named) once it watches: after its first is_cancelled(),
+    which tells the worker so (a stop before that ends the task at once, unwarned)."""
     import pathlib
     import time
 
     from dagq.jobq import is_cancelled
 
+    if is_cancelled():
+        return "noticed"
     if ready:
         pathlib.Path(ready).touch()
     deadline = time.monotonic() + seconds

@@ -46,6 +46,9 @@ T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
+#: How long a coordinator or worker may take to come up: a Python process starting
+#: on a loaded 2-core machine took over 15 s (a test with a faster bound says so).
+START_S = 60.0
 
 #: The commands that take ``--store``; the harness gives them the scratch store.
 STORE_COMMANDS = frozenset(
@@ -427,7 +430,7 @@ class DagqCli:
         self.processes.append(started)
         return started
 
-    def start_coordinator(self, *args: str | Path, timeout_s: float = 15) -> Started:
+    def start_coordinator(self, *args: str | Path, timeout_s: float = START_S) -> Started:
         """Start ``dagq coordinator ARGS`` and wait until it holds the store's lease."""
         started = self.start("coordinator", *args)
         wait_until(
@@ -443,7 +446,7 @@ class DagqCli:
         lease = self.lease()
         return lease is not None and f":{started.pid}:" in lease.owner
 
-    def start_worker(self, *args: str | Path, timeout_s: float = 15) -> Started:
+    def start_worker(self, *args: str | Path, timeout_s: float = START_S) -> Started:
         """Start ``dagq worker ARGS`` and wait until it says it is serving."""
         started = self.start("worker", *args)
         wait_until(
