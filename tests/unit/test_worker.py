@@ -23,7 +23,8 @@ def store() -> Store:
 async def run(store: Store, tasks: list[dict[str, Any]], **workflow: Any) -> tuple[str, Any]:
     runner = LocalRunner(store, workers=8)
     result = await runner.submit(definition(tasks, **workflow), params={}, workflow_id="w")
-    status = await asyncio.wait_for(runner.drive(), 20)
+    # A bound for a hang, well above a loaded machine's time (3,000 tasks: 1.5 s idle).
+    status = await asyncio.wait_for(runner.drive(), 60)
     return status, await load_view(store, result.workflow_id)
 
 
