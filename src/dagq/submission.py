@@ -166,7 +166,7 @@ async def submit(
     with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
         etag = await create_state(store, initial)
     fresh = created and etag and not is_large(initial)  # its header is all of it
-    stored = Created(submitted, plan, initial, etag) if fresh else None
+    stored = Created(submitted=submitted, plan=plan, state=initial, etag=etag) if fresh else None
     if not _handed_over(store, workflow_id, stored):
         await store.queues.send(keys.COMPLETIONS_QUEUE, [_submit_event(workflow_id)])
     if created:

@@ -7,7 +7,6 @@ the console, the coordinator — decode it without importing the submit path.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -38,8 +37,7 @@ class Submitted(msgspec.Struct, frozen=True, kw_only=True):
     submitted_by: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Created:
+class Created(msgspec.Struct, frozen=True, kw_only=True):
     """A new workflow as its submit has just stored it: what a coordinator of the same
     process would otherwise read back (definition, quarantine record, state)."""
 
