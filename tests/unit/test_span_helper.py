@@ -198,6 +198,25 @@ def test_records_of_several_spans_are_counted_and_cut_by_their_spans() -> None:
     assert len(posted.spans) == 300
 
 
+def test_a_record_that_does_not_fit_the_rest_of_a_request_waits_for_the_next() -> None:
+    """An attempt's record (two spans) that comes after a request's room is down to one
+    span goes in the next request: the export thread once spun on it for ever, holding
+    its lock (a client's run of a thousand tasks with telemetry on never ended)."""
+    attempted = ("process q", "consumer", 1, ())
+    attempt = (attempted, 7, 9, 1.0, 2.0, "t", 1, 3, None, ("wait q", "internal", 1, ()), 0.5, 1.0)
+    posted = Posted(batch_size=3)
+    sending = exporting.Sending(posted, -1, limit=100)  # type: ignore[arg-type]
+    for _ in range(3):
+        sending.add([attempt])
+    sending.end()
+    thread = threading.Thread(target=sending.run, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert posted.requests == [2, 2, 2]
+    assert sending.waiting == 0
+
+
 def test_a_request_carries_2048_spans_unless_the_environment_says(
     otlp_env: pytest.MonkeyPatch,
 ) -> None:

@@ -267,7 +267,9 @@ class Sending:
                     if taken + count > size:  # the rest waits for the next request
                         records, part, rest = split(records, size - taken, at_least_one=not batch)
                         queue.appendleft((came, rest, count - part))
-                        count = part
+                        batch += records
+                        taken += part
+                        break  # this request is as full as it can be
                     batch += records
                     taken += count
                 self.waiting -= taken
