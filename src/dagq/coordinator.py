@@ -328,9 +328,12 @@ class Coordinator:
     def preload(self, created: Created) -> None:
         """Keep a new workflow as its submit in this process stored it (see
         :class:`~dagq.stores.base.Handoff`): its first load reads nothing."""
+        workflow_id = created.submitted.workflow_id
         if self.store.handoff is not self or self._stop.is_set():
             return
-        self._preloaded[created.submitted.workflow_id] = created
+        if workflow_id in self._cache:  # read already (a rescan got there first): kept
+            return  # as read; this copy, used after an eviction, would be stale
+        self._preloaded[workflow_id] = created
         while len(self._preloaded) > _PRELOADED:  # never loaded (a rescan got there first)
             del self._preloaded[next(iter(self._preloaded))]
 

@@ -179,21 +179,34 @@ async def _submitted_at_once(
 ) -> bool:
     """A new workflow's index row, definition, state and event in one batch, where the
     store commits a batch all or nothing (sqlite): one transaction instead of four, and
-    the order of the writes cannot matter. False when it cannot be done so (another
-    store, a large state) or a concurrent submit of the same id got there first (a
-    conflict: nothing was written); the writes one by one then sort it out."""
+    the order of the writes cannot matter. Where a coordinator of this process takes
+    hand-overs, the event is handed to it after the commit instead (no message to
+    send, receive and delete), with the workflow as stored: it starts it reading
+    nothing back, and the index row stays ``pending`` until the run ends or
+    ``index_interval_s`` has passed (as on every other store, :func:`_handed_over`).
+    False when it cannot be done so (another store, a large state) or a concurrent
+    submit of the same id got there first (a conflict: nothing was written); the
+    writes one by one then sort it out."""
     if not getattr(store.committer, "atomic", False):
         return False
+    workflow_id = submitted.workflow_id
     batch = store.batch()
     batch.upsert(_pending_row(submitted, plan))
-    batch.put(keys.definition(submitted.workflow_id), document, if_none_match=True)
+    batch.put(keys.definition(workflow_id), document, if_none_match=True)
     if not stage_created_state(batch, initial):
         return False
-    batch.send(keys.COMPLETIONS_QUEUE, [_submit_event(submitted.workflow_id)])
+    # A coordinator in this process is handed the wake-up after the commit, with the
+    # workflow as stored (nothing to read back); else the event goes in the batch.
+    handing = store.handoff is not None
+    if not handing:
+        batch.send(keys.COMPLETIONS_QUEUE, [_submit_event(workflow_id)])
     try:
-        await batch.commit()
+        etags = await batch.commit()
     except ConflictError:
         return False
+    stored = Created(submitted=submitted, plan=plan, state=initial, etag=etags[-1])
+    if handing and not _handed_over(store, workflow_id, stored):  # it stopped meanwhile
+        await store.queues.send(keys.COMPLETIONS_QUEUE, [_submit_event(workflow_id)])
     return True
 
 
