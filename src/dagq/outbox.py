@@ -72,6 +72,8 @@ class _Pending(msgspec.Struct):
     done: asyncio.Future[None] | None
     ack: Received | None = None
     dropped: bool = False
+    #: A 'started' goes out from then on (loop time), with company or alone.
+    due: float = 0.0
     #: Out, or refused for good: never to be tried again.
     settled: bool = False
 
@@ -125,6 +127,7 @@ class Outbox:
         """Queue an event without waiting for it (for progress signals)."""
         pending = _Pending(event, encode_event(event), None)
         if isinstance(event, TaskStarted):
+            pending.due = asyncio.get_running_loop().time() + LINGER_S
             self._unsent_starts[(event.workflow_id, event.task, event.attempt)] = pending
         self._pending.append(pending)
         self._wake.set()
@@ -195,9 +198,7 @@ class Outbox:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._urgent.wait(), LINGER_S)
             await self._linger()
-            batch = [p for p in self._pending if not p.dropped]
-            self._pending = []
-            self._unsent_starts.clear()
+            batch = self._take_due()
             if not batch:
                 continue
             self._committing = True
@@ -214,6 +215,28 @@ class Outbox:
                 self._wake.set()
             else:
                 self._delay = _FIRST_RETRY_S
+
+    def _take_due(self) -> list[_Pending]:
+        """What goes out now: all but the 'started' events of tasks still within
+        ``LINGER_S`` of their start, which wait (another task's completion going out
+        does not take them along: a task that ends within it never sends one, and each
+        one sent costs the coordinator a state write of its own)."""
+        now = asyncio.get_running_loop().time()
+        batch: list[_Pending] = []
+        waiting: list[_Pending] = []
+        for p in self._pending:
+            if not p.dropped:
+                (waiting if p.due > now else batch).append(p)
+        self._pending = waiting
+        if waiting:  # the flusher looks again once they are due
+            self._wake.set()
+            for p in batch:
+                if isinstance(p.event, TaskStarted):
+                    e = p.event
+                    self._unsent_starts.pop((e.workflow_id, e.task, e.attempt), None)
+        else:
+            self._unsent_starts.clear()
+        return batch
 
     async def _commit_contained(self, batch: list[_Pending]) -> list[_Pending]:
         """Commit ``batch``, isolating what is refused for good; what is left unsent by

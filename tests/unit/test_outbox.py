@@ -12,8 +12,8 @@ import pytest
 
 from dagq import keys
 from dagq.errors import DamagedData, MessageTooLarge, StoreUnavailable
-from dagq.messages import TaskFinished, decode_events
-from dagq.outbox import Outbox
+from dagq.messages import TaskFinished, TaskStarted, decode_events
+from dagq.outbox import LINGER_S, Outbox
 from dagq.stores.base import OutgoingMessage, Store
 from dagq.stores.intercepting import intercepted
 from dagq.stores.memory import open_memory_store
@@ -228,3 +228,47 @@ async def test_close_gives_up_by_its_deadline_while_the_store_refuses_every_writ
     with pytest.raises(StoreUnavailable):
         await poster
     assert await left_in(base) == 1  # not acknowledged: it comes back
+
+
+def started(task: int) -> TaskStarted:
+    return TaskStarted(workflow_id="w", task=task, attempt=1, at=1.0)
+
+
+async def _posted_events(store: Store) -> list[tuple[str, int]]:
+    messages = await store.queues.receive(
+        keys.COMPLETIONS_QUEUE, max_messages=100, visibility_timeout_s=60
+    )
+    return [(type(e).__name__, e.task) for m in messages for e in decode_events(m.body)]
+
+
+async def test_a_start_waits_out_its_linger_even_when_another_completion_goes_out() -> None:
+    """A 'started' is not taken along by another task's completion while its own task
+    may still end within LINGER_S: a task that ends within it never sends one."""
+    store = open_memory_store()
+    outbox = Outbox(store, keys.COMPLETIONS_QUEUE)
+    outbox.start()
+    try:
+        outbox.post_nowait(started(2))
+        await outbox.post(event(1))  # another task's completion: out at once
+        assert await _posted_events(store) == [("TaskFinished", 1)]
+        await outbox.post(event(2))  # task 2 ended within the linger: no 'started' at all
+        assert await _posted_events(store) == [("TaskFinished", 2)]
+    finally:
+        await outbox.close()
+
+
+async def test_a_start_still_running_after_its_linger_goes_out_alone() -> None:
+    store = open_memory_store()
+    outbox = Outbox(store, keys.COMPLETIONS_QUEUE)
+    outbox.start()
+    try:
+        began = asyncio.get_running_loop().time()
+        outbox.post_nowait(started(3))
+        found: list[tuple[str, int]] = []
+        while not found:
+            await store.queues.wait(keys.COMPLETIONS_QUEUE, 5)
+            found = await _posted_events(store)
+        assert found == [("TaskStarted", 3)]
+        assert asyncio.get_running_loop().time() - began >= LINGER_S
+    finally:
+        await outbox.close()
