@@ -417,7 +417,7 @@ class Coordinator:
     async def step(self) -> int:
         """Drain one batch of events (handed over, received) and advance the workflows
         they concern."""
-        local, self._inbox = self._inbox, []
+        local = self._take_inbox()
         try:
             messages = await self._receive(bool(local))
             if not messages and not local:
@@ -433,6 +433,19 @@ class Coordinator:
                 )
         finally:
             _decline(local)  # not committed (a failure, the lease lost): posted instead
+
+    def _take_inbox(self) -> list[_Delivery]:
+        """The hand-overs this step takes: the oldest, up to ``batch_size`` events (a
+        loop of submits in this process may hand over thousands meanwhile); the rest
+        wait for the next step, which comes at once (:meth:`_arrived`)."""
+        events = taken = 0
+        for delivery in self._inbox:
+            if events >= self.options.batch_size:
+                break
+            events += len(delivery.events)
+            taken += 1
+        local, self._inbox = self._inbox[:taken], self._inbox[taken:]
+        return local
 
     async def _receive(self, handed: bool) -> list[Message]:
         """Receive from the completion queue, unless this step has handed-over events

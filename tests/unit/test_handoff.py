@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from dagq.client import Client
 from dagq.coordinator import Coordinator
 from dagq.errors import StoreUnavailable
 from dagq.local import LOCAL_COORDINATOR, LocalRunner
-from dagq.stores.base import AckOp, BatchOp, PutOp, SendOp, Store
+from dagq.stores.base import AckOp, BatchOp, FenceOp, PutOp, SendOp, Store
 from dagq.stores.intercepting import intercepted
 from dagq.stores.memory import open_memory_store
 from dagq.stores.sqlite import open_sqlite_store
@@ -223,4 +224,45 @@ async def test_a_run_submitted_in_its_coordinators_process_is_run_without_readin
     finally:
         stop.set()
         await asyncio.gather(*running, return_exceptions=True)
+        await base.close()
+
+
+async def test_a_step_takes_at_most_a_batch_of_handed_over_events(tmp_path: Path) -> None:
+    """Submits handed over while the coordinator is busy pile up; each step takes up to
+    ``batch_size`` events of them, the next step the rest."""
+    gate = asyncio.Event()
+    states_per_commit: list[int] = []
+
+    async def hold(op: str, args: tuple[Any, ...], call: Callable[[], Awaitable[Any]]) -> Any:
+        if op == "batch.commit" and any(isinstance(o, FenceOp) for o in args[0]):
+            await gate.wait()  # the coordinator's commits wait while the submits go on
+            states = [o for o in args[0] if isinstance(o, PutOp) and o.key.startswith("states/")]
+            states_per_commit.append(len(states))
+        return await call()
+
+    base = open_sqlite_store(tmp_path / "dagq.db")
+    store = intercepted(base, hold, whole=True)
+    options = dataclasses.replace(LOCAL_COORDINATOR, batch_size=4)
+    coordinator = Coordinator(store, options)
+    stop = asyncio.Event()
+    running = asyncio.create_task(coordinator.run(stop))
+    try:
+        while store.handoff is not coordinator:
+            await asyncio.sleep(0.01)
+        client = Client(store)
+        ids = [f"w{i}" for i in range(10)]
+        for workflow_id in ids:  # no worker: each run waits at its first task
+            await client.submit(definition([{"name": "a"}]), workflow_id=workflow_id)
+        gate.set()
+        while sum(states_per_commit) < len(ids):  # every run started (its state written)
+            coordinator.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(coordinator.changed.wait(), 1)
+        assert max(states_per_commit) <= 4
+        for workflow_id in ids:
+            assert (await coordinator.settled_state(workflow_id)).status == "running"  # type: ignore[union-attr]
+    finally:
+        gate.set()
+        stop.set()
+        await asyncio.gather(running, return_exceptions=True)
         await base.close()
