@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-import yaml
 
 from dagq.definition import (
     Defaults,
@@ -33,6 +32,7 @@ from dagq.definition import (
 )
 from dagq.errors import ValidationError
 from dagq.loading import load_data
+from dagq.pyyaml import yaml
 
 F = TypeVar("F", bound=Callable[..., Any])
 Dependency = str | Callable[..., Any]

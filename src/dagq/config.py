@@ -181,7 +181,7 @@ def load(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Setti
 
 def read_file(path: Path) -> dict[str, Any]:
     """The settings one file sets, by dotted key (relative paths made absolute)."""
-    import yaml
+    from dagq.pyyaml import yaml
 
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))

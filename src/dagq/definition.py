@@ -5,8 +5,6 @@ that ``dagq schema`` prints is generated from these structs, so docs cannot drif
 Loading and validation live in :mod:`dagq.loading` and :mod:`dagq.validation`.
 """
 
-from __future__ import annotations
-
 from typing import Annotated, Any, Literal
 
 import msgspec

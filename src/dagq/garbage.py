@@ -29,6 +29,11 @@ large steps make are not collected while they are alive:
   Freezing again later (as this module did after each large plan) would take
   everything alive at that moment out of the collector's reach, every time.
 
+* :func:`exiting` — a ``dagq`` command's own process freezes what is alive as it ends,
+  so that the interpreter's last collections do not walk every module, class and
+  function once more only to leave them to the exit (~25-35 M instructions, 7 % of
+  ``dagq status``). Only the finalizers of objects in cycles are not run at the exit.
+
 * :func:`release` — reference counting frees a list's items when the list goes,
   all in the one bytecode that dropped it: 100,000 task messages took 10-20 ms of
   the GIL at once, wherever that happened (on the loop, or in a thread the loop
@@ -66,6 +71,11 @@ def settle() -> None:
         return
     _Settled.done = True
     gc.collect()
+    gc.freeze()
+
+
+def exiting() -> None:
+    """The process ends: what is alive is left to the exit, out of the collector's sight."""
     gc.freeze()
 
 

@@ -13,8 +13,6 @@ read as one entry of kind :data:`DAMAGED` naming the chunk, and reading goes on.
 history is a record for people; the run's state does not depend on it.
 """
 
-from __future__ import annotations
-
 import msgspec
 
 from dagq import keys, snapshots

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 
 from dagq.definition import (
     RESERVED_TASK_FIELDS,
@@ -27,6 +26,7 @@ from dagq.definition import (
 )
 from dagq.errors import ValidationError
 from dagq.payloads import MAX_DEFINITION_BYTES, MAX_DEPTH, echo
+from dagq.pyyaml import yaml
 from dagq.validation import validate
 
 PathPart = str | int

@@ -6,8 +6,6 @@ bills per request, a task-queue message may carry a bundle of task messages (a m
 array of them; a single task message is a msgpack map).
 """
 
-from __future__ import annotations
-
 import functools
 from typing import Any, Literal
 

@@ -13,8 +13,6 @@ Writing it is never allowed to stop a worker: a failure is logged and the next
 heartbeat tries again.
 """
 
-from __future__ import annotations
-
 import asyncio
 import contextlib
 import logging

@@ -12,8 +12,6 @@ not megabytes; every so often the deltas are folded into a new base. Everything 
 is pure: :mod:`dagq.persistence` does the reading and writing.
 """
 
-from __future__ import annotations
-
 import operator
 import sys
 import zlib
@@ -29,6 +27,15 @@ from dagq.state import RunState, dispatch_key, dispatch_parts
 
 FORMAT_VERSION = 3
 T = TypeVar("T")
+
+
+class Unconfirmed(msgspec.Struct, array_like=True):
+    """Dispatches whose sends were not yet confirmed: task indexes, foreach instances
+    (item indexes by task) and undos, as compressed arrays of indexes."""
+
+    tasks: bytes = b""
+    items: dict[int, bytes] = msgspec.field(default_factory=dict)
+    undos: list[int] = msgspec.field(default_factory=list)
 
 
 class Header(msgspec.Struct, array_like=True, kw_only=True):
@@ -65,15 +72,6 @@ class Header(msgspec.Struct, array_like=True, kw_only=True):
     #: The last history chunks (``RunState.history_tail``), not in documents of their
     #: own. (Documents written before this field have every chunk in its own.)
     history_tail: list[bytes] = msgspec.field(default_factory=list)
-
-
-class Unconfirmed(msgspec.Struct, array_like=True):
-    """Dispatches whose sends were not yet confirmed: task indexes, foreach instances
-    (item indexes by task) and undos, as compressed arrays of indexes."""
-
-    tasks: bytes = b""
-    items: dict[int, bytes] = msgspec.field(default_factory=dict)
-    undos: list[int] = msgspec.field(default_factory=list)
 
 
 class _Sparse(msgspec.Struct, array_like=True):
@@ -162,7 +160,7 @@ def _unpacked(data: bytes) -> bytes:
     return zlib.decompress(data) if data[:1] and data[0] & 0x0F == 8 else data
 
 
-def _pack(values: array[float]) -> bytes:
+def _pack(values: "array[float]") -> bytes:
     """Little-endian doubles, whatever this machine's byte order."""
     if sys.byteorder == "big":  # pragma: no cover - every supported platform is little-endian
         values = array("d", values)
@@ -170,7 +168,7 @@ def _pack(values: array[float]) -> bytes:
     return values.tobytes()
 
 
-def _unpack(data: bytes, n: int) -> array[float]:
+def _unpack(data: bytes, n: int) -> "array[float]":
     values = array("d")
     values.frombytes(data)
     if sys.byteorder == "big":  # pragma: no cover

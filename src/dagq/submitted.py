@@ -4,8 +4,6 @@ Apart from :mod:`dagq.submission` (which writes it), so readers — ``dagq statu
 the console, the coordinator — decode it without importing the submit path.
 """
 
-from __future__ import annotations
-
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +40,9 @@ class Created(msgspec.Struct, frozen=True, kw_only=True):
     process would otherwise read back (definition, quarantine record, state)."""
 
     submitted: Submitted
-    plan: Plan
+    plan: "Plan"
     #: The initial state as written (nobody else holds it), and its etag.
-    state: RunState
+    state: "RunState"
     etag: str
 
 

@@ -93,7 +93,7 @@ class WorkflowDefinition:
 
     def to_yaml(self) -> str:
         """YAML text that :meth:`from_yaml` loads back to an equal definition."""
-        import yaml
+        from dagq.pyyaml import yaml
 
         data = self.to_dict()
         text: str = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)

@@ -233,3 +233,56 @@ def test_a_command_imports_no_other_commands_module(cli: DagqCli) -> None:
         m for m in imported(cli, "validate", "small.yaml") if m.startswith("dagq.cli.commands.")
     }
     assert commands == {"dagq.cli.commands.validate"}
+
+
+def test_the_process_leaves_what_is_alive_to_its_exit(cli: DagqCli) -> None:
+    """``dagq`` as a process freezes what is alive as it ends (its last collections would
+    walk it all); called with arguments, as tests call it, it freezes nothing."""
+    report = (
+        "import atexit, gc; atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))"
+    )
+    run_main = (
+        "import sys; from dagq.cli import main; sys.argv = ['dagq', 'validate', 'small.yaml']"
+    )
+    for call, frozen in (("main()", True), ("main.main(sys.argv[1:])", False)):
+        done = subprocess.run(
+            [sys.executable, "-c", f"{report}; {run_main}; {call}"],
+            cwd=cli.workdir,
+            env=cli.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.splitlines()[-1] == f"frozen {frozen}", call
+
+
+def test_the_structs_read_at_start_up_hold_no_string_annotations() -> None:
+    """msgspec turns a string annotation into a ForwardRef it compiles and evaluates, the
+    first time a type is decoded: the structs every command decodes are written with
+    evaluated annotations (their modules do without ``from __future__ import
+    annotations``)."""
+    import msgspec
+
+    from dagq import definition, history, messages, registry, snapshots, submitted
+
+    modules = (definition, history, messages, registry, snapshots, submitted)
+    structs = [
+        value
+        for module in modules
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, msgspec.Struct)
+        and value.__module__ == module.__name__
+        and value is not submitted.Created  # never decoded: it holds a Plan
+    ]
+
+    assert len(structs) > 20
+    quoted = [
+        f"{struct.__name__}.{name}"
+        for struct in structs
+        for name, kind in vars(struct).get("__annotations__", {}).items()
+        if isinstance(kind, str)
+    ]
+    assert quoted == []

@@ -121,6 +121,20 @@ class DagqGroup(click.Group):
     when it is looked up (to run, or to show help); renders click's usage errors as dagq's
     own one-line errors."""
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``dagq`` as its own process runs it (the console script, ``python -m dagq``):
+        what is alive as it exits is left to the exit, not collected once more
+        (:func:`dagq.garbage.exiting`). Called with the arguments to parse (a test's), or
+        not to exit, it is :meth:`main` alone."""
+        if args or "args" in kwargs or not kwargs.get("standalone_mode", True):
+            return self.main(*args, **kwargs)
+        try:
+            return self.main(*args, **kwargs)
+        finally:
+            from dagq import garbage
+
+            garbage.exiting()
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *COMMANDS})
 

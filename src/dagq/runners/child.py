@@ -13,8 +13,6 @@ pipe or dies. It imports little, so that it starts fast; the tasks' own modules 
 imported on first use and stay imported for the tasks after.
 """
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import fcntl
@@ -98,7 +96,7 @@ class Request(NamedTuple):
         return pickle.dumps(request, pickle.HIGHEST_PROTOCOL)
 
     @classmethod
-    def unpack(cls, data: bytes) -> Request:
+    def unpack(cls, data: bytes) -> "Request":
         call, args, ctx, paths, processor, stored, logs = pickle.loads(data)
         inputs = None if stored is None else StoredInputs(*stored)
         return cls(call, args, TaskContext(*ctx), paths, processor, inputs, logs)

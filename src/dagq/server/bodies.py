@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import yaml
 
 from dagq.definition import WorkflowDef
 from dagq.errors import ValidationError
 from dagq.loading import load_data
+from dagq.pyyaml import yaml
 from dagq.server.problems import ProblemError
 
 SOURCE = "request body"
