@@ -112,8 +112,7 @@ def task_message(
             item_ref = group.items_ref
     span_id, traceparent, due_at, workflow_name = 0, "", 0.0, ""
     if sent_at is not None:  # the defaults are left out of the message
-        trace, span_id = send_span_ids(workflow_id)
-        traceparent = ids.traceparent(trace, span_id)
+        span_id, traceparent = ids.new_traceparent(workflow_id)
         due_at = sent_at + max(dispatch.delay_s, 0.0)
         workflow_name = plan.name
     message = TaskMessage(

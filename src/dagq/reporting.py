@@ -42,8 +42,10 @@ async def finished(
     started: float,
     clock: Callable[[], float],
     worker: str,
+    traceparent: str = "",
 ) -> TaskFinished:
-    """The completion event of ``task``; what is too large for it is stored first."""
+    """The completion event of ``task``; what is too large for it is stored first.
+    ``traceparent``: the attempt's ``process`` span (telemetry on), carried by the event."""
     puts: list[tuple[str, bytes]] = []
     if outcome.log:
         key = keys.log(
@@ -91,6 +93,7 @@ async def finished(
         duration_s=now - started,
         worker=worker,
         warning=None if outcome.warning is None else payloads.cut(outcome.warning),
+        traceparent=traceparent,
     )
 
 

@@ -743,24 +743,26 @@ class Worker:
         it and the other reports go on.
         """
         task = running.task
+        trace = running.trace
+        traceparent = "" if trace is None else trace.traceparent
         try:
-            report = await self._report(task, outcome, started)
+            report = await self._report(task, outcome, started, traceparent)
         except DagqError:
             raise  # a store error: the message comes back, and the task runs again
         except Exception as exc:
             log.error("task %s: its report could not be made", running.key, exc_info=exc)
             report = _failure_event(self._bare_report(task, started), exc)
+            if traceparent:
+                report = msgspec.structs.replace(report, traceparent=traceparent)
         running.reported = True
-        if running.trace is not None:
+        if trace is not None:
             attempts.end(
-                running.trace,
+                trace,
                 ok=report.ok,
                 duration_s=report.duration_s,
                 error_type=report.error_type,
                 end_s=self.clock(),
             )
-            if running.trace.traceparent:
-                report = msgspec.structs.replace(report, traceparent=running.trace.traceparent)
         self._free_slot(running)
         ack = running.held.reported()
         try:
@@ -1005,8 +1007,11 @@ class Worker:
                 _remember(self._raw_documents, cached, data)
         return data
 
-    async def _report(self, task: TaskMessage, outcome: Outcome, started: float) -> TaskFinished:
-        """The completion event; large outputs, logs and errors are stored first."""
+    async def _report(
+        self, task: TaskMessage, outcome: Outcome, started: float, traceparent: str = ""
+    ) -> TaskFinished:
+        """The completion event (naming the attempt's ``process`` span by its
+        ``traceparent``, telemetry on); large outputs, logs and errors are stored first."""
         return await reporting.finished(
             self.store.documents,
             task,
@@ -1014,6 +1019,7 @@ class Worker:
             started=started,
             clock=self.clock,
             worker=self.options.name,
+            traceparent=traceparent,
         )
 
     # --- heartbeats and cancellation ----------------------------------------------------

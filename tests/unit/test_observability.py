@@ -98,6 +98,14 @@ def test_a_traceparent_round_trips_and_a_malformed_one_is_refused() -> None:
         assert ids.parse_traceparent(bad) is None
 
 
+def test_a_new_traceparent_names_its_new_span_in_the_runs_trace() -> None:
+    made = [ids.new_traceparent("wf") for _ in range(50)]
+    for span, text in made:
+        assert text == ids.traceparent(ids.trace_id("wf"), span)
+        assert ids.parse_traceparent(text) == (ids.trace_id("wf"), span)
+    assert len({span for span, _ in made}) == 50  # drawn anew each time
+
+
 def test_a_message_without_trace_fields_decodes_and_one_with_them_keeps_them() -> None:
     old = TaskMessage(workflow_id="w", task=0, name="t", attempt=1, spec=TaskSpec(kind="shell"))
     assert b"traceparent" not in encode_task(old)  # nothing added while telemetry is off

@@ -71,13 +71,12 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
     ``received_at``; its ``process QUEUE`` span starts, under the run's span, linked to
     its ``send``."""
     name = keys.attempt_name(task.name, item=task.item_index, undo=task.undo)
-    attempt = Attempt(task, queue, name)
     due = task.due_at
     recorder = metrics.current()
     if recorder is not None and due:
-        recorder.waited(queue, received_at - due, task.workflow_id)
+        recorder.waited(queue, received_at - due, task.workflow_id, now)
     if not tracing.enabled():
-        return attempt
+        return Attempt(task, queue, name)
     shared = _on_queue(store_url, queue, task.workflow_id, task.workflow_name, task.epoch)
     sent: SpanRef | None = None
     traceparent = task.traceparent
@@ -89,13 +88,10 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
             except ValueError:
                 span = 0
         sent = (shared.trace, span) if span else ids.parse_traceparent(traceparent)
-    span_id = attempt.span_id = _new_id(64) or 1  # as ids.new_span_id draws it
-    attempt.traceparent = ids.traceparent_of(shared.trace_part, span_id)
-    attempt.started_at = now
-    attempt.received_at = received_at
-    attempt.sent = sent
-    attempt.on_queue = shared
-    return attempt
+    span_id = _new_id(64) or 1  # as ids.new_span_id draws it
+    # As ids.traceparent_of writes it (inline: an attempt's hooks are made by the thousand).
+    traceparent = shared.trace_part + span_id.to_bytes(8, "big").hex() + ids.SAMPLED_END
+    return Attempt(task, queue, name, traceparent, span_id, now, received_at, sent, shared)
 
 
 def end(
@@ -104,7 +100,7 @@ def end(
     """An attempt ended (its report is made): its spans are emitted."""
     recorder = metrics.current()
     if recorder is not None:
-        recorder.task_finished(attempt.queue, ok, duration_s, attempt.task.workflow_id)
+        recorder.task_finished(attempt.queue, ok, duration_s, attempt.task.workflow_id, end_s)
     shared = attempt.on_queue
     if shared is None or not attempt.span_id or not tracing.enabled():
         return

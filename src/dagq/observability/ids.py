@@ -70,6 +70,23 @@ def trace_part(trace: int) -> str:
     return f"00-{trace:032x}-"
 
 
+@functools.lru_cache(maxsize=4096)  # one per run, for each of its messages
+def run_trace_part(workflow_id: str) -> str:
+    """:func:`trace_part` of the run ``workflow_id``'s trace."""
+    return trace_part(trace_id(workflow_id))
+
+
+_random_bits = random.getrandbits
+
+
+def new_traceparent(workflow_id: str) -> tuple[int, str]:
+    """A new span id in the run ``workflow_id``'s trace and its traceparent (as
+    :func:`new_span_id` and :func:`traceparent` make them, in one call: a coordinator
+    makes one for each message it sends)."""
+    span = _random_bits(64) or 1
+    return span, run_trace_part(workflow_id) + span.to_bytes(8, "big").hex() + SAMPLED_END
+
+
 def span_in(text: str, trace: int) -> int:
     """The span id of a ``traceparent`` made by :func:`traceparent` for ``trace``, or
     0 if it is not one (without parsing the trace id: a worker checks each message's)."""

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dagq.observability import ids
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("dagq.observability")
 
 _now = time.time
+_bucket = bisect.bisect_left
 
 #: Buckets for task durations and queue waits: from 5 ms to an hour.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -78,17 +79,17 @@ class Tally:
         self.created: dict[tuple[str, ...], float] = {}
         self.exemplars: dict[tuple[str, ...], Exemplar] = {}
 
-    def inc(self, labels: tuple[str, ...], workflow_id: str = "") -> None:
-        """Count one, of the run ``workflow_id`` (its trace is the exemplar)."""
-        now = _now()
+    def inc(self, labels: tuple[str, ...], workflow_id: str = "", at: float = 0.0) -> None:
+        """Count one, of the run ``workflow_id`` (its trace is the exemplar), at ``at``
+        (seconds since the epoch; 0: now)."""
         counts = self.counts
         count = counts.get(labels)
         if count is None:
-            self.created[labels] = now
+            self.created[labels] = at or _now()
             count = 0.0
         counts[labels] = count + 1
         if workflow_id:
-            self.exemplars[labels] = (workflow_id, 1.0, now)
+            self.exemplars[labels] = (workflow_id, 1.0, at or _now())
 
     def counter(self, labels: tuple[str, ...]) -> Callable[[], None]:
         """A function that counts one for ``labels`` (no exemplar): a dict update, for
@@ -131,18 +132,27 @@ class Histogram:
         self.series: dict[tuple[str, ...], list[float]] = {}
         self.exemplars: dict[tuple[str, ...], list[Exemplar | None]] = {}
 
-    def observe(self, labels: tuple[str, ...], value: float, workflow_id: str = "") -> None:
-        """Observe ``value`` (negative counts as 0), of the run ``workflow_id``."""
-        value = max(value, 0.0)
+    def observe(
+        self, labels: tuple[str, ...], value: float, workflow_id: str = "", at: float = 0.0
+    ) -> None:
+        """Observe ``value`` (negative counts as 0), of the run ``workflow_id``, at
+        ``at`` (seconds since the epoch, the exemplar's time; 0: now)."""
+        value = value if value > 0.0 else 0.0  # max() is a call
+        series, exemplars = self.series_of(labels)
+        bucket = _bucket(self.buckets, value)
+        series[bucket] += 1
+        series[-1] += value
+        if workflow_id:
+            exemplars[bucket] = (workflow_id, value, at or _now())
+
+    def series_of(self, labels: tuple[str, ...]) -> tuple[list[float], list[Exemplar | None]]:
+        """The live lists of one label set (made empty if new): the counts by bucket
+        and the sum, and each bucket's latest exemplar (what :meth:`observe` updates)."""
         series = self.series.get(labels)
         if series is None:
             series = self.series[labels] = [0.0] * (len(self.buckets) + 2)
             self.exemplars[labels] = [None] * (len(self.buckets) + 1)
-        bucket = bisect.bisect_left(self.buckets, value)
-        series[bucket] += 1
-        series[-1] += value
-        if workflow_id:
-            self.exemplars[labels][bucket] = (workflow_id, value, _now())
+        return series, self.exemplars[labels]
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.metrics_core import HistogramMetricFamily
@@ -191,6 +201,20 @@ class _Collector:
             yield from family.collect()
 
 
+class _OnQueue:
+    """What an attempt on one queue updates (:meth:`Metrics.task_finished`,
+    :meth:`Metrics.waited`), found once by the queue's name: the label sets of its
+    counts and the live lists of its histograms' series."""
+
+    __slots__ = ("durations", "failed", "ok", "waits")
+
+    def __init__(self, queue: str) -> None:
+        self.ok, self.failed = (queue, "ok"), (queue, "failed")
+        #: The histograms' series, made at their first observation (as ``observe``).
+        self.durations: tuple[list[float], list[Exemplar | None]] | None = None
+        self.waits: tuple[list[float], list[Exemplar | None]] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Metrics:
     """The metric objects of one process (one registry)."""
@@ -209,15 +233,60 @@ class Metrics:
     dead_letters: Any
     workers: Any
     loop_lag: Any
+    #: Queue name → what its attempts update (made at its first).
+    queues: dict[str, _OnQueue] = field(default_factory=dict)
 
-    def task_finished(self, queue: str, ok: bool, duration_s: float, workflow_id: str) -> None:
-        """An attempt ended on this worker."""
-        self.tasks_finished.inc((queue, "ok" if ok else "failed"), workflow_id)
-        self.task_duration.observe((queue,), duration_s, workflow_id)
+    def _on(self, queue: str) -> _OnQueue:
+        found = self.queues.get(queue)
+        if found is None:
+            found = self.queues[queue] = _OnQueue(queue)
+        return found
 
-    def waited(self, queue: str, seconds: float, workflow_id: str) -> None:
-        """A task message was received ``seconds`` after it was due."""
-        self.queue_wait.observe((queue,), seconds, workflow_id)
+    # The two calls a worker makes at every attempt update the queue's lists in place
+    # (as Tally.inc and Histogram.observe would, a fraction of the time: no label
+    # tuple to make and hash, no call per family).
+
+    def task_finished(
+        self, queue: str, ok: bool, duration_s: float, workflow_id: str, at: float = 0.0
+    ) -> None:
+        """An attempt ended on this worker (at ``at``, seconds since the epoch; 0: now)."""
+        on = self.queues.get(queue) or self._on(queue)
+        if not at:
+            at = _now()
+        labels = on.ok if ok else on.failed
+        tally = self.tasks_finished
+        counts = tally.counts
+        count = counts.get(labels)
+        if count is None:
+            tally.created[labels] = at
+            count = 0.0
+        counts[labels] = count + 1
+        duration_s = duration_s if duration_s > 0.0 else 0.0  # max() is a call
+        durations = on.durations
+        if durations is None:
+            durations = on.durations = self.task_duration.series_of((queue,))
+        series, exemplars = durations
+        bucket = _bucket(self.task_duration.buckets, duration_s)
+        series[bucket] += 1
+        series[-1] += duration_s
+        if workflow_id:
+            tally.exemplars[labels] = (workflow_id, 1.0, at)
+            exemplars[bucket] = (workflow_id, duration_s, at)
+
+    def waited(self, queue: str, seconds: float, workflow_id: str, at: float = 0.0) -> None:
+        """A task message was received ``seconds`` after it was due (at ``at``, seconds
+        since the epoch; 0: now)."""
+        on = self.queues.get(queue) or self._on(queue)
+        seconds = seconds if seconds > 0.0 else 0.0  # max() is a call
+        waits = on.waits
+        if waits is None:
+            waits = on.waits = self.queue_wait.series_of((queue,))
+        series, exemplars = waits
+        bucket = _bucket(self.queue_wait.buckets, seconds)
+        series[bucket] += 1
+        series[-1] += seconds
+        if workflow_id:
+            exemplars[bucket] = (workflow_id, seconds, at or _now())
 
     def workflow_finished(self, status: str, workflow_id: str) -> None:
         """A workflow reached a final status."""
