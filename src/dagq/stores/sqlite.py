@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import re
 import sqlite3
@@ -78,11 +79,14 @@ from dagq.stores.common import (
 )
 from dagq.stores.sqlite_changes import DataVersionWatch
 from dagq.stores.sqlite_claims import Ask, Claims
+from dagq.stores.sqlite_handover import MAX_HANDED_BYTES, Delivery, Handed, Target
 from dagq.stores.sqlite_schema import SCHEMA, SCHEMA_VERSION
 from dagq.stores.sqlite_wakeups import WakeChannel
 from dagq.stores.transfer import PendingMessage
 
 _T = TypeVar("_T")
+
+log = logging.getLogger("dagq.stores.sqlite")
 
 #: How long a statement waits for another process's write lock before giving up.
 BUSY_TIMEOUT_S = 10.0
@@ -587,23 +591,33 @@ class _Committer:
         now = self._db.clock()
         queues = {op.queue for op in ops if isinstance(op, SendOp)}
 
-        def work(c: sqlite3.Connection) -> list[str]:
+        def work(c: sqlite3.Connection) -> tuple[list[str], list[Delivery]]:
             check_batch(ops)  # here: a fan-out's batch carries 100,000 messages
             etags: list[str] = []
+            handed: list[Delivery] = []
             with _immediate(c):
                 for op in ops:
                     _apply(c, op, now, etags)
                 claimed = self._queues.claim(c, queues, now) if queues else ()
-                self._queues.unclaim_expired(c, now)
+                rung = queues
+                if queues:  # messages for waiters of other processes
+                    handed, rung = self._queues.hand(c, queues, now)
+                expired = self._queues.unclaim_expired(c, now)
             for keep in claimed:  # committed: the waiting receives find them
                 keep()
-            if queues:  # committed: ring other processes from here, not after the hop back
-                self._channel.ring(queues)
-            return etags
+            # Committed: hand over and ring other processes from here, not after the
+            # hop back; a waiter handed a message is not rung again.
+            failed = self._channel.hand(handed) if handed else []
+            if rung or expired:
+                skip = frozenset(d.target.path for d in handed)
+                self._channel.ring(rung | expired, skip=skip)
+            return etags, failed
 
-        etags = await self._db.write(work)
+        etags, failed = await self._db.write(work)
         for queue in queues:
             self._wakeups.notify(queue)
+        if failed:  # visible again for every receiver
+            await self._queues.give_back([(d.queue, d.handed.receipt) for d in failed])
         return etags
 
 
@@ -686,6 +700,9 @@ class SqliteQueues:
         #: What the last receive of each queue asked for (a claim asks the same).
         self._asked: dict[str, Ask] = {}
         self.claims = Claims()
+        #: Giving back messages handed to this process that it cannot use.
+        self._giving: set[asyncio.Task[None]] = set()
+        channel.on_handed = self._handed
 
     @property
     def wakes(self) -> bool:
@@ -729,8 +746,11 @@ class SqliteQueues:
             if not self.claims.holding() and _none_visible(c, queue, now):
                 return []  # nothing to take nor dead-letter: the write lock is not taken
             with _immediate(c):
-                self.unclaim_expired(c, now)
-                return _take(c, queue, now, vt=visibility_timeout_s, limit=max_messages, most=most)
+                expired = self.unclaim_expired(c, now)
+                rows = _take(c, queue, now, vt=visibility_timeout_s, limit=max_messages, most=most)
+            if expired:
+                self._channel.ring(expired)
+            return rows
 
         rows = await self._db.write(work)
         return _messages(queue, rows)
@@ -756,12 +776,87 @@ class SqliteQueues:
                 )
         return kept
 
+    def hand(
+        self, c: sqlite3.Connection, queues: set[str], now: float
+    ) -> tuple[list[Delivery], set[str]]:
+        """In a transaction that sends to ``queues``: take a message for each receiver
+        of another process waiting on them (:mod:`dagq.stores.sqlite_handover`); the
+        messages to hand over once committed, and the queues whose listeners are still
+        to be rung (messages are left there for them)."""
+        handed: list[Delivery] = []
+        rung: set[str] = set()
+        for queue in queues:
+            taken = self._take_for_targets(c, queue, now)
+            more = not taken or not _none_visible(c, queue, now)
+            if more:
+                rung.add(queue)
+            handed += [
+                Delivery(target, queue, Handed(i, bytes(b), r, n, at, target.vt_ms, more))
+                for target, (_, i, b, r, n, at) in taken
+            ]
+        return handed, rung
+
+    def _take_for_targets(
+        self, c: sqlite3.Connection, queue: str, now: float
+    ) -> list[tuple[Target, Any]]:
+        """One message of ``queue`` for each waiting target, as its receive takes it."""
+        taken: list[tuple[Target, Any]] = []
+        for target in self._channel.targets(queue):
+            rows = _take(c, queue, now, vt=target.vt_s, limit=1, most=self._max_deliveries)
+            if not rows:
+                break
+            if len(rows[0][2]) > MAX_HANDED_BYTES:  # received as before, once rung
+                c.execute(_UNCLAIM, (now, queue, rows[0][3]))
+                break
+            taken.append((target, rows[0]))
+        return taken
+
+    def _handed(self, queue: str, handed: list[Handed]) -> None:
+        """Messages handed to this process (from the loop, before its waiters wake):
+        kept for the next receive, or given back if it cannot use them."""
+        ask = self._asked.get(queue)
+        vt_ms = None if ask is None else round(ask.visibility_timeout_s * 1000)
+        usable = [h for h in handed if h.vt_ms == vt_ms]
+        unusable = [(queue, h.receipt) for h in handed if h.vt_ms != vt_ms]
+        if usable and ask is not None:
+            self.claims.keep(
+                queue,
+                [
+                    Message(queue, h.id, h.body, h.receipt, h.dequeue_count, h.enqueued_at)
+                    for h in usable
+                ],
+                seen=self._wakeups.sends(queue) + 1,  # the wake-up that follows announces them
+                capped=any(h.more for h in usable),
+                vt=ask.visibility_timeout_s,
+            )
+        if unusable:
+            task = asyncio.get_running_loop().create_task(self.give_back(unusable))
+            self._giving.add(task)
+            task.add_done_callback(self._giving.discard)
+
+    async def give_back(self, taken: list[tuple[str, str]]) -> None:
+        """Make messages taken for a receiver that will not have them visible again, as
+        if never delivered, and ring their queues' listeners; if the store cannot be
+        reached, they come back after their visibility timeout."""
+        try:
+            await self._unclaim(taken)
+        except StoreUnavailable as exc:
+            log.warning("%d handed message(s) not given back: %s", len(taken), exc)
+            return
+        self._channel.ring({queue for queue, _ in taken})
+
     async def release_claims(self) -> None:
-        """Make the messages claimed for receives that never took them visible again."""
-        kept = self.claims.release()
+        """Make the messages claimed for receives that never took them visible again
+        (those handed over by other processes too)."""
+        left = [(queue, h.receipt) for queue, h in self._channel.seal()]
+        for task in list(self._giving):
+            with contextlib.suppress(Exception):
+                await task
+        kept = self.claims.release() + left
         if kept:
             with contextlib.suppress(StoreUnavailable):
                 await self._unclaim(kept)
+                self._channel.ring({queue for queue, _ in kept})
 
     async def _unclaim(self, claimed: list[tuple[str, str]]) -> None:
         """Make claimed messages no receiver took visible again, as if never delivered
@@ -775,12 +870,14 @@ class SqliteQueues:
 
         await self._db.write(work)
 
-    def unclaim_expired(self, c: sqlite3.Connection, now: float) -> None:
+    def unclaim_expired(self, c: sqlite3.Connection, now: float) -> set[str]:
         """In a transaction of the writer: make the claims no receive took in time
-        visible again (:data:`~dagq.stores.sqlite_claims.KEEP_S`)."""
+        visible again (:data:`~dagq.stores.sqlite_claims.KEEP_S`); their queues (whose
+        listeners elsewhere are to be rung once committed)."""
         expired = self.claims.expired()
         if expired:
             c.executemany(_UNCLAIM, [(now, queue, receipt) for queue, receipt in expired])
+        return {queue for queue, _ in expired}
 
     async def delete(self, queue: str, receipts: Sequence[str]) -> int:
         def work(c: sqlite3.Connection) -> int:
@@ -880,15 +977,17 @@ class SqliteQueues:
     async def wait(self, queue: str, timeout_s: float) -> None:
         # A send from another process rings this process's socket for the queue: from
         # the first wait on, so one made before that is found by the next poll.
-        self._channel.listen(queue)
         ask = self._asked.get(queue)
+        self._channel.listen(queue, None if ask is None else ask.visibility_timeout_s)
         if ask is None or timeout_s <= 0:
             await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
             return
         self.claims.ask(queue, ask)  # a send this store commits meanwhile receives for it
+        self._channel.waiting(queue, True)  # and one of another process hands it messages
         try:
             await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
         finally:
+            self._channel.waiting(queue, False)
             self.claims.withdraw(queue, ask)
 
     async def pending(self, *, after: int, limit: int) -> list[tuple[int, PendingMessage]]:
