@@ -46,9 +46,9 @@ async def _peer(mode: str, db: str) -> None:
             print("ready", flush=True)
             loop = asyncio.get_running_loop()
             while await loop.run_in_executor(None, sys.stdin.readline):
-                if mode == "commit":
+                if mode.startswith("commit"):  # commit2: two messages at once
                     batch = store.batch()
-                    batch.send(QUEUE, [OutgoingMessage(b"x")])
+                    batch.send(QUEUE, [OutgoingMessage(b"x")] * (2 if mode == "commit2" else 1))
                     await batch.commit()
                 else:
                     await store.queues.send(QUEUE, [OutgoingMessage(b"x")])
@@ -252,6 +252,23 @@ async def test_a_waiter_is_handed_the_message_another_process_commits(tmp_path: 
                 assert (
                     await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30) == []
                 )
+    finally:
+        await store.close()
+
+
+async def test_messages_sent_together_are_left_for_a_receive_to_take_together(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "store.db"
+    store = open_sqlite_store(db)
+    try:
+        assert await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30) == []
+        await store.queues.wait(QUEUE, 0.001)
+        with peer("commit2", db) as sender:
+            await _wait_woken(store, sender)  # rung, handed nothing
+            assert not store.queues.claims.holding()  # type: ignore[attr-defined]
+            got = await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30)
+            assert [(m.body, m.dequeue_count) for m in got] == [(b"x", 1), (b"x", 1)]
     finally:
         await store.close()
 

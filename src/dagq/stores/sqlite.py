@@ -79,7 +79,7 @@ from dagq.stores.common import (
 )
 from dagq.stores.sqlite_changes import DataVersionWatch
 from dagq.stores.sqlite_claims import Ask, Claims
-from dagq.stores.sqlite_handover import MAX_HANDED_BYTES, Delivery, Handed, Target
+from dagq.stores.sqlite_handover import MAX_HANDED_BYTES, Delivery, Handed
 from dagq.stores.sqlite_schema import SCHEMA, SCHEMA_VERSION
 from dagq.stores.sqlite_wakeups import WakeChannel
 from dagq.stores.transfer import PendingMessage
@@ -660,6 +660,11 @@ def _take(
     return c.execute(_TAKE_VISIBLE, (now + vt, queue, now, limit)).fetchall()
 
 
+#: How many messages of a queue are visible, counted up to two.
+_VISIBLE_TWO = (
+    "SELECT count(*) FROM (SELECT 1 FROM messages WHERE queue = ? AND visible_at <= ? LIMIT 2)"
+)
+
 #: Is any message of a queue visible (to take, or to dead-letter)? Read without a lock.
 _ANY_VISIBLE = "SELECT 1 FROM messages WHERE queue = ? AND visible_at <= ? LIMIT 1"
 
@@ -730,14 +735,20 @@ class SqliteQueues:
         check_receive(max_messages, visibility_timeout_s)
         self._asked[queue] = Ask(max_messages, visibility_timeout_s)
         claimed = self.claims.take(queue, max_messages)
+        taken: list[Message] = []
         if claimed is not None:  # a commit received them for this store already
             messages, seen, again, unwanted = claimed
             if unwanted:  # visible to every receiver again, not held until they time out
                 with contextlib.suppress(StoreUnavailable):  # else: after their timeout
                     await self._unclaim([(queue, m.receipt) for m in unwanted])
-            if messages:
+                    self._channel.ring({queue})
+            if messages and (not again or len(messages) >= max_messages):
                 self._seen[queue] = -1 if again else seen  # again: the next wait returns at once
                 return messages
+            # More may wait in the store (a message handed over from a batch of many):
+            # taken now, with the same round trip a receive would make next.
+            taken = messages
+            max_messages -= len(taken)
         self._seen[queue] = self._wakeups.sends(queue)
         now = self._db.clock()
         most = self._max_deliveries
@@ -753,7 +764,7 @@ class SqliteQueues:
             return rows
 
         rows = await self._db.write(work)
-        return _messages(queue, rows)
+        return taken + _messages(queue, rows)
 
     def claim(
         self, c: sqlite3.Connection, queues: set[str], now: float
@@ -779,37 +790,41 @@ class SqliteQueues:
     def hand(
         self, c: sqlite3.Connection, queues: set[str], now: float
     ) -> tuple[list[Delivery], set[str]]:
-        """In a transaction that sends to ``queues``: take a message for each receiver
-        of another process waiting on them (:mod:`dagq.stores.sqlite_handover`); the
-        messages to hand over once committed, and the queues whose listeners are still
-        to be rung (messages are left there for them)."""
+        """In a transaction that sends to ``queues``: where a queue holds one visible
+        message alone (a chain's next step, a lone completion), take it for a receiver
+        of another process waiting there (:mod:`dagq.stores.sqlite_handover`). The
+        messages to hand over once committed, and the queues whose listeners are to be
+        rung as before (messages are left there: many at once are received in a batch
+        by whoever comes, and a receiver woken at once for each would take them a few
+        at a time)."""
         handed: list[Delivery] = []
         rung: set[str] = set()
         for queue in queues:
-            taken = self._take_for_targets(c, queue, now)
-            more = not taken or not _none_visible(c, queue, now)
-            if more:
+            delivery = self._hand_lone(c, queue, now)
+            if delivery is None:
                 rung.add(queue)
-            handed += [
-                Delivery(target, queue, Handed(i, bytes(b), r, n, at, target.vt_ms, more))
-                for target, (_, i, b, r, n, at) in taken
-            ]
+            else:
+                handed.append(delivery)
         return handed, rung
 
-    def _take_for_targets(
-        self, c: sqlite3.Connection, queue: str, now: float
-    ) -> list[tuple[Target, Any]]:
-        """One message of ``queue`` for each waiting target, as its receive takes it."""
-        taken: list[tuple[Target, Any]] = []
-        for target in self._channel.targets(queue):
-            rows = _take(c, queue, now, vt=target.vt_s, limit=1, most=self._max_deliveries)
-            if not rows:
-                break
-            if len(rows[0][2]) > MAX_HANDED_BYTES:  # received as before, once rung
-                c.execute(_UNCLAIM, (now, queue, rows[0][3]))
-                break
-            taken.append((target, rows[0]))
-        return taken
+    def _hand_lone(self, c: sqlite3.Connection, queue: str, now: float) -> Delivery | None:
+        """The lone visible message of ``queue``, taken for a waiter (None: not alone,
+        nobody waits for it, or too large)."""
+        if c.execute(_VISIBLE_TWO, (queue, now)).fetchone()[0] != 1:
+            return None
+        targets = self._channel.targets(queue)
+        if not targets:
+            return None
+        target = targets[0]
+        rows = _take(c, queue, now, vt=target.vt_s, limit=1, most=self._max_deliveries)
+        if not rows:  # dead-lettered
+            return None
+        _, id_, body, receipt, count, enqueued_at = rows[0]
+        if len(body) > MAX_HANDED_BYTES:  # received as before, once rung
+            c.execute(_UNCLAIM, (now, queue, receipt))
+            return None
+        message = Handed(id_, bytes(body), receipt, count, enqueued_at, target.vt_ms, False)
+        return Delivery(target, queue, message)
 
     def _handed(self, queue: str, handed: list[Handed]) -> None:
         """Messages handed to this process (from the loop, before its waiters wake):

@@ -3,14 +3,17 @@
 A receiver on a sqlite store that waits on a queue says so on its wake-up socket
 (:mod:`dagq.stores.sqlite_wakeups`): the socket's name carries the visibility timeout
 its receives ask for (``…-v60000``, in milliseconds), and its file has the sticky bit
-set while a wait is under way. A commit that sends to the queue takes, inside its
-transaction, one visible message for each such waiter, exactly as that waiter's
-receive would (overdue messages dead-lettered, a new receipt, one more delivery,
-hidden for the waiter's visibility timeout), and after ``COMMIT`` sends it the message
-in its datagram (:class:`Handed`). The woken receiver keeps it
-(:class:`~dagq.stores.sqlite_claims.Claims`) and its next receive returns it without
-a transaction of its own: a chain step across processes saves the receive of each
-side (the coordinator's of the completion, the worker's of the next task).
+set while a wait is under way. A commit that sends to the queue, and leaves it
+holding one visible message alone, takes that message inside its transaction for one
+such waiter, exactly as the waiter's receive would (overdue messages dead-lettered, a
+new receipt, one more delivery, hidden for the waiter's visibility timeout), and after
+``COMMIT`` sends it the message in its datagram (:class:`Handed`) and rings nobody
+else. The woken receiver keeps it (:class:`~dagq.stores.sqlite_claims.Claims`) and its
+next receive returns it without a transaction of its own: a chain step across
+processes saves the receive of each side (the coordinator's of the completion, the
+worker's of the next task). Several messages are left in the queue and every listener
+rung, as before: receivers woken at once for one message each would take a burst a few
+at a time, and their commits (reports, steps) would carry fewer events each.
 
 Nothing is weakened. A handed message is a received message: if the datagram cannot
 be sent (the receiver died, its buffer is full) the sender makes it visible again at
