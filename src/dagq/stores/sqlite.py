@@ -810,10 +810,8 @@ class SqliteQueues:
     def _hand_lone(self, c: sqlite3.Connection, queue: str, now: float) -> Delivery | None:
         """The lone visible message of ``queue``, taken for a waiter (None: not alone,
         nobody waits for it, or too large)."""
-        if c.execute(_VISIBLE_TWO, (queue, now)).fetchone()[0] != 1:
-            return None
-        targets = self._channel.targets(queue)
-        if not targets:
+        targets = self._channel.targets(queue)  # none in a process alone on the file
+        if not targets or c.execute(_VISIBLE_TWO, (queue, now)).fetchone()[0] != 1:
             return None
         target = targets[0]
         rows = _take(c, queue, now, vt=target.vt_s, limit=1, most=self._max_deliveries)
