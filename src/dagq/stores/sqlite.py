@@ -742,11 +742,13 @@ class SqliteQueues:
                 with contextlib.suppress(StoreUnavailable):  # else: after their timeout
                     await self._unclaim([(queue, m.receipt) for m in unwanted])
                     self._channel.ring({queue})
-            if messages and (not again or len(messages) >= max_messages):
+            # Sends announced since these were claimed (or more left when they were)
+            # may wait in the store: taken now, in the round trip a receive would make
+            # next, so a burst's messages go in one batch, not one claim and the rest.
+            more = again or self._wakeups.sends(queue) != seen
+            if messages and (not more or len(messages) >= max_messages):
                 self._seen[queue] = -1 if again else seen  # again: the next wait returns at once
                 return messages
-            # More may wait in the store (a message handed over from a batch of many):
-            # taken now, with the same round trip a receive would make next.
             taken = messages
             max_messages -= len(taken)
         self._seen[queue] = self._wakeups.sends(queue)
