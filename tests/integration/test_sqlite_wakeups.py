@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import dagq.stores.sqlite
-from dagq.stores.base import OutgoingMessage, wakes_across_processes
+from dagq.stores.base import Message, OutgoingMessage, Store, wakes_across_processes
 from dagq.stores.sqlite import open_sqlite_store
 from dagq.stores.sqlite_wakeups import own_prefix, wake_dir
 
@@ -40,12 +41,17 @@ async def _peer(mode: str, db: str) -> None:
             print("ready", flush=True)
             while True:
                 await store.queues.wait(QUEUE, LONG_POLL_S)
-        else:  # send one message per line read
+        else:  # send one message per line read (commit: in a batch, as the runtime does)
             await store.queues.depth(QUEUE)  # opened: the sends below are quick
             print("ready", flush=True)
             loop = asyncio.get_running_loop()
             while await loop.run_in_executor(None, sys.stdin.readline):
-                await store.queues.send(QUEUE, [OutgoingMessage(b"x")])
+                if mode.startswith("commit"):  # commit2: two messages at once
+                    batch = store.batch()
+                    batch.send(QUEUE, [OutgoingMessage(b"x")] * (2 if mode == "commit2" else 1))
+                    await batch.commit()
+                else:
+                    await store.queues.send(QUEUE, [OutgoingMessage(b"x")])
                 print("sent", flush=True)
     finally:
         await store.close()
@@ -218,6 +224,117 @@ async def test_a_forked_child_leaves_its_parents_wake_ups_alone(tmp_path: Path) 
             await asyncio.wait_for(waiter, 10)
     finally:
         await store.close()
+
+
+async def _wait_woken(store: Store, sender: subprocess.Popen[str]) -> None:
+    """Wait on the queue while ``sender`` commits one message; woken long before the poll."""
+    waiter = asyncio.create_task(store.queues.wait(QUEUE, LONG_POLL_S))
+    await asyncio.sleep(0)  # waiting: the socket says so
+    await asyncio.to_thread(send_one, sender)
+    await asyncio.wait_for(waiter, 10)
+
+
+async def test_a_waiter_is_handed_the_message_another_process_commits(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    store = open_sqlite_store(db)
+    try:
+        assert await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30) == []
+        await store.queues.wait(QUEUE, 0.001)  # listening from here on
+        with peer("commit", db) as sender:
+            for _ in range(2):
+                await _wait_woken(store, sender)
+                # The message came in the wake-up: held here, received for this process.
+                assert store.queues.claims.holding()  # type: ignore[attr-defined]
+                assert (await store.queues.depth(QUEUE)).visible == 0
+                [got] = await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30)
+                assert (got.body, got.dequeue_count) == (b"x", 1)
+                assert await store.queues.delete(QUEUE, [got.receipt]) == 1
+                assert (
+                    await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30) == []
+                )
+    finally:
+        await store.close()
+
+
+async def test_messages_sent_together_are_left_for_a_receive_to_take_together(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "store.db"
+    store = open_sqlite_store(db)
+    try:
+        assert await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30) == []
+        await store.queues.wait(QUEUE, 0.001)
+        with peer("commit2", db) as sender:
+            await _wait_woken(store, sender)  # rung, handed nothing
+            assert not store.queues.claims.holding()  # type: ignore[attr-defined]
+            got = await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30)
+            assert [(m.body, m.dequeue_count) for m in got] == [(b"x", 1), (b"x", 1)]
+    finally:
+        await store.close()
+
+
+async def test_a_message_handed_to_a_dead_waiter_is_visible_again_at_once() -> None:
+    with tempfile.TemporaryDirectory(prefix="dq", dir="/tmp") as short:  # short socket paths
+        db = Path(short) / "store.db"
+        store = open_sqlite_store(db)
+        try:
+            await store.queues.wait(QUEUE, 0.001)  # makes the queue's folder
+            (folder,) = wake_dir(db).iterdir()
+            dead = folder / "1-0123abcd-dead-v30000"  # a waiter killed while waiting
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            listener.bind(str(dead))
+            listener.close()
+            dead.chmod(dead.stat().st_mode | stat.S_ISVTX)
+            batch = store.batch()
+            batch.send(QUEUE, [OutgoingMessage(b"x")])
+            await batch.commit()
+            assert not dead.exists()  # the sender found nobody there and removed it
+            [got] = await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30)
+            assert (got.body, got.dequeue_count) == (b"x", 1)  # that delivery not counted
+        finally:
+            await store.close()
+
+
+async def test_a_waiter_handed_a_message_it_cannot_use_gives_it_back(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    store = open_sqlite_store(db)
+    try:
+        assert await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30) == []
+        await store.queues.wait(QUEUE, 0.001)  # its socket says it takes messages for 30 s
+        assert await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=5) == []
+        with peer("commit", db) as sender:
+            await _wait_woken(store, sender)  # handed for 30 s, while it now asks for 5
+            deadline = time.monotonic() + 10
+            got: list[Message] = []
+            while not got and time.monotonic() < deadline:  # given back, then received
+                got = await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=5)
+                await asyncio.sleep(0.01)
+            assert [(m.body, m.dequeue_count) for m in got] == [(b"x", 1)]
+    finally:
+        await store.close()
+
+
+async def test_a_closing_store_gives_back_what_it_was_handed(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    store = open_sqlite_store(db)
+    closed = False
+    try:
+        assert await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30) == []
+        await store.queues.wait(QUEUE, 0.001)
+        with peer("commit", db) as sender:
+            await _wait_woken(store, sender)
+        assert (await store.queues.depth(QUEUE)).visible == 0  # held here
+        await store.close()
+        closed = True
+        other = open_sqlite_store(db)
+        try:
+            [got] = await other.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30)
+            assert (got.body, got.dequeue_count) == (b"x", 1)
+        finally:
+            await other.close()
+    finally:
+        if not closed:
+            await store.close()
 
 
 if __name__ == "__main__":

@@ -204,15 +204,19 @@ class Wakeups:
         if timeout_s <= 0:
             await asyncio.sleep(0)
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         with self._lock:
             if seen is not None and self._sends.get(queue, 0) != seen:
                 return
             self._waiters.setdefault(queue, set()).add(future)
+        # The future itself, with a timer: ``wait_for`` would add a turn of the loop
+        # (its own waiter) between the send and the waiter running again.
+        timer = loop.call_later(timeout_s, _wake, future)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(future, timeout_s)
+            await future
         finally:
+            timer.cancel()
             with self._lock:
                 waiters = self._waiters.get(queue, set())
                 waiters.discard(future)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import re
 import sqlite3
@@ -78,11 +79,14 @@ from dagq.stores.common import (
 )
 from dagq.stores.sqlite_changes import DataVersionWatch
 from dagq.stores.sqlite_claims import Ask, Claims
+from dagq.stores.sqlite_handover import MAX_HANDED_BYTES, Delivery, Handed
 from dagq.stores.sqlite_schema import SCHEMA, SCHEMA_VERSION
 from dagq.stores.sqlite_wakeups import WakeChannel
 from dagq.stores.transfer import PendingMessage
 
 _T = TypeVar("_T")
+
+log = logging.getLogger("dagq.stores.sqlite")
 
 #: How long a statement waits for another process's write lock before giving up.
 BUSY_TIMEOUT_S = 10.0
@@ -587,23 +591,33 @@ class _Committer:
         now = self._db.clock()
         queues = {op.queue for op in ops if isinstance(op, SendOp)}
 
-        def work(c: sqlite3.Connection) -> list[str]:
+        def work(c: sqlite3.Connection) -> tuple[list[str], list[Delivery]]:
             check_batch(ops)  # here: a fan-out's batch carries 100,000 messages
             etags: list[str] = []
+            handed: list[Delivery] = []
             with _immediate(c):
                 for op in ops:
                     _apply(c, op, now, etags)
                 claimed = self._queues.claim(c, queues, now) if queues else ()
-                self._queues.unclaim_expired(c, now)
+                rung = queues
+                if queues:  # messages for waiters of other processes
+                    handed, rung = self._queues.hand(c, queues, now)
+                expired = self._queues.unclaim_expired(c, now)
             for keep in claimed:  # committed: the waiting receives find them
                 keep()
-            if queues:  # committed: ring other processes from here, not after the hop back
-                self._channel.ring(queues)
-            return etags
+            # Committed: hand over and ring other processes from here, not after the
+            # hop back; a waiter handed a message is not rung again.
+            failed = self._channel.hand(handed) if handed else []
+            if rung or expired:
+                skip = frozenset(d.target.path for d in handed)
+                self._channel.ring(rung | expired, skip=skip)
+            return etags, failed
 
-        etags = await self._db.write(work)
+        etags, failed = await self._db.write(work)
         for queue in queues:
             self._wakeups.notify(queue)
+        if failed:  # visible again for every receiver
+            await self._queues.give_back([(d.queue, d.handed.receipt) for d in failed])
         return etags
 
 
@@ -646,6 +660,11 @@ def _take(
     return c.execute(_TAKE_VISIBLE, (now + vt, queue, now, limit)).fetchall()
 
 
+#: How many messages of a queue are visible, counted up to two.
+_VISIBLE_TWO = (
+    "SELECT count(*) FROM (SELECT 1 FROM messages WHERE queue = ? AND visible_at <= ? LIMIT 2)"
+)
+
 #: Is any message of a queue visible (to take, or to dead-letter)? Read without a lock.
 _ANY_VISIBLE = "SELECT 1 FROM messages WHERE queue = ? AND visible_at <= ? LIMIT 1"
 
@@ -686,6 +705,9 @@ class SqliteQueues:
         #: What the last receive of each queue asked for (a claim asks the same).
         self._asked: dict[str, Ask] = {}
         self.claims = Claims()
+        #: Giving back messages handed to this process that it cannot use.
+        self._giving: set[asyncio.Task[None]] = set()
+        channel.on_handed = self._handed
 
     @property
     def wakes(self) -> bool:
@@ -713,14 +735,22 @@ class SqliteQueues:
         check_receive(max_messages, visibility_timeout_s)
         self._asked[queue] = Ask(max_messages, visibility_timeout_s)
         claimed = self.claims.take(queue, max_messages)
+        taken: list[Message] = []
         if claimed is not None:  # a commit received them for this store already
             messages, seen, again, unwanted = claimed
             if unwanted:  # visible to every receiver again, not held until they time out
                 with contextlib.suppress(StoreUnavailable):  # else: after their timeout
                     await self._unclaim([(queue, m.receipt) for m in unwanted])
-            if messages:
+                    self._channel.ring({queue})
+            # Sends announced since these were claimed (or more left when they were)
+            # may wait in the store: taken now, in the round trip a receive would make
+            # next, so a burst's messages go in one batch, not one claim and the rest.
+            more = again or self._wakeups.sends(queue) != seen
+            if messages and (not more or len(messages) >= max_messages):
                 self._seen[queue] = -1 if again else seen  # again: the next wait returns at once
                 return messages
+            taken = messages
+            max_messages -= len(taken)
         self._seen[queue] = self._wakeups.sends(queue)
         now = self._db.clock()
         most = self._max_deliveries
@@ -729,11 +759,14 @@ class SqliteQueues:
             if not self.claims.holding() and _none_visible(c, queue, now):
                 return []  # nothing to take nor dead-letter: the write lock is not taken
             with _immediate(c):
-                self.unclaim_expired(c, now)
-                return _take(c, queue, now, vt=visibility_timeout_s, limit=max_messages, most=most)
+                expired = self.unclaim_expired(c, now)
+                rows = _take(c, queue, now, vt=visibility_timeout_s, limit=max_messages, most=most)
+            if expired:
+                self._channel.ring(expired)
+            return rows
 
         rows = await self._db.write(work)
-        return _messages(queue, rows)
+        return taken + _messages(queue, rows)
 
     def claim(
         self, c: sqlite3.Connection, queues: set[str], now: float
@@ -756,12 +789,89 @@ class SqliteQueues:
                 )
         return kept
 
+    def hand(
+        self, c: sqlite3.Connection, queues: set[str], now: float
+    ) -> tuple[list[Delivery], set[str]]:
+        """In a transaction that sends to ``queues``: where a queue holds one visible
+        message alone (a chain's next step, a lone completion), take it for a receiver
+        of another process waiting there (:mod:`dagq.stores.sqlite_handover`). The
+        messages to hand over once committed, and the queues whose listeners are to be
+        rung as before (messages are left there: many at once are received in a batch
+        by whoever comes, and a receiver woken at once for each would take them a few
+        at a time)."""
+        handed: list[Delivery] = []
+        rung: set[str] = set()
+        for queue in queues:
+            delivery = self._hand_lone(c, queue, now)
+            if delivery is None:
+                rung.add(queue)
+            else:
+                handed.append(delivery)
+        return handed, rung
+
+    def _hand_lone(self, c: sqlite3.Connection, queue: str, now: float) -> Delivery | None:
+        """The lone visible message of ``queue``, taken for a waiter (None: not alone,
+        nobody waits for it, or too large)."""
+        targets = self._channel.targets(queue)  # none in a process alone on the file
+        if not targets or c.execute(_VISIBLE_TWO, (queue, now)).fetchone()[0] != 1:
+            return None
+        target = targets[0]
+        rows = _take(c, queue, now, vt=target.vt_s, limit=1, most=self._max_deliveries)
+        if not rows:  # dead-lettered
+            return None
+        _, id_, body, receipt, count, enqueued_at = rows[0]
+        if len(body) > MAX_HANDED_BYTES:  # received as before, once rung
+            c.execute(_UNCLAIM, (now, queue, receipt))
+            return None
+        message = Handed(id_, bytes(body), receipt, count, enqueued_at, target.vt_ms, False)
+        return Delivery(target, queue, message)
+
+    def _handed(self, queue: str, handed: list[Handed]) -> None:
+        """Messages handed to this process (from the loop, before its waiters wake):
+        kept for the next receive, or given back if it cannot use them."""
+        ask = self._asked.get(queue)
+        vt_ms = None if ask is None else round(ask.visibility_timeout_s * 1000)
+        usable = [h for h in handed if h.vt_ms == vt_ms]
+        unusable = [(queue, h.receipt) for h in handed if h.vt_ms != vt_ms]
+        if usable and ask is not None:
+            self.claims.keep(
+                queue,
+                [
+                    Message(queue, h.id, h.body, h.receipt, h.dequeue_count, h.enqueued_at)
+                    for h in usable
+                ],
+                seen=self._wakeups.sends(queue) + 1,  # the wake-up that follows announces them
+                capped=any(h.more for h in usable),
+                vt=ask.visibility_timeout_s,
+            )
+        if unusable:
+            task = asyncio.get_running_loop().create_task(self.give_back(unusable))
+            self._giving.add(task)
+            task.add_done_callback(self._giving.discard)
+
+    async def give_back(self, taken: list[tuple[str, str]]) -> None:
+        """Make messages taken for a receiver that will not have them visible again, as
+        if never delivered, and ring their queues' listeners; if the store cannot be
+        reached, they come back after their visibility timeout."""
+        try:
+            await self._unclaim(taken)
+        except StoreUnavailable as exc:
+            log.warning("%d handed message(s) not given back: %s", len(taken), exc)
+            return
+        self._channel.ring({queue for queue, _ in taken})
+
     async def release_claims(self) -> None:
-        """Make the messages claimed for receives that never took them visible again."""
-        kept = self.claims.release()
+        """Make the messages claimed for receives that never took them visible again
+        (those handed over by other processes too)."""
+        left = [(queue, h.receipt) for queue, h in self._channel.seal()]
+        for task in list(self._giving):
+            with contextlib.suppress(Exception):
+                await task
+        kept = self.claims.release() + left
         if kept:
             with contextlib.suppress(StoreUnavailable):
                 await self._unclaim(kept)
+                self._channel.ring({queue for queue, _ in kept})
 
     async def _unclaim(self, claimed: list[tuple[str, str]]) -> None:
         """Make claimed messages no receiver took visible again, as if never delivered
@@ -775,12 +885,14 @@ class SqliteQueues:
 
         await self._db.write(work)
 
-    def unclaim_expired(self, c: sqlite3.Connection, now: float) -> None:
+    def unclaim_expired(self, c: sqlite3.Connection, now: float) -> set[str]:
         """In a transaction of the writer: make the claims no receive took in time
-        visible again (:data:`~dagq.stores.sqlite_claims.KEEP_S`)."""
+        visible again (:data:`~dagq.stores.sqlite_claims.KEEP_S`); their queues (whose
+        listeners elsewhere are to be rung once committed)."""
         expired = self.claims.expired()
         if expired:
             c.executemany(_UNCLAIM, [(now, queue, receipt) for queue, receipt in expired])
+        return {queue for queue, _ in expired}
 
     async def delete(self, queue: str, receipts: Sequence[str]) -> int:
         def work(c: sqlite3.Connection) -> int:
@@ -880,15 +992,17 @@ class SqliteQueues:
     async def wait(self, queue: str, timeout_s: float) -> None:
         # A send from another process rings this process's socket for the queue: from
         # the first wait on, so one made before that is found by the next poll.
-        self._channel.listen(queue)
         ask = self._asked.get(queue)
+        self._channel.listen(queue, None if ask is None else ask.visibility_timeout_s)
         if ask is None or timeout_s <= 0:
             await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
             return
         self.claims.ask(queue, ask)  # a send this store commits meanwhile receives for it
+        self._channel.waiting(queue, True)  # and one of another process hands it messages
         try:
             await self._wakeups.wait(queue, timeout_s, seen=self._seen.get(queue))
         finally:
+            self._channel.waiting(queue, False)
             self.claims.withdraw(queue, ask)
 
     async def pending(self, *, after: int, limit: int) -> list[tuple[int, PendingMessage]]:

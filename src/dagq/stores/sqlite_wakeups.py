@@ -29,12 +29,23 @@ import hashlib
 import logging
 import os
 import socket
+import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dagq.stores.common import Wakeups, new_token
+from dagq.stores.sqlite_handover import (
+    DATAGRAM_BYTES,
+    Delivery,
+    Handed,
+    Target,
+    decode,
+    encode,
+    vt_ms_of,
+    vt_suffix,
+)
 
 log = logging.getLogger("dagq.stores.sqlite")
 
@@ -44,6 +55,9 @@ _MAX_PATH = 100
 _RING = b"\x01"
 #: A folder's listing is used again for at most this long while it looks unchanged.
 _RELIST_S = 1.0
+#: Set on a socket's file while a wait on its queue is under way: a sender may hand
+#: it a message (:mod:`dagq.stores.sqlite_handover`). It changes no permission.
+_WAITING = stat.S_ISVTX
 
 
 #: The prefix of this process's socket names, by pid (a forked child draws its own).
@@ -84,6 +98,14 @@ class WakeChannel:
         self._sender: socket.socket | None = None
         #: By queue folder: its version (mtime, size, inode; the pid), when listed, the names.
         self._listed: dict[Path, tuple[tuple[int, int, int, int], float, list[str]]] = {}
+        #: Waits under way on each queue (its socket is marked waiting while any is).
+        self._waits: dict[str, int] = {}
+        #: The mode of each socket that takes hand-overs, when not waiting.
+        self._modes: dict[str, int] = {}
+        #: Turns of the targets a send hands to (several waiters share the messages).
+        self._turn = 0
+        #: Told of the messages handed to this process, by queue (from the loop).
+        self.on_handed: Callable[[str, list[Handed]], None] | None = None
         #: Wake-ups sent to other processes, and sockets of dead ones removed (for tests).
         self.rung = 0
         self.removed = 0
@@ -95,9 +117,11 @@ class WakeChannel:
 
     # --- receiving ----------------------------------------------------------------
 
-    def listen(self, queue: str) -> bool:
+    def listen(self, queue: str, vt_s: float | None = None) -> bool:
         """Listen for sends to ``queue`` on the running loop (idempotent); False when
-        the channel is unavailable here and waits are plain sleeps."""
+        the channel is unavailable here and waits are plain sleeps. ``vt_s``: the
+        visibility timeout this process's receives ask for there, if known; senders
+        then hand it messages while it waits (:meth:`waiting`)."""
         if self._failed or self._closed:
             return False
         loop = asyncio.get_running_loop()
@@ -107,19 +131,22 @@ class WakeChannel:
                 return True
             self._unlisten(queue)  # another loop (it may be closed), or a forked child
         try:
-            sock, path = self._bind(queue)
+            sock, path = self._bind(queue, vt_s)
         except OSError as exc:
             self._failed = True
             log.info("no wake-ups across processes in %s (%s): waits poll", self._root, exc)
             return False
         loop.add_reader(sock.fileno(), self._readable, sock, queue)
         self._listening[queue] = (sock, path, loop, os.getpid())
+        if vt_s is not None:  # it takes hand-overs: its mode says when it waits
+            with contextlib.suppress(OSError):
+                self._modes[queue] = stat.S_IMODE(os.lstat(path).st_mode) & ~_WAITING
         return True
 
-    def _bind(self, queue: str) -> tuple[socket.socket, Path]:
+    def _bind(self, queue: str, vt_s: float | None) -> tuple[socket.socket, Path]:
         folder = _queue_dir(self._root, queue)
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{own_prefix()}{new_token()[:8]}"
+        path = folder / f"{own_prefix()}{new_token()[:8]}{vt_suffix(vt_s)}"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
@@ -131,14 +158,44 @@ class WakeChannel:
         return sock, path
 
     def _readable(self, sock: socket.socket, queue: str) -> None:
-        # Drain every ring that piled up: one wake-up says it all.
-        with contextlib.suppress(OSError):
-            while sock.recv(64):
-                pass
+        # Drain every ring that piled up: one wake-up says it all (with the messages
+        # handed over, kept for the next receive before its waiters wake).
+        handed = _drain(sock)
+        if handed and self.on_handed is not None:
+            self.on_handed(queue, handed)
         self._wakeups.notify(queue)
+
+    def waiting(self, queue: str, on: bool) -> None:
+        """A wait on ``queue`` begins (``on``) or ends: while any is under way, this
+        process's socket says so, and senders may hand it messages."""
+        before = self._waits.get(queue, 0)
+        now = before + (1 if on else -1)
+        self._waits[queue] = max(0, now)
+        if (before == 0) == (now == 0):
+            return
+        mode = self._modes.get(queue)
+        held = self._listening.get(queue)
+        if mode is not None and held is not None and held[3] == os.getpid():
+            with contextlib.suppress(OSError):
+                os.chmod(held[1], mode | _WAITING if now else mode)
+
+    def seal(self) -> list[tuple[str, Handed]]:
+        """Take no more hand-overs (the store closes): this process's sockets are
+        removed, so a sender finds nobody there and gives its message back itself;
+        what was handed over before and not read yet, to give back."""
+        left: list[tuple[str, Handed]] = []
+        with self._lock:
+            for queue, (sock, path, _, pid) in self._listening.items():
+                if pid != os.getpid():
+                    continue
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                left += [(queue, h) for h in _drain(sock)]
+        return left
 
     def _unlisten(self, queue: str) -> None:
         sock, path, loop, pid = self._listening.pop(queue)
+        self._modes.pop(queue, None)
         if pid != os.getpid():
             # Inherited from the parent across a fork: the socket, its file and the
             # loop's selector (an epoll set fork shares) are still the parent's.
@@ -153,8 +210,9 @@ class WakeChannel:
 
     # --- sending ------------------------------------------------------------------
 
-    def ring(self, queues: set[str]) -> None:
-        """Tell the other processes listening on ``queues`` that they may have messages.
+    def ring(self, queues: set[str], *, skip: frozenset[Path] = frozenset()) -> None:
+        """Tell the other processes listening on ``queues`` that they may have messages
+        (but those at ``skip``: handed some already).
 
         Called after the send committed, from any thread; never raises.
         """
@@ -163,8 +221,45 @@ class WakeChannel:
         for queue in queues:
             folder = _queue_dir(self._root, queue)
             names = self._others(folder)
+            if skip:
+                names = [n for n in names if folder / n not in skip]
             if names:
                 self._ring_all(folder, names)
+
+    def targets(self, queue: str) -> list[Target]:
+        """The sockets of other processes waiting on ``queue`` now that take messages
+        handed over, in turns (the first is handed the first message). From the writer
+        thread, inside the transaction that sends."""
+        if self._closed:
+            return []
+        folder = _queue_dir(self._root, queue)
+        found: list[Target] = []
+        for name in self._others(folder):
+            vt_ms = vt_ms_of(name)
+            if vt_ms is None:
+                continue
+            path = folder / name
+            try:
+                if not os.lstat(path).st_mode & _WAITING:
+                    continue
+            except OSError:
+                continue
+            found.append(Target(path, vt_ms))
+        if len(found) > 1:
+            self._turn += 1
+            turn = self._turn % len(found)
+            found = found[turn:] + found[:turn]
+        return found
+
+    def hand(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Send each handed message to its target, after the commit that took it for
+        it; those that could not be sent (to make visible again). Never raises."""
+        sender = self._sending()
+        failed: list[Delivery] = []
+        for delivery in deliveries:
+            if not self._send(sender, delivery.target.path, encode(delivery.handed)):
+                failed.append(delivery)
+        return failed
 
     def _others(self, folder: Path) -> list[str]:
         """The sockets of other processes in ``folder``: listed again only when the
@@ -188,25 +283,33 @@ class WakeChannel:
         self._listed[folder] = (version, now, names)
         return names
 
-    def _ring_all(self, folder: Path, names: list[str]) -> None:
+    def _sending(self) -> socket.socket:
         with self._lock:
             if self._sender is None:
                 self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 self._sender.setblocking(False)
-            sender = self._sender
+            return self._sender
+
+    def _ring_all(self, folder: Path, names: list[str]) -> None:
+        sender = self._sending()
         for name in names:
-            path = folder / name
-            try:
-                with _address(path) as address:
-                    sender.sendto(_RING, address)
-                self.rung += 1
-            except OSError as exc:
-                if exc.errno == errno.ECONNREFUSED:  # its process is gone
-                    with contextlib.suppress(OSError):
-                        path.unlink()
-                        self.removed += 1
-                # EAGAIN: its buffer is full, a wake-up is pending there already;
-                # ENOENT: it stopped listening meanwhile. Neither needs anything.
+            self._send(sender, folder / name, _RING)
+
+    def _send(self, sender: socket.socket, path: Path, data: bytes) -> bool:
+        """One datagram; whether it went."""
+        try:
+            with _address(path) as address:
+                sender.sendto(data, address)
+            self.rung += 1
+            return True
+        except OSError as exc:
+            if exc.errno == errno.ECONNREFUSED:  # its process is gone
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    self.removed += 1
+            # EAGAIN: its buffer is full, a wake-up is pending there already;
+            # ENOENT: it stopped listening meanwhile. Neither needs more for a ring.
+            return False
 
     def close(self) -> None:
         """Stop listening and remove this store's sockets."""
@@ -217,6 +320,17 @@ class WakeChannel:
             if self._sender is not None:
                 self._sender.close()
                 self._sender = None
+
+
+def _drain(sock: socket.socket) -> list[Handed]:
+    """Read every datagram waiting on ``sock``: the messages handed over in them."""
+    handed: list[Handed] = []
+    with contextlib.suppress(OSError):
+        while data := sock.recv(DATAGRAM_BYTES):
+            found = decode(data)
+            if found is not None:
+                handed.append(found)
+    return handed
 
 
 @contextlib.contextmanager
