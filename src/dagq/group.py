@@ -11,6 +11,7 @@ outputs in index order, unless more failed than ``allow_failures`` lets pass.
 from __future__ import annotations
 
 import functools
+import zlib
 from array import array
 from collections import deque
 from itertools import compress
@@ -26,6 +27,12 @@ _PENDING = int(TaskStatus.PENDING)
 #: Items up to this size (encoded) ride in the group (and their messages); larger
 #: lists are stored once as a document and instances fetch their item from it.
 INLINE_ITEMS_LIMIT = 16 * 1024
+#: A group of more instances than this is encoded in chunks of this many, each
+#: compressed on its own and kept in memory until one of its instances changes
+#: (:func:`encode_group`): a new base of a million-instance group, made again and again
+#: while it runs, re-encodes the few chunks changed since the last one, not every
+#: instance (~0.25 s of CPU at half done, some 60 us a completed instance).
+CHUNK = 16384
 
 
 class Group:
@@ -33,7 +40,9 @@ class Group:
 
     __slots__ = (
         "attempt",
+        "chunk",
         "dispatched_at",
+        "encoded",
         "errors",
         "finished_at",
         "items",
@@ -66,6 +75,23 @@ class Group:
         self.sent = 0
         self.settled = 0
         self.unsent: deque[int] = deque(range(n))
+        #: Instances a chunk (see :data:`CHUNK`); the bytes of each chunk encoded since
+        #: its instances last changed (:meth:`stale` drops them), by chunk number.
+        self.chunk = CHUNK
+        self.encoded: dict[int, bytes] = {}
+
+    def stale(self, k: int) -> None:
+        """Instance ``k`` changed: its chunk's bytes are no longer its record.
+
+        Whatever changes an instance says so (``RunState.touch_item``, a replayed delta),
+        as a delta needs it to: so a chunk kept here is what encoding it again would give.
+        """
+        if self.encoded:
+            self.encoded.pop(k // self.chunk, None)
+
+    def stale_all(self) -> None:
+        """The group changed as a whole (cancelled, retried): no chunk is kept."""
+        self.encoded.clear()
 
     def recount(self) -> None:
         """Rebuild the derived counters from the stored columns (C loops: a group may
@@ -129,8 +155,59 @@ def _decoder() -> msgspec.msgpack.Decoder[_GroupDoc]:
     return msgspec.msgpack.Decoder(_GroupDoc)
 
 
+class _ChunkedDoc(msgspec.Struct, array_like=True):
+    """A group of more than ``size`` instances: its records by chunks of ``size``, each
+    compressed (a :class:`_ChunkDoc`)."""
+
+    n: int
+    items: list[Any] | None
+    items_ref: str | None
+    size: int
+    chunks: list[bytes]
+
+
+class _ChunkDoc(msgspec.Struct, array_like=True):
+    """The records of one chunk of instances (their outputs, errors... by instance)."""
+
+    status: bytes
+    attempt: bytes
+    dispatched_at: bytes
+    started_at: bytes
+    finished_at: bytes
+    outputs: dict[int, Any]
+    output_refs: dict[int, str]
+    errors: dict[int, str]
+    retry_base: dict[int, int]
+
+
+#: The first byte of an encoded :class:`_ChunkedDoc` (a msgpack array of its fields; a
+#: :class:`_GroupDoc` has more).
+_CHUNKED = bytes([0x90 | len(_ChunkedDoc.__struct_fields__)])
+
+
+@functools.cache
+def _chunk_decoders() -> tuple[
+    msgspec.msgpack.Decoder[_ChunkedDoc], msgspec.msgpack.Decoder[_ChunkDoc]
+]:
+    return msgspec.msgpack.Decoder(_ChunkedDoc), msgspec.msgpack.Decoder(_ChunkDoc)
+
+
+def is_chunked(group: Group) -> bool:
+    """Is this group encoded in chunks, compressed one by one?"""
+    return group.n > group.chunk
+
+
+def precompressed(data: bytes) -> int:
+    """How many of :func:`encode_group` bytes are compressed already (by chunks)."""
+    return len(data) if data[:1] == _CHUNKED else 0
+
+
 def encode_group(group: Group) -> bytes:
-    """A group as bytes (compressed with the rest of the state it travels in)."""
+    """A group as bytes: compressed with the rest of the state it travels in, or, for a
+    large one, by chunks compressed here (:data:`CHUNK`), reusing those unchanged since
+    they were last encoded."""
+    if is_chunked(group):
+        return _encode_chunked(group)
     return _encoder.encode(
         _GroupDoc(
             n=group.n,
@@ -149,8 +226,44 @@ def encode_group(group: Group) -> bytes:
     )
 
 
+def _encode_chunked(group: Group) -> bytes:
+    size, kept = group.chunk, group.encoded
+    chunks = []
+    for c in range(-(-group.n // size)):
+        data = kept.get(c)
+        if data is None:
+            data = kept[c] = _encode_chunk(group, c * size, min(group.n, (c + 1) * size))
+        chunks.append(data)
+    return _encoder.encode(_ChunkedDoc(group.n, group.items, group.items_ref, size, chunks))
+
+
+def _encode_chunk(group: Group, lo: int, hi: int) -> bytes:
+    chunk = _ChunkDoc(
+        status=bytes(group.status[lo:hi]),
+        attempt=group.attempt[lo:hi].tobytes(),
+        dispatched_at=group.dispatched_at[lo:hi].tobytes(),
+        started_at=group.started_at[lo:hi].tobytes(),
+        finished_at=group.finished_at[lo:hi].tobytes(),
+        outputs=_within(group.outputs, lo, hi),
+        output_refs=_within(group.output_refs, lo, hi),
+        errors=_within(group.errors, lo, hi),
+        retry_base=_within(group.retry_base, lo, hi),
+    )
+    return zlib.compress(_encoder.encode(chunk), 1)
+
+
+def _within(column: dict[int, T], lo: int, hi: int) -> dict[int, T]:
+    """The entries of a sparse column for instances ``lo`` to ``hi`` (walking whichever
+    is shorter: the column, or the range)."""
+    if len(column) < hi - lo:
+        return {k: v for k, v in column.items() if lo <= k < hi}
+    return {k: column[k] for k in range(lo, hi) if k in column}
+
+
 def decode_group(data: bytes) -> Group:
     """A group from :func:`encode_group` bytes."""
+    if data[:1] == _CHUNKED:
+        return _decode_chunked(data)
     doc = _decoder().decode(data)
     group = Group(doc.n, doc.items, doc.items_ref)
     group.status = bytearray(doc.status)
@@ -165,6 +278,32 @@ def decode_group(data: bytes) -> Group:
     group.output_refs = doc.output_refs
     group.errors = doc.errors
     group.retry_base = doc.retry_base
+    group.recount()
+    return group
+
+
+def _decode_chunked(data: bytes) -> Group:
+    outer, inner = _chunk_decoders()
+    doc = outer.decode(data)
+    if doc.size < 1 or len(doc.chunks) != -(-doc.n // doc.size):
+        raise ValueError(f"a foreach group is damaged: {len(doc.chunks)} chunks for {doc.n}")
+    group = Group(0, doc.items, doc.items_ref)
+    group.n, group.chunk = doc.n, doc.size
+    for c, packed in enumerate(doc.chunks):
+        chunk = inner.decode(zlib.decompress(packed))
+        group.status += chunk.status
+        group.attempt.frombytes(chunk.attempt)
+        group.dispatched_at.frombytes(chunk.dispatched_at)
+        group.started_at.frombytes(chunk.started_at)
+        group.finished_at.frombytes(chunk.finished_at)
+        group.outputs.update(chunk.outputs)
+        group.output_refs.update(chunk.output_refs)
+        group.errors.update(chunk.errors)
+        group.retry_base.update(chunk.retry_base)
+        group.encoded[c] = packed  # what encoding it again would give
+    columns = (group.status, group.attempt, group.dispatched_at, group.started_at)
+    if any(len(column) != doc.n for column in (*columns, group.finished_at)):
+        raise ValueError(f"a foreach group is damaged: its chunks do not hold {doc.n} records")
     group.recount()
     return group
 
@@ -223,6 +362,7 @@ def apply_items(group: Group, data: bytes, *, recount: bool = True) -> None:
         set_or_drop(group.output_refs, doc.output_refs, k)
         set_or_drop(group.errors, doc.errors, k)
         set_or_drop(group.retry_base, doc.retry_base, k)
+        group.stale(k)
     if recount:
         group.recount()
 

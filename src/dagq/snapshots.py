@@ -21,11 +21,23 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from dagq.group import apply_items, decode_group, encode_group, encode_items, set_or_drop
+from dagq.group import (
+    apply_items,
+    decode_group,
+    encode_group,
+    encode_items,
+    is_chunked,
+    precompressed,
+    set_or_drop,
+)
 from dagq.plan import Plan
 from dagq.state import RunState, dispatch_key, dispatch_parts
 
+#: The format of the states written: 3, or 4 when a foreach group is stored by chunks
+#: (:data:`dagq.group.CHUNK`), which code that reads only 3 cannot read (it says so).
 FORMAT_VERSION = 3
+CHUNKED_VERSION = 4
+READABLE_VERSIONS = (FORMAT_VERSION, CHUNKED_VERSION)
 T = TypeVar("T")
 
 
@@ -183,8 +195,9 @@ def _unpack(data: bytes, n: int) -> "array[float]":
 
 def header(state: RunState, **where: Any) -> Header:
     """The header of ``state``; ``where`` says where its task columns are."""
+    chunked = any(is_chunked(g) for g in state.groups.values()) if state.groups else False
     return Header(
-        version=FORMAT_VERSION,
+        version=CHUNKED_VERSION if chunked else FORMAT_VERSION,
         workflow_id=state.workflow_id,
         n_tasks=state.n_tasks,
         status=state.status,
@@ -273,7 +286,7 @@ def decode_header(data: bytes) -> Header:
     """A header from its bytes."""
     body = zlib.decompress(data[1:]) if data[:1] == b"z" else data[1:]
     head = _header.decode(body)
-    if head.version != FORMAT_VERSION:
+    if head.version not in READABLE_VERSIONS:
         raise ValueError(f"state document format {head.version} is not supported")
     return head
 
@@ -336,7 +349,16 @@ def _columns(state: RunState, *, copy: bool) -> _Tasks:
 
 def encode_copy(columns: _Tasks, *, compress: bool = True) -> bytes:
     """The bytes of :func:`copy_tasks` columns (compression lets go of the GIL)."""
-    return _packed(_encoder.encode(columns), compress)
+    return _packed_around(_encoder.encode(columns), columns.groups.values(), compress)
+
+
+def _packed_around(raw: bytes, groups: Iterable[bytes], compress: bool = True) -> bytes:
+    """:func:`_packed`, but stored as they are when most of ``raw`` is foreach groups
+    compressed already, chunk by chunk: compressing them again would gain nothing, and
+    cost more than compressing the chunks that changed did."""
+    if compress and 2 * sum(map(precompressed, groups)) > len(raw):
+        compress = False
+    return _packed(raw, compress)
 
 
 def load_tasks(state: RunState, data: bytes) -> None:
@@ -381,7 +403,7 @@ def encode_delta(
             if i in state.groups and i not in whole
         },
     )
-    return _packed(_encoder.encode(delta))
+    return _packed_around(_encoder.encode(delta), delta.groups.values())
 
 
 def delta_tasks(data: bytes) -> list[int]:

@@ -231,11 +231,17 @@ class RunState:
     def touch_group(self, task: int) -> None:
         """Note a change to a foreach task's group as a whole (expanded, reset)."""
         self.changed_groups.add(task)
+        group = self.groups.get(task)
+        if group is not None:
+            group.stale_all()
         self.dirty = True
 
     def touch_item(self, task: int, item: int) -> None:
         """Note a change to one instance of a foreach task."""
         self.changed_items.setdefault(task, set()).add(item)
+        group = self.groups.get(task)
+        if group is not None:
+            group.stale(item)
         self.dirty = True
 
     def touch(self, task: int) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections import Counter
 from typing import Any
+from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dagq import group as groups
 from dagq import machine, snapshots, state
 from dagq.group import encode_group
 from dagq.messages import (
@@ -129,6 +131,7 @@ class World:
     def flush(self) -> None:
         """What the coordinator stores: a delta of the changed tasks, now and then a base."""
         st = self.sim.state
+        _check_kept_chunks(st)
         if len(self.deltas) >= 4:
             self.base, self.deltas = snapshots.encode_tasks(st), []
         else:
@@ -257,11 +260,30 @@ class World:
         )
 
 
+def _check_kept_chunks(st_: state.RunState) -> None:
+    """A chunk of a foreach group kept encoded is what encoding it again gives."""
+    for group in st_.groups.values():
+        kept = dict(group.encoded)
+        group.encoded.clear()
+        again = encode_group(group)
+        fresh = group.encoded
+        group.encoded = kept
+        if groups.is_chunked(group):
+            assert all(fresh[c] == data for c, data in kept.items())
+            assert encode_group(group) == again
+
+
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=workflows(), data=st.data())
 def test_every_run_terminates_and_keeps_the_invariants(
     spec: tuple[list[dict[str, Any]], dict[str, Any]], data: st.DataObject
 ) -> None:
+    # Groups of 3 and 4 items are stored in chunks of 2 (a million's are of CHUNK).
+    with mock.patch.object(groups, "CHUNK", 2):
+        _run_and_check(spec, data)
+
+
+def _run_and_check(spec: tuple[list[dict[str, Any]], dict[str, Any]], data: st.DataObject) -> None:
     tasks, workflow = spec
     sim = Sim(tasks, **workflow)
     world = World(sim, data.draw, tasks)
