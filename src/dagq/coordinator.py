@@ -722,21 +722,18 @@ class Coordinator:
             entry.replay = []
         with step("resolve"):
             await self._resolve_refs(entry, events)
-        st = entry.state
-        starting = st.status == "pending"
         return await self.offload.run(
             workflow_id,
-            heavy(entry.plan, st),
+            heavy(entry.plan, entry.state),
             self._apply_staged,
             batch,
             entry,
             events,
             now,
-            starting=starting,
         )
 
     def _apply_staged(
-        self, batch: Batch, entry: Entry, events: list[Event], now: float, *, starting: bool
+        self, batch: Batch, entry: Entry, events: list[Event], now: float
     ) -> _Flush | None:
         """Apply events and stage the writes: the CPU part of a step (in a thread for a
         heavy workflow, see :mod:`dagq.offload`)."""
@@ -750,11 +747,9 @@ class Coordinator:
             _track_timers(entry, fx.timers)
         self.telemetry.applied(entry.plan.name, st, before, fx, now)
         with step("stage"):
-            return self._stage(batch, entry, fx, starting=starting and st.status != "pending")
+            return self._stage(batch, entry, fx)
 
-    def _stage(
-        self, batch: Batch, entry: Entry, fx: machine.Effects, *, starting: bool = False
-    ) -> _Flush | None:
+    def _stage(self, batch: Batch, entry: Entry, fx: machine.Effects) -> _Flush | None:
         """Stage a workflow's writes, in the order that keeps a partial write safe:
         history, then the state (the commit point), then task messages, then the index.
         """
@@ -783,10 +778,10 @@ class Coordinator:
             by_queue[o.queue].append(o.message)
         # Bundled at the commit (bundle_sends).
         sent = [batch.send(queue, messages) for queue, messages in by_queue.items()]
+        # A purged namesake's marker may still be there: it names its own run, which
+        # workers tell from this one's (deleting it at every start cost a request a run).
         if fx.stop or (fx.finished and not nothing_to_stop(st)):
             batch.put(keys.control(workflow_id), control_document(st))
-        elif starting:  # a purged namesake may have left its stop-everything marker
-            batch.delete(keys.control(workflow_id))
         if entry.releasing:  # its kept events are in this state: the record goes
             batch.delete(keys.quarantine(workflow_id))
         indexed = self._index_due(entry) or entry.releasing
@@ -1594,10 +1589,15 @@ def attempt_limit(plan: Plan, st: RunState, i: int) -> float | None:
 
 def control_document(st: RunState) -> bytes:
     """What workers must stop: everything (a cancelled or finished run: anything still
-    running or queued for it is stale) or some attempts (lost races)."""
+    running or queued for it is stale) or some attempts (lost races) — of this run
+    (``run``: its ``created_at``), not of a namesake submitted after a purge."""
     stopped = st.status == "cancelling" or st.status in WORKFLOW_TERMINAL
     return msgspec.json.encode(
-        {"stop_through": st.epoch if stopped else -1, "tasks": st.stop_requests}
+        {
+            "stop_through": st.epoch if stopped else -1,
+            "tasks": st.stop_requests,
+            "run": st.created_at,
+        }
     )
 
 

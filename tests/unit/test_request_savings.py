@@ -13,8 +13,8 @@ from typing import Any
 from dagq import keys
 from dagq.client import Client
 from dagq.coordinator import Coordinator, CoordinatorOptions
-from dagq.maintenance import STOP_EVERYTHING
-from dagq.messages import TaskMessage, TaskSpec, decode_events, encode_task
+from dagq.maintenance import STOP_EVERYTHING, stop_everything
+from dagq.messages import TaskFinished, TaskMessage, TaskSpec, decode_events, encode_task
 from dagq.state import WORKFLOW_TERMINAL
 from dagq.stores.base import BatchOp, OutgoingMessage, Store, commit_in_order, takes_handoff
 from dagq.stores.intercepting import intercepted
@@ -108,9 +108,11 @@ async def test_a_chain_reads_no_control_document_and_receives_about_once_a_step(
     assert seen["receive default"] <= CHAIN + 8, seen
 
 
-async def test_an_attempt_dispatched_long_ago_reads_the_control_document_first() -> None:
+async def report_of_stale_task(marker: bytes, *, run: float) -> object:
+    """The report of an attempt of run ``run`` of workflow w, dispatched a minute ago
+    (so the worker reads the control document first), with ``marker`` as that document."""
     store = open_memory_store()
-    await store.documents.put(keys.control("w"), STOP_EVERYTHING)  # a purged run's marker
+    await store.documents.put(keys.control("w"), marker)
     stale = TaskMessage(
         workflow_id="w",
         task=0,
@@ -118,6 +120,7 @@ async def test_an_attempt_dispatched_long_ago_reads_the_control_document_first()
         attempt=1,
         spec=TaskSpec(kind="python", call="tests.sample_tasks:echo"),
         dispatched_at=time.time() - 60,
+        run=run,
     )
     await store.queues.send("default", [OutgoingMessage(encode_task(stale))])
     worker = Worker(store, WorkerOptions(concurrency=1, isolation="thread"))
@@ -135,7 +138,25 @@ async def test_an_attempt_dispatched_long_ago_reads_the_control_document_first()
     finally:
         stop.set()
         await serving
-    [report] = [e for m in found for e in decode_events(m.body)]
+    [report] = [e for m in found for e in decode_events(m.body) if isinstance(e, TaskFinished)]
+    return report
+
+
+async def test_an_attempt_dispatched_long_ago_reads_the_control_document_first() -> None:
+    # A forced purge's marker: it stops the tasks of the run it names.
+    report = await report_of_stale_task(stop_everything(1000.0), run=1000.0)
+    assert getattr(report, "error", "") == "not run: the workflow was cancelled or has ended"
+
+
+async def test_a_forced_purges_marker_does_not_stop_a_namesake_submitted_after_it() -> None:
+    # The namesake's coordinator does not delete the marker (a request every run).
+    report = await report_of_stale_task(stop_everything(1000.0), run=2000.0)
+    assert getattr(report, "ok", False), report
+
+
+async def test_a_marker_of_the_old_forced_purge_stops_only_messages_naming_no_run() -> None:
+    assert getattr(await report_of_stale_task(STOP_EVERYTHING, run=2000.0), "ok", False)
+    report = await report_of_stale_task(STOP_EVERYTHING, run=0.0)
     assert getattr(report, "error", "") == "not run: the workflow was cancelled or has ended"
 
 
