@@ -33,7 +33,7 @@ import msgspec
 
 from dagq import garbage, keys, machine, payloads, quarantine, switching
 from dagq.cache import Entry, WorkflowCache
-from dagq.compiled import PLANS
+from dagq.compiled import PLANS, plan_of
 from dagq.containment import Held, WorkflowFault, step
 from dagq.dispatching import Outgoing, SharedInputs, bundle, bundle_sends, task_message
 from dagq.errors import ConflictError, DagqError, DamagedData, LeaseLost, TransientError
@@ -51,7 +51,15 @@ from dagq.messages import (
 from dagq.observability.context import Concern, concerning
 from dagq.observability.runs import RunTelemetry
 from dagq.offload import Offload, heavy
-from dagq.persistence import OFF_LOOP_BYTES, Staged, Stored, off_loop, read_state, stage_state
+from dagq.persistence import (
+    OFF_LOOP_BYTES,
+    Staged,
+    Stored,
+    create_state,
+    off_loop,
+    read_state,
+    stage_state,
+)
 from dagq.persistence import settle as settle_state
 from dagq.plan import Plan
 from dagq.state import (
@@ -75,7 +83,13 @@ from dagq.stores.base import (
     takes_handoff,
     wakes_across_processes,
 )
-from dagq.submitted import Created, decode_outline, decode_outlined
+from dagq.submitted import (
+    FIRST_STATE_HANDED,
+    Created,
+    decode_outline,
+    decode_outlined,
+    load_submitted,
+)
 from dagq.supervision import BackgroundFailed, Supervisor
 
 __all__ = ["Coordinator", "CoordinatorOptions", "Entry", "Stats"]
@@ -325,14 +339,15 @@ class Coordinator:
             self._arrival.set_result(None)
         return done
 
-    def preload(self, created: Created) -> None:
+    def preload(self, created: Created) -> bool:
         """Keep a new workflow as its submit in this process stored it (see
         :class:`~dagq.stores.base.Handoff`): its first load reads nothing."""
         if self.store.handoff is not self or self._stop.is_set():
-            return
+            return False
         self._preloaded[created.submitted.workflow_id] = created
         while len(self._preloaded) > _PRELOADED:  # never loaded (a rescan got there first)
             del self._preloaded[next(iter(self._preloaded))]
+        return True
 
     def status_of(self, workflow_id: str) -> str | None:
         """The status of the working copy held here (see
@@ -1076,7 +1091,8 @@ class Coordinator:
             return entry
         if created is not None:  # as stored: what a read would find
             created.state.rebuild(created.plan)
-            entry = await self._loaded(created.plan, created.state, Stored(created.etag), created)
+            stored = Stored(created.etag, absent=not created.etag)  # "": to be written
+            entry = await self._loaded(created.plan, created.state, stored, created)
             entry.indexed_status, entry.indexed_at = "pending", self.clock()  # the submit's row
         else:
             entry = await self._load(workflow_id)
@@ -1464,6 +1480,8 @@ class Coordinator:
             for row in page.rows:
                 if row.id in self._cache or self._cache.is_active(row.id):
                     continue
+                if row.id in self._preloaded:  # handed over: the next step starts it
+                    continue
                 await self._rescan_one(row, now)
             cursor = page.cursor
             if cursor is None:
@@ -1473,6 +1491,13 @@ class Coordinator:
         if not await self.advance(row.id, [SubmitRequested(workflow_id=row.id)]):
             return
         entry = self._cache.peek(row.id)
+        if entry is None and row.data.get(FIRST_STATE_HANDED) and row.status == "pending":
+            # Its submit returned, leaving the first state to a coordinator that is gone.
+            if not await self._write_initial_state(row.id):
+                return  # purged meanwhile
+            if not await self.advance(row.id, [SubmitRequested(workflow_id=row.id)]):
+                return
+            entry = self._cache.peek(row.id)
         if entry is None:
             if row.id in self._quarantined:
                 return
@@ -1486,6 +1511,20 @@ class Coordinator:
             self.lease.check()
             await self.store.index.upsert(index_row(entry))
             self._indexed(entry)
+
+    async def _write_initial_state(self, workflow_id: str) -> bool:
+        """Write a workflow's initial state, as its submit would have; whether it has a
+        definition to start from."""
+        submitted = await load_submitted(self.store, workflow_id)
+        if submitted is None:
+            return False
+        plan = plan_of(submitted.definition, submitted.params, submitted.fingerprint)
+        self.lease.check()
+        with contextlib.suppress(ConflictError):  # written meanwhile
+            await create_state(
+                self.store, RunState(workflow_id, len(plan.tasks), submitted.created_at)
+            )
+        return True
 
 
 def _stale(st: RunState, events: list[Event]) -> bool:

@@ -16,7 +16,14 @@ from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.maintenance import STOP_EVERYTHING, stop_everything
 from dagq.messages import TaskFinished, TaskMessage, TaskSpec, decode_events, encode_task
 from dagq.state import WORKFLOW_TERMINAL
-from dagq.stores.base import BatchOp, OutgoingMessage, Store, commit_in_order, takes_handoff
+from dagq.stores.base import (
+    BatchOp,
+    OutgoingMessage,
+    PutOp,
+    Store,
+    commit_in_order,
+    takes_handoff,
+)
 from dagq.stores.intercepting import intercepted
 from dagq.stores.memory import open_memory_store
 from dagq.submission import submit
@@ -32,18 +39,23 @@ class _AcksLast:
 
     acks_after_states = True
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, seen: Counter[str]) -> None:
         self._store = store
+        self._seen = seen
 
     def bound_to(self, store: Store) -> _AcksLast:
-        return _AcksLast(store)
+        return _AcksLast(store, self._seen)
 
     async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
+        for op in ops:
+            if isinstance(op, PutOp):
+                self._seen[f"commit put {op.key}"] += 1
         return await commit_in_order(self._store, ops)
 
 
 def recording(*, handoff: bool = False) -> tuple[Store, Counter[str]]:
-    """A memory store that counts receives by queue and document reads by key (and,
+    """A memory store that counts receives by queue and document reads and writes by
+    key (and,
     ``handoff``, whose coordinator takes hand-overs)."""
     seen: Counter[str] = Counter()
 
@@ -55,11 +67,13 @@ def recording(*, handoff: bool = False) -> tuple[Store, Counter[str]]:
         elif operation == "documents.get":
             seen[f"get {args[0]}"] += 1
             await asyncio.sleep(0)  # a read takes a round trip: others run meanwhile
+        elif operation == "documents.put":
+            seen[f"put {args[0]}"] += 1
         return await call()
 
     store = open_memory_store()
     if handoff:
-        store.committer = _AcksLast(store)
+        store.committer = _AcksLast(store, seen)
     return intercepted(store, hook, rebind=False), seen
 
 
@@ -195,6 +209,16 @@ async def test_a_workflow_submitted_in_the_coordinators_process_is_started_witho
     # record and state are not read back.
     for key in (keys.definition("w"), keys.quarantine("w"), keys.state("w")):
         assert seen[f"get {key}"] == 0, seen
+
+
+async def test_a_workflow_submitted_in_the_coordinators_process_is_first_written_by_it() -> None:
+    store, seen = recording(handoff=True)
+    await run_chain(store)
+    # The submit leaves the state to the coordinator, whose first commit writes it
+    # with the first dispatch: a write for that dispatch, then one a step (the last
+    # ends the run), and none by the submit.
+    assert seen[f"put {keys.state('w')}"] == 0, seen  # the submit's writes
+    assert seen[f"commit put {keys.state('w')}"] >= CHAIN + 1, seen
 
 
 async def test_a_client_waits_on_the_coordinator_of_its_process_without_polling_the_store() -> None:

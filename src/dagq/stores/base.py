@@ -525,9 +525,10 @@ class Handoff(Protocol):
         self, events: list[Any], acks: dict[str, list[str]]
     ) -> asyncio.Future[list[AckOp] | None] | None: ...
 
-    def preload(self, created: Any) -> None:
+    def preload(self, created: Any) -> bool:
         """Keep what a submit in this process has just stored of a new workflow (a
-        :class:`dagq.submitted.Created`), so that loading it reads nothing back."""
+        :class:`dagq.submitted.Created`), so that loading it reads nothing back; False
+        when it was not kept (no longer coordinating)."""
 
     def status_of(self, workflow_id: str) -> str | None:
         """The status of the working copy of a run this coordinator holds (every status
