@@ -360,6 +360,21 @@ class Coordinator:
         entry = self._cache.peek(workflow_id)
         return None if entry is None else entry.state.status
 
+    def ended_run(self, workflow_id: str) -> tuple[str, Plan, RunState] | None:
+        """A run held here whose end is committed (see :class:`~dagq.stores.base.Handoff`):
+        its terminal state was written, and its index row after it, by this coordinator."""
+        if self.store.handoff is not self or self._stop.is_set():
+            return None
+        if workflow_id in self._quarantined or self.offload.busy(workflow_id):
+            return None
+        entry = self._cache.peek(workflow_id)
+        if entry is None:
+            return None
+        st = entry.state
+        if st.status not in WORKFLOW_TERMINAL or entry.indexed_status != st.status or st.dirty:
+            return None
+        return entry.name, entry.plan, st
+
     def _arrived(self) -> asyncio.Future[None]:
         """A future the next delivery resolves (at once if one is waiting)."""
         arrival = asyncio.get_running_loop().create_future()

@@ -535,6 +535,12 @@ class Handoff(Protocol):
         change of a run is its own while it coordinates); None when it holds none, or
         is no longer coordinating. May be ahead of the store by one commit."""
 
+    def ended_run(self, workflow_id: str) -> tuple[str, Any, Any] | None:
+        """A run this coordinator holds that has ended, its end committed (the index row
+        with its final status written after the state): its name, plan and working
+        copy (a :class:`dagq.state.RunState`, to be read at once, not kept); None
+        otherwise — a waiter reads the store then."""
+
 
 class Store(msgspec.Struct, eq=False):
     """A backend: the four primitives under one URL."""
