@@ -36,7 +36,7 @@ from dagq import Client
 from dagq.coordinator import Coordinator
 from dagq.errors import UsageError
 from dagq.loading import load_data
-from dagq.local import LOCAL_COORDINATOR, LOCAL_VISIBILITY_S
+from dagq.local import LOCAL_COORDINATOR, LOCAL_VISIBILITY_S, local_poll_interval
 from dagq.stores import open_store
 from dagq.stores.base import Store
 from dagq.views import PlanCache
@@ -114,7 +114,7 @@ async def client_inproc(workload: str, size: str, workers: int, url: str) -> dic
             concurrency=workers,
             visibility_timeout_s=LOCAL_VISIBILITY_S,
             import_paths=(str(ROOT),),
-            poll_interval_s=0.05,
+            poll_interval_s=local_poll_interval(store),
         ),
     )
     stop = asyncio.Event()

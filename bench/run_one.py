@@ -36,7 +36,7 @@ from dagq import keys, observability
 from dagq.client import Client
 from dagq.coordinator import Coordinator
 from dagq.definition import WorkflowDef
-from dagq.local import LOCAL_COORDINATOR
+from dagq.local import LOCAL_COORDINATOR, local_poll_interval
 from dagq.persistence import read_state
 from dagq.plan import Plan
 from dagq.registry import live_workers
@@ -103,7 +103,7 @@ async def inproc(
             queues=("default",),
             concurrency=workers,
             import_paths=(str(ROOT),),
-            poll_interval_s=0.05,
+            poll_interval_s=local_poll_interval(store),
             **switching,
         ),
     )

@@ -805,6 +805,9 @@ class Client:
                 held = self._held(workflow_id) if current is None else None
                 if held is not None and held not in WORKFLOW_TERMINAL:
                     current = held  # running in the copy here: nothing to read yet
+                ended = self._ended(workflow_id) if current is None else None
+                if ended is not None:  # its end committed here: nothing to read
+                    return ended
                 if current is None:  # at first, or when it may have ended: read it all
                     status = await self.status(workflow_id)
                     if status.terminal or status.quarantined:
@@ -830,6 +833,14 @@ class Client:
                     await asyncio.sleep(delay)  # a broad change: at the polling pace
                 delay = min(delay * 2, poll_s)
                 current = await self._running_status(workflow_id)
+
+    def _ended(self, workflow_id: str) -> WorkflowStatus | None:
+        """The status of a run whose end the coordinator of this process committed, from
+        its working copy (:meth:`~dagq.stores.base.Handoff.ended_run`): what a read of the
+        store would find, without the three reads (quarantine record, state, definition)."""
+        handoff = self.store.handoff
+        found = None if handoff is None else handoff.ended_run(workflow_id)
+        return None if found is None else workflow_status(*found)
 
     def _held(self, workflow_id: str) -> str | None:
         """The status of the run in the working copy of the coordinator of this process

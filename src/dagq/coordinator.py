@@ -33,7 +33,7 @@ import msgspec
 
 from dagq import garbage, keys, machine, payloads, quarantine, switching
 from dagq.cache import Entry, WorkflowCache
-from dagq.compiled import PLANS
+from dagq.compiled import PLANS, plan_of
 from dagq.containment import Held, WorkflowFault, step
 from dagq.dispatching import Outgoing, SharedInputs, bundle, bundle_sends, task_message
 from dagq.errors import ConflictError, DagqError, DamagedData, LeaseLost, TransientError
@@ -51,7 +51,15 @@ from dagq.messages import (
 from dagq.observability.context import Concern, concerning
 from dagq.observability.runs import RunTelemetry
 from dagq.offload import Offload, heavy
-from dagq.persistence import OFF_LOOP_BYTES, Staged, Stored, off_loop, read_state, stage_state
+from dagq.persistence import (
+    OFF_LOOP_BYTES,
+    Staged,
+    Stored,
+    create_state,
+    off_loop,
+    read_state,
+    stage_state,
+)
 from dagq.persistence import settle as settle_state
 from dagq.plan import Plan
 from dagq.state import (
@@ -75,7 +83,13 @@ from dagq.stores.base import (
     takes_handoff,
     wakes_across_processes,
 )
-from dagq.submitted import Created, decode_outline, decode_outlined
+from dagq.submitted import (
+    FIRST_STATE_HANDED,
+    Created,
+    decode_outline,
+    decode_outlined,
+    load_submitted,
+)
 from dagq.supervision import BackgroundFailed, Supervisor
 
 __all__ = ["Coordinator", "CoordinatorOptions", "Entry", "Stats"]
@@ -325,17 +339,18 @@ class Coordinator:
             self._arrival.set_result(None)
         return done
 
-    def preload(self, created: Created) -> None:
+    def preload(self, created: Created) -> bool:
         """Keep a new workflow as its submit in this process stored it (see
         :class:`~dagq.stores.base.Handoff`): its first load reads nothing."""
         workflow_id = created.submitted.workflow_id
         if self.store.handoff is not self or self._stop.is_set():
-            return
+            return False
         if workflow_id in self._cache:  # read already (a rescan got there first): kept
-            return  # as read; this copy, used after an eviction, would be stale
+            return False  # as read; this copy, used after an eviction, would be stale
         self._preloaded[workflow_id] = created
         while len(self._preloaded) > _PRELOADED:  # never loaded (a rescan got there first)
             del self._preloaded[next(iter(self._preloaded))]
+        return True
 
     def status_of(self, workflow_id: str) -> str | None:
         """The status of the working copy held here (see
@@ -347,6 +362,21 @@ class Coordinator:
             return None
         entry = self._cache.peek(workflow_id)
         return None if entry is None else entry.state.status
+
+    def ended_run(self, workflow_id: str) -> tuple[str, Plan, RunState] | None:
+        """A run held here whose end is committed (see :class:`~dagq.stores.base.Handoff`):
+        its terminal state was written, and its index row after it, by this coordinator."""
+        if self.store.handoff is not self or self._stop.is_set():
+            return None
+        if workflow_id in self._quarantined or self.offload.busy(workflow_id):
+            return None
+        entry = self._cache.peek(workflow_id)
+        if entry is None:
+            return None
+        st = entry.state
+        if st.status not in WORKFLOW_TERMINAL or entry.indexed_status != st.status or st.dirty:
+            return None
+        return entry.name, entry.plan, st
 
     def _arrived(self) -> asyncio.Future[None]:
         """A future the next delivery resolves (at once if one is waiting)."""
@@ -738,21 +768,18 @@ class Coordinator:
             entry.replay = []
         with step("resolve"):
             await self._resolve_refs(entry, events)
-        st = entry.state
-        starting = st.status == "pending"
         return await self.offload.run(
             workflow_id,
-            heavy(entry.plan, st),
+            heavy(entry.plan, entry.state),
             self._apply_staged,
             batch,
             entry,
             events,
             now,
-            starting=starting,
         )
 
     def _apply_staged(
-        self, batch: Batch, entry: Entry, events: list[Event], now: float, *, starting: bool
+        self, batch: Batch, entry: Entry, events: list[Event], now: float
     ) -> _Flush | None:
         """Apply events and stage the writes: the CPU part of a step (in a thread for a
         heavy workflow, see :mod:`dagq.offload`)."""
@@ -766,11 +793,9 @@ class Coordinator:
             _track_timers(entry, fx.timers)
         self.telemetry.applied(entry.plan.name, st, before, fx, now)
         with step("stage"):
-            return self._stage(batch, entry, fx, starting=starting and st.status != "pending")
+            return self._stage(batch, entry, fx)
 
-    def _stage(
-        self, batch: Batch, entry: Entry, fx: machine.Effects, *, starting: bool = False
-    ) -> _Flush | None:
+    def _stage(self, batch: Batch, entry: Entry, fx: machine.Effects) -> _Flush | None:
         """Stage a workflow's writes, in the order that keeps a partial write safe:
         history, then the state (the commit point), then task messages, then the index.
         """
@@ -799,10 +824,10 @@ class Coordinator:
             by_queue[o.queue].append(o.message)
         # Bundled at the commit (bundle_sends).
         sent = [batch.send(queue, messages) for queue, messages in by_queue.items()]
+        # A purged namesake's marker may still be there: it names its own run, which
+        # workers tell from this one's (deleting it at every start cost a request a run).
         if fx.stop or (fx.finished and not nothing_to_stop(st)):
             batch.put(keys.control(workflow_id), control_document(st))
-        elif starting:  # a purged namesake may have left its stop-everything marker
-            batch.delete(keys.control(workflow_id))
         if entry.releasing:  # its kept events are in this state: the record goes
             batch.delete(keys.quarantine(workflow_id))
         indexed = self._index_due(entry) or entry.releasing
@@ -1097,7 +1122,8 @@ class Coordinator:
             return entry
         if created is not None:  # as stored: what a read would find
             created.state.rebuild(created.plan)
-            entry = await self._loaded(created.plan, created.state, Stored(created.etag), created)
+            stored = Stored(created.etag, absent=not created.etag)  # "": to be written
+            entry = await self._loaded(created.plan, created.state, stored, created)
             entry.indexed_status, entry.indexed_at = "pending", self.clock()  # the submit's row
         else:
             entry = await self._load(workflow_id)
@@ -1485,6 +1511,8 @@ class Coordinator:
             for row in page.rows:
                 if row.id in self._cache or self._cache.is_active(row.id):
                     continue
+                if row.id in self._preloaded:  # handed over: the next step starts it
+                    continue
                 await self._rescan_one(row, now)
             cursor = page.cursor
             if cursor is None:
@@ -1494,6 +1522,13 @@ class Coordinator:
         if not await self.advance(row.id, [SubmitRequested(workflow_id=row.id)]):
             return
         entry = self._cache.peek(row.id)
+        if entry is None and row.data.get(FIRST_STATE_HANDED) and row.status == "pending":
+            # Its submit returned, leaving the first state to a coordinator that is gone.
+            if not await self._write_initial_state(row.id):
+                return  # purged meanwhile
+            if not await self.advance(row.id, [SubmitRequested(workflow_id=row.id)]):
+                return
+            entry = self._cache.peek(row.id)
         if entry is None:
             if row.id in self._quarantined:
                 return
@@ -1507,6 +1542,20 @@ class Coordinator:
             self.lease.check()
             await self.store.index.upsert(index_row(entry))
             self._indexed(entry)
+
+    async def _write_initial_state(self, workflow_id: str) -> bool:
+        """Write a workflow's initial state, as its submit would have; whether it has a
+        definition to start from."""
+        submitted = await load_submitted(self.store, workflow_id)
+        if submitted is None:
+            return False
+        plan = plan_of(submitted.definition, submitted.params, submitted.fingerprint)
+        self.lease.check()
+        with contextlib.suppress(ConflictError):  # written meanwhile
+            await create_state(
+                self.store, RunState(workflow_id, len(plan.tasks), submitted.created_at)
+            )
+        return True
 
 
 def _stale(st: RunState, events: list[Event]) -> bool:
@@ -1610,10 +1659,15 @@ def attempt_limit(plan: Plan, st: RunState, i: int) -> float | None:
 
 def control_document(st: RunState) -> bytes:
     """What workers must stop: everything (a cancelled or finished run: anything still
-    running or queued for it is stale) or some attempts (lost races)."""
+    running or queued for it is stale) or some attempts (lost races) — of this run
+    (``run``: its ``created_at``), not of a namesake submitted after a purge."""
     stopped = st.status == "cancelling" or st.status in WORKFLOW_TERMINAL
     return msgspec.json.encode(
-        {"stop_through": st.epoch if stopped else -1, "tasks": st.stop_requests}
+        {
+            "stop_through": st.epoch if stopped else -1,
+            "tasks": st.stop_requests,
+            "run": st.created_at,
+        }
     )
 
 

@@ -39,6 +39,20 @@ LOCAL_COORDINATOR = CoordinatorOptions(
     event_visibility_s=10.0, lease_ttl_s=15.0, sweep_interval_s=0.5, repair_grace_s=2.0
 )
 LOCAL_VISIBILITY_S = 15.0
+#: How often a local run's worker polls its queues: quick, for delayed retries that
+#: become visible without a send ...
+LOCAL_POLL_S = 0.05
+#: ... but on a store that announces them in this process when they become visible
+#: (Azure, which bills every receive): its polls then find only other processes' sends.
+ANNOUNCED_POLL_S = 0.5
+
+
+def local_poll_interval(store: Store) -> float:
+    """The worker's ``poll_interval_s`` of a local run on ``store``."""
+    announced = getattr(store.queues, "announces_delayed", False)
+    return ANNOUNCED_POLL_S if announced else LOCAL_POLL_S
+
+
 #: While another coordinator holds the lease, try for it this often.
 TAKEOVER_INTERVAL_S = 1.0
 #: While another coordinator advances the workflow, look for its quarantine this often.
@@ -187,7 +201,7 @@ class LocalRunner:
                 visibility_timeout_s=LOCAL_VISIBILITY_S,
                 import_paths=self.import_paths,
                 shutdown_grace_s=5.0,
-                poll_interval_s=0.05,  # delayed retries become visible without a send
+                poll_interval_s=local_poll_interval(self.store),
                 workflows=frozenset({self.submitted.workflow_id}),
                 processor=self.processor,
                 warm_pool=runs_python(plan),

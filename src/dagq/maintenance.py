@@ -31,8 +31,15 @@ QUEUE_WAIT_S = 300.0
 DEAD_LETTERS_SHOWN = 1000
 
 
-#: The control document a forced purge leaves: every attempt of every epoch must stop.
+#: The control document a forced purge left before markers named their run: every
+#: attempt of every epoch must stop (workers apply it to messages that name no run).
 STOP_EVERYTHING = msgspec.json.encode({"stop_through": 2**62, "tasks": {}})
+
+
+def stop_everything(run: float) -> bytes:
+    """The control document a forced purge leaves: every attempt of every epoch of the
+    run submitted at ``run`` must stop (not those of a namesake submitted after it)."""
+    return msgspec.json.encode({"stop_through": 2**62, "tasks": {}, "run": run})
 
 
 async def purge(store: Store, workflow_id: str, *, force: bool = False) -> int:
@@ -55,8 +62,8 @@ async def purge(store: Store, workflow_id: str, *, force: bool = False) -> int:
         raise UsageError(
             f"workflow '{workflow_id}' is still {status}; cancel it first, or pass --force"
         )
-    if unfinished:  # before anything goes: its running tasks must learn to stop
-        await docs.put(keys.control(workflow_id), STOP_EVERYTHING)
+    if row is not None and unfinished:  # before anything goes: its tasks must learn to stop
+        await docs.put(keys.control(workflow_id), stop_everything(row.created_at))
     await store.index.delete(workflow_id)
     deleted = 0
     # The quarantine record before the definition: a submit that creates the definition

@@ -82,6 +82,9 @@ class Stored(msgspec.Struct):
     delta_bytes: int = 0
     #: A new base on its way (staged by the first flush after it is ready), or None.
     folding: Folding | None = None
+    #: Not stored yet: its submit left the first write to the coordinator of its
+    #: process (:class:`dagq.submitted.Created`), which writes it without a condition.
+    absent: bool = False
 
     def parts(self) -> set[str]:
         """The parts this version's header names."""
@@ -237,8 +240,20 @@ def stage_state(batch: Batch, state: RunState, stored: Stored) -> Staged:
             base_bytes=written.base_bytes,
             delta_bytes=written.delta_bytes,
         )
-    slot = batch.put(keys.state(workflow_id), snapshots.encode_header(head), if_match=stored.etag)
+    header = snapshots.encode_header(head)
+    # A state nobody has stored yet is written without a condition: its only other
+    # writer is a repeated submit of the same id, creating the same initial state, and
+    # a create-only write would cost the phased committer a HEAD before its batch.
+    condition = None if stored.absent else stored.etag
+    slot = batch.put(keys.state(workflow_id), header, if_match=condition)
     return Staged(written, slot, stored)
+
+
+def initial_state(workflow_id: str, plan: Plan, created_at: float) -> RunState:
+    """The state a workflow starts with (what its submit stores), ready to use."""
+    state = RunState(workflow_id, len(plan.tasks), created_at)
+    state.rebuild(plan)
+    return state
 
 
 def _with_folded(batch: Batch, stored: Stored) -> Stored:

@@ -4,7 +4,12 @@ Order of writes, each idempotent: definition (create-only: a new id costs no rea
 index row (``pending``, so a sweep can always find the workflow before it starts) →
 runtime state (create-only; the commit point) → a ``submit`` event to wake the
 coordinator. Where a batch commits all or nothing (SQLite), a new workflow's four
-writes are one transaction instead. Submitting the same id and
+writes are one transaction instead. Where the coordinator runs in this process and
+takes hand-overs (Azure, a ``Client`` with an in-process runner), a new small
+workflow is handed to it after its row, flagged ``FIRST_STATE_HANDED`` (then the
+commit point): its first commit writes the state, the first dispatches applied (one
+write, not two), and a rescan writes the initial state of such a row that has none
+(the process died first). Submitting the same id and
 definition again completes whatever a crashed submit left undone and returns the
 existing workflow; the same id with a different definition is refused.
 """
@@ -48,7 +53,13 @@ from dagq.payloads import echo
 from dagq.persistence import create_state, is_large, stage_created_state
 from dagq.plan import Plan, resolve_params
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
-from dagq.submitted import Created, Submitted, load_submitted, require_submitted
+from dagq.submitted import (
+    FIRST_STATE_HANDED,
+    Created,
+    Submitted,
+    load_submitted,
+    require_submitted,
+)
 from dagq.validation import check_values, check_workflow_id
 
 log = logging.getLogger("dagq.submission")
@@ -158,10 +169,17 @@ async def submit(
             ) from None
         submitted, created = existing, False
         initial = state.RunState(workflow_id, len(plan.tasks), submitted.created_at)
+    # A new small workflow whose coordinator runs in this process: that coordinator's
+    # first commit writes its state (with the first dispatches), not this submit too.
+    handing = created and store.handoff is not None and not is_large(initial)
     if created:  # no row: a purge deletes it before the definition
-        await _create_row(store, _pending_row(submitted, plan))
+        await _create_row(store, _pending_row(submitted, plan, handing=handing))
     elif await store.index.get(workflow_id) is None:
         await store.index.upsert(_pending_row(submitted, plan))
+    unwritten = Created(submitted=submitted, plan=plan, state=initial, etag="")
+    if handing and _handed_over(store, workflow_id, unwritten, unwritten=True):
+        spans.submitted(workflow_id, definition.name, began, clock())
+        return SubmitResult(workflow_id, True, plan, submitted.fingerprint)
     etag = ""
     with contextlib.suppress(ConflictError):  # stored by an earlier (perhaps crashed) submit
         etag = await create_state(store, initial)
@@ -217,7 +235,9 @@ async def _create_row(store: Store, row: IndexRow) -> None:
     await (store.index.upsert if create is None else create)(row)
 
 
-def _handed_over(store: Store, workflow_id: str, stored: Created | None = None) -> bool:
+def _handed_over(
+    store: Store, workflow_id: str, stored: Created | None = None, *, unwritten: bool = False
+) -> bool:
     """Give a stored workflow's wake-up to the coordinator of this process, if one
     takes hand-overs (its next commit starts it), instead of a message on the
     completion queue (a send, a receive and a delete). Declined later (that commit
@@ -227,19 +247,23 @@ def _handed_over(store: Store, workflow_id: str, stored: Created | None = None) 
     ``stored``: the new workflow as just written, given to that coordinator with the
     wake-up, so that it starts the workflow without reading back its definition,
     quarantine record (a new one has none: a purge deletes it before the definition)
-    and state. Its writes are still conditional on that state's etag."""
+    and state. Its writes are still conditional on that state's etag.
+
+    ``unwritten``: the state in ``stored`` is not written yet; the coordinator's first
+    commit writes it, or, declined, the state is written here before the message."""
     handoff = store.handoff
     if handoff is None:
         return False
-    if stored is not None:
-        handoff.preload(stored)
+    if stored is not None and not handoff.preload(stored) and unwritten:
+        return False
     taken = handoff.deliver([SubmitRequested(workflow_id=workflow_id)], {})
     if taken is None:
         return False
+    state = stored.state if stored is not None and unwritten else None
 
     def settled(future: asyncio.Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None or future.result() is None:
-            task = asyncio.ensure_future(_post(store, workflow_id))
+            task = asyncio.ensure_future(_post(store, workflow_id, state))
             _POSTING.add(task)
             task.add_done_callback(_POSTING.discard)
 
@@ -247,8 +271,11 @@ def _handed_over(store: Store, workflow_id: str, stored: Created | None = None) 
     return True
 
 
-async def _post(store: Store, workflow_id: str) -> None:
+async def _post(store: Store, workflow_id: str, unwritten: state.RunState | None) -> None:
     try:
+        if unwritten is not None:  # the declined commit may have written it, or not
+            with contextlib.suppress(ConflictError):
+                await create_state(store, unwritten)
         await store.queues.send(keys.COMPLETIONS_QUEUE, [_submit_event(workflow_id)])
     except Exception as exc:  # the rescan finds it pending
         log.warning("the wake-up of %s was not posted (%s): a rescan starts it", workflow_id, exc)
@@ -287,7 +314,7 @@ def check_bounds(definition: WorkflowDef, params: Mapping[str, Any]) -> None:
         )
 
 
-def _pending_row(submitted: Submitted, plan: Plan) -> IndexRow:
+def _pending_row(submitted: Submitted, plan: Plan, *, handing: bool = False) -> IndexRow:
     return IndexRow(
         id=submitted.workflow_id,
         name=submitted.definition.name,
@@ -299,6 +326,7 @@ def _pending_row(submitted: Submitted, plan: Plan) -> IndexRow:
             "total": len(plan.tasks),
             "counts": {"pending": len(plan.tasks)},
             **({"labels": submitted.labels} if submitted.labels else {}),
+            **({FIRST_STATE_HANDED: True} if handing else {}),
         },
     )
 

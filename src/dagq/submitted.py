@@ -41,9 +41,19 @@ class Created(msgspec.Struct, frozen=True, kw_only=True):
 
     submitted: Submitted
     plan: "Plan"
-    #: The initial state as written (nobody else holds it), and its etag.
+    #: The initial state (nobody else holds it), and its etag as written — or "" when
+    #: the submit left it unwritten: the coordinator's first commit writes it (the
+    #: index row, flagged :data:`FIRST_STATE_HANDED`, was written before).
     state: "RunState"
     etag: str
+
+
+#: In the ``data`` of a ``pending`` index row: its submit handed the workflow to the
+#: coordinator of its process without writing the state (that coordinator's first
+#: commit writes it). A rescan that finds no state under such a row writes the
+#: initial state itself (the submit returned: the workflow is to run), where the row
+#: of a submit cut short before its state is forgotten.
+FIRST_STATE_HANDED = "first_state_handed"
 
 
 def _outline(struct: type[msgspec.Struct], name: str, kind: Any) -> type[msgspec.Struct]:

@@ -17,7 +17,7 @@ from dagq.errors import DamagedData, WorkflowNotFound
 from dagq.history import HistoryEntry, read_history
 from dagq.keys import check_workflow_id
 from dagq.payloads import cut
-from dagq.persistence import Stored, read_state
+from dagq.persistence import Stored, initial_state, read_state
 from dagq.plan import Plan
 from dagq.state import (
     TERMINAL,
@@ -210,8 +210,8 @@ async def load_run(
             f"the definition of workflow '{workflow_id}' cannot be read: {cut(str(exc), 300)}"
         ) from exc
     found = await read_checked(store, workflow_id, plan, header=header)
-    if found is None:
-        raise WorkflowNotFound(f"workflow '{workflow_id}' has no runtime state yet")
+    if found is None:  # submitted, not started: its first state is the coordinator's to write
+        return submitted, plan, initial_state(workflow_id, plan, submitted.created_at)
     if plans is not None:
         plans.keep_run(workflow_id, found[1].etag, (submitted, plan, found[0]))
     return submitted, plan, found[0]

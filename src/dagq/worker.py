@@ -1114,6 +1114,8 @@ class Worker:
         control = cached[1]
         if control is _DAMAGED:
             return "the workflow's control document is damaged"
+        if not control.covers(task):  # a purged namesake's marker
+            return None
         if task.epoch <= control.stop_through:
             return "the workflow was cancelled or has ended"
         if control.tasks.get(str(task.task)) == task.attempt:
@@ -1144,8 +1146,23 @@ class _Control(msgspec.Struct, frozen=True):
 
     stop_through: int = -1
     tasks: dict[str, int] = msgspec.field(default_factory=dict)
+    #: The run it is about (its ``created_at``); None in documents written before
+    #: markers named their run.
+    run: float | None = None
+
+    def covers(self, task: TaskMessage) -> bool:
+        """Is it about the run ``task`` belongs to? A marker left by a forced purge
+        stays when a namesake is submitted (nobody deletes it: that cost a request a
+        run), and must not stop the namesake's tasks. A message that names no run, or
+        a marker that does not, is covered as before — but for the old forced purge's
+        stop-everything marker, which covers only messages of its time (naming none)."""
+        if self.run is not None:
+            return not task.run or task.run == self.run
+        return not task.run or self.stop_through < _PURGED_RUN
 
 
+#: A stop-everything marker's ``stop_through`` (a forced purge's) is at least this.
+_PURGED_RUN = 2**62
 #: What an unreadable control document says: stop everything (it may have said so),
 #: for that reason.
 _DAMAGED = _Control(stop_through=2**31)

@@ -220,6 +220,17 @@ async def test_a_message_of_the_size_limit_with_a_long_id_round_trips(store: Sto
     assert (message.id, message.body) == (message_id, body)
 
 
+async def test_a_delayed_message_is_announced_when_it_becomes_visible(store: Store) -> None:
+    await store.queues.send("q", [OutgoingMessage(b"later", delay_s=1)])
+    assert await store.queues.receive("q", max_messages=1, visibility_timeout_s=30) == []
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await store.queues.wait("q", 30)  # no poll: this process announces it when visible
+    assert loop.time() - began < 10
+    [message] = await store.queues.receive("q", max_messages=1, visibility_timeout_s=30)
+    assert message.body == b"later"
+
+
 async def test_a_receive_of_more_than_32_takes_several_pages(store: Store) -> None:
     await store.queues.send("q", [OutgoingMessage(str(i).encode()) for i in range(70)])
     messages = await store.queues.receive("q", max_messages=100, visibility_timeout_s=30)

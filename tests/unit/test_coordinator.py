@@ -358,8 +358,14 @@ async def test_a_deadline_fails_the_workflow(store: Store, clock: FakeClock) -> 
 
 
 async def control(store: Store) -> object:
+    """Workflow w's control document, without the run it names (checked here)."""
     doc = await store.documents.get(keys.control("w"))
-    return None if doc is None else msgspec.json.decode(doc.data)
+    if doc is None:
+        return None
+    decoded = msgspec.json.decode(doc.data)
+    row = await store.index.get("w")
+    assert row is not None and decoded.pop("run") == row.created_at
+    return decoded
 
 
 async def test_cancel_tells_workers_to_stop_what_was_sent_and_a_retry_lifts_it(

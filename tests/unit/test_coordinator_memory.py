@@ -161,6 +161,7 @@ async def test_a_forced_purge_tells_workers_to_stop_everything_of_the_workflow(
     assert doc is not None
     control = msgspec.json.decode(doc.data)
     assert control["stop_through"] >= 2**31  # every epoch's attempts
+    assert control["run"] == clock.now  # of the run submitted then
 
 
 async def test_a_workflow_submitted_again_after_a_forced_purge_starts_clean(
@@ -169,12 +170,19 @@ async def test_a_workflow_submitted_again_after_a_forced_purge_starts_clean(
     await submit(store, one_task(), workflow_id="w", clock=clock)
     coord = Coordinator(store, clock=clock)
     await coord.step()
+    purged_run = clock.now
     await purge(store, "w", force=True)
+    clock.advance(5)
 
     await submit(store, one_task(), workflow_id="w", clock=clock)
     await coord.step()
 
-    assert await store.documents.get(keys.control("w")) is None  # its tasks may run
+    # The marker stays (deleting it cost every run a request) and names the purged
+    # run, not this one: workers stop this run's tasks by it no more.
+    doc = await store.documents.get(keys.control("w"))
+    assert doc is not None and msgspec.json.decode(doc.data)["run"] == purged_run
+    [state] = [coord.state_of("w")]
+    assert state is not None and state.created_at != purged_run
     await work(store, clock)
     await coord.step()
     assert await status(store, "w") == "completed"

@@ -23,6 +23,8 @@ from dagq.stores.intercepting import intercepted
 from dagq.stores.memory import open_memory_store
 from dagq.stores.sqlite import open_sqlite_store
 from dagq.submission import _POSTING, submit
+from dagq.submitted import FIRST_STATE_HANDED
+from dagq.views import load_run
 from dagq.worker import Worker, WorkerOptions
 from tests.helpers import definition
 
@@ -114,8 +116,9 @@ class _Coordinator:
         self.taken: list[tuple[list[Any], asyncio.Future[list[AckOp] | None]]] = []
         self.preloaded: list[Any] = []
 
-    def preload(self, created: Any) -> None:
+    def preload(self, created: Any) -> bool:
         self.preloaded.append(created)
+        return True
 
     def deliver(
         self, events: list[Any], acks: dict[str, list[str]]
@@ -150,6 +153,10 @@ async def test_a_submit_hands_its_wake_up_over_and_posts_it_only_if_declined() -
         message = received[0]
         assert b"declined" in message.body and b"kept" not in message.body
         assert await _wake_ups(store) == 0
+        # The state was the coordinator's to write: declined, the submit wrote it
+        # before the message; taken, it is left to that coordinator's commit.
+        assert await store.documents.get(keys.state("declined")) is not None
+        assert await store.documents.get(keys.state("kept")) is None
     finally:
         await store.close()
 
@@ -266,3 +273,25 @@ async def test_a_step_takes_at_most_a_batch_of_handed_over_events(tmp_path: Path
         stop.set()
         await asyncio.gather(running, return_exceptions=True)
         await base.close()
+
+
+async def test_a_submit_that_hands_over_its_first_state_is_started_by_a_rescan_if_lost() -> None:
+    store = open_memory_store()
+    lost = _Coordinator()  # takes the workflow, then its process "dies"
+    store.handoff = lost
+    await submit(store, definition([{"name": "a"}]), workflow_id="w")
+    store.handoff = None
+    row = await store.index.get("w")
+    assert row is not None and row.data.get(FIRST_STATE_HANDED)
+    assert await store.documents.get(keys.state("w")) is None
+    # A reader meanwhile sees it pending, as it is.
+    _, _, pending = await load_run(store, "w")
+    assert pending.status == "pending"
+
+    coordinator = Coordinator(store)
+    await coordinator.lease.acquire()
+    await coordinator.rescan()
+    assert await coordinator.settled_state("w") is not None
+    _, _, started = await load_run(store, "w")
+    assert started.status == "running"
+    await store.close()

@@ -57,6 +57,8 @@ from dagq.stores.common import (
 _NEVER = -1
 #: How many receive pages may be in flight at once for one large receive.
 _MAX_WAVE = 8
+#: After its delay, how much later a delayed message is announced (it is visible then).
+_VISIBLE_MARGIN_S = 0.05
 #: How long ``dead_letter`` keeps the message hidden while it stores the dead letter.
 _DEAD_LETTER_HOLD_S = 30
 # A stale pop receipt: 404 MessageNotFound or 400 PopReceiptMismatch; a missing queue: 404.
@@ -70,6 +72,9 @@ class AzureQueues:
     deduplicates = False
     #: Task messages per queue message (dagq.dispatching.bundle): a request each.
     bundle_size = 32
+    #: A delayed message sent by this process is announced to its waiters when it
+    #: becomes visible (:func:`dagq.local.local_poll_interval`).
+    announces_delayed = True
 
     def __init__(
         self,
@@ -114,6 +119,11 @@ class AzureQueues:
             pending = pending[1:]
         await asyncio.gather(*(self._send_one(name, text, delay) for text, delay in pending))
         self._wakeups.notify(queue)
+        # A delayed message is announced when it becomes visible, as a send then would
+        # be: this process's receivers need no quick polls for its delayed retries.
+        loop = asyncio.get_running_loop()
+        for delay in {delay for _, delay in texts.values() if delay > 0}:
+            loop.call_later(delay + _VISIBLE_MARGIN_S, self._wakeups.notify, queue)
 
     async def _send_one(self, name: str, text: str, delay: int) -> None:
         async def put(c: Clients) -> None:

@@ -525,14 +525,21 @@ class Handoff(Protocol):
         self, events: list[Any], acks: dict[str, list[str]]
     ) -> asyncio.Future[list[AckOp] | None] | None: ...
 
-    def preload(self, created: Any) -> None:
+    def preload(self, created: Any) -> bool:
         """Keep what a submit in this process has just stored of a new workflow (a
-        :class:`dagq.submitted.Created`), so that loading it reads nothing back."""
+        :class:`dagq.submitted.Created`), so that loading it reads nothing back; False
+        when it was not kept (no longer coordinating)."""
 
     def status_of(self, workflow_id: str) -> str | None:
         """The status of the working copy of a run this coordinator holds (every status
         change of a run is its own while it coordinates); None when it holds none, or
         is no longer coordinating. May be ahead of the store by one commit."""
+
+    def ended_run(self, workflow_id: str) -> tuple[str, Any, Any] | None:
+        """A run this coordinator holds that has ended, its end committed (the index row
+        with its final status written after the state): its name, plan and working
+        copy (a :class:`dagq.state.RunState`, to be read at once, not kept); None
+        otherwise — a waiter reads the store then."""
 
 
 class Store(msgspec.Struct, eq=False):
