@@ -181,17 +181,22 @@ class PlanCache:
 
 
 async def load_run(
-    store: Store, workflow_id: str, *, plans: PlanCache | None = None
+    store: Store,
+    workflow_id: str,
+    *,
+    plans: PlanCache | None = None,
+    header: Document | None = None,
 ) -> tuple[Submitted, Plan, RunState]:
     """Read a workflow's definition and current state from the store (its plan from
-    ``plans`` if given).
+    ``plans`` if given); ``header``: the state's header, read by the caller a moment
+    ago (None: read here).
 
     A document that cannot be decoded is DamagedData naming the workflow (one line
     for the user, never a traceback).
     """
-    header: Document | None = None  # the state's header, if read here already
-    if plans is not None:
+    if plans is not None and header is None:
         header = await store.documents.get(keys.state(check_workflow_id(workflow_id)))
+    if plans is not None:
         kept = None if header is None else plans.run(workflow_id, header.etag)
         if kept is not None:
             return kept

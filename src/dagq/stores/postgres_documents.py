@@ -35,14 +35,16 @@ INSERT INTO {s}.documents (key, data, etag)
 SELECT * FROM unnest(%b::text[], %b::bytea[], %b::text[])
 ON CONFLICT (key) DO UPDATE SET data = excluded.data, etag = excluded.etag
 """
-# Fails with the guard of a document whose etag was not the one named (if any).
+# Fails with the guard of a document whose etag was not the one named (if any). The
+# keys are named again on the table: the generic plan of a join with the unnest (which
+# the planner guesses at 10 rows) scanned the whole documents table.
 _SWAP_MANY = """
 WITH v AS (
     SELECT * FROM unnest(%b::text[], %b::bytea[], %b::text[], %b::text[], %b::text[])
         AS v (key, data, etag, if_match, guard)
 ), written AS (
     UPDATE {s}.documents d SET data = v.data, etag = v.etag
-    FROM v WHERE d.key = v.key AND d.etag = v.if_match
+    FROM v WHERE d.key = v.key AND d.etag = v.if_match AND d.key = ANY(%b::text[])
     RETURNING d.key
 )
 SELECT {s}.fail(min(v.guard)) FROM v
@@ -98,7 +100,7 @@ async def put_many(db: Database, conn: Conn, puts: Sequence[tuple[PutOp, str, st
         etags = [e for _, e, _ in swaps]
         matches = [op.if_match for op, _, _ in swaps]
         guards = [g for _, _, g in swaps]
-        await conn.execute(db.sql(_SWAP_MANY), (keys, data, etags, matches, guards))
+        await conn.execute(db.sql(_SWAP_MANY), (keys, data, etags, matches, guards, keys))
 
 
 async def delete(db: Database, conn: Conn, key: str) -> None:
@@ -125,6 +127,16 @@ class PostgresDocuments:
     async def get(self, key: str) -> Document | None:
         row = await self._db.row("SELECT data, etag FROM {s}.documents WHERE key = %s", (key,))
         return None if row is None else Document(bytes(row[0]), row[1])
+
+    async def get_many(self, keys: Sequence[str]) -> list[Document | None]:
+        """The documents at ``keys``, in their order: one statement, one snapshot
+        (:func:`~dagq.stores.base.get_many`)."""
+        if not keys:
+            return []
+        sql = "SELECT key, data, etag FROM {s}.documents WHERE key = ANY(%s)"
+        rows = await self._db.rows(sql, (list(dict.fromkeys(keys)),))
+        found = {key: Document(bytes(data), etag) for key, data, etag in rows}
+        return [found.get(key) for key in keys]
 
     async def put(
         self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
