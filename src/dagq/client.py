@@ -227,9 +227,15 @@ class Client:
         self.plans = plans
 
     async def _load(
-        self, workflow_id: str, *, header: Document | None = None
+        self,
+        workflow_id: str,
+        *,
+        header: Document | None = None,
+        definition: Document | None = None,
     ) -> tuple[Submitted, Plan, RunState]:
-        return await load_run(self.store, workflow_id, plans=self.plans, header=header)
+        return await load_run(
+            self.store, workflow_id, plans=self.plans, header=header, definition=definition
+        )
 
     async def close(self) -> None:
         """Release the store if this client opened it."""
@@ -281,17 +287,21 @@ class Client:
         A quarantined run shows ``quarantined`` with the reason as its error (from its
         index row when its state cannot be read).
         """
-        # The quarantine record and the state's header in one read (where the store can).
-        record, header = await get_many(
-            self.store.documents, [keys.quarantine(workflow_id), keys.state(workflow_id)]
-        )
+        # The quarantine record, the state's header and, unless its plan cache keeps
+        # it, the definition, in one read (where the store can).
+        wanted = [keys.quarantine(workflow_id), keys.state(workflow_id)]
+        if self.plans is not None and not self.plans.holds(workflow_id):
+            wanted.append(keys.definition(workflow_id))
+        record, header, *definition = await get_many(self.store.documents, wanted)
         try:
             held = None if record is None else quarantine.decode(record.data, workflow_id)
         except DamagedData as exc:  # still quarantined: the record says what to do
             reason, at = str(exc), time.time()
         else:
             if held is None or held.released_at is not None:
-                submitted, plan, st = await self._load(workflow_id, header=header)
+                submitted, plan, st = await self._load(
+                    workflow_id, header=header, definition=definition[0] if definition else None
+                )
                 return workflow_status(submitted.definition.name, plan, st)
             reason, at = held.reason, held.at
         error = f"quarantined: {reason}"
