@@ -170,7 +170,6 @@ class Database:
             timeout=CONNECT_TIMEOUT_S,
             open=False,
             name=f"dagq-{self.target.schema}",
-            configure=_configure,
         )
         await pool.open(wait=False)
         return pool
@@ -240,18 +239,6 @@ class Database:
                     await pool.close()
             except RuntimeError:
                 pass
-
-
-async def _configure(conn: Conn) -> None:
-    """A new pooled connection plans each prepared statement once (PostgreSQL 12 on):
-    by default the server plans one afresh at each of its first five runs on a
-    connection, and then again whenever it judges a plan for the values at hand
-    cheaper. The store's statements are the same few dozen, run again and again with
-    small arrays and single keys, and their generic plans are as good; the planning
-    was a sixth to a third of the server's CPU in the benchmarks (``pg_stat_statements``).
-    """
-    if conn.info.server_version >= 120000:
-        await conn.execute("SET plan_cache_mode = force_generic_plan", prepare=False)
 
 
 async def schema_version(conn: Conn, schema: str) -> int | None:
