@@ -33,15 +33,13 @@ from dagq.stores.postgres_queues import ACKED, send_args, send_parts
 
 _HELD = """
 held AS (SELECT 1 FROM {s}.leases WHERE name = %(lease)s AND token = %(token)s FOR SHARE)"""
-# The keys are named again on the table: the generic plan of a join with the unnest
-# (which the planner guesses at 10 rows) scanned the whole documents table.
 _SWAPS = """
 v AS (
     SELECT * FROM unnest(%(s_keys)b::text[], %(s_data)b::bytea[], %(s_etags)b::text[],
         %(s_match)b::text[], %(s_guards)b::text[]) AS v (key, data, etag, if_match, guard)
 ), swapped AS (
     UPDATE {s}.documents d SET data = v.data, etag = v.etag
-    FROM v WHERE d.key = v.key AND d.etag = v.if_match AND d.key = ANY(%(s_keys)b::text[])
+    FROM v WHERE d.key = v.key AND d.etag = v.if_match
     RETURNING d.key
 )"""
 _CREATES = """

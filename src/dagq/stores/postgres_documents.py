@@ -35,16 +35,14 @@ INSERT INTO {s}.documents (key, data, etag)
 SELECT * FROM unnest(%b::text[], %b::bytea[], %b::text[])
 ON CONFLICT (key) DO UPDATE SET data = excluded.data, etag = excluded.etag
 """
-# Fails with the guard of a document whose etag was not the one named (if any). The
-# keys are named again on the table: the generic plan of a join with the unnest (which
-# the planner guesses at 10 rows) scanned the whole documents table.
+# Fails with the guard of a document whose etag was not the one named (if any).
 _SWAP_MANY = """
 WITH v AS (
     SELECT * FROM unnest(%b::text[], %b::bytea[], %b::text[], %b::text[], %b::text[])
         AS v (key, data, etag, if_match, guard)
 ), written AS (
     UPDATE {s}.documents d SET data = v.data, etag = v.etag
-    FROM v WHERE d.key = v.key AND d.etag = v.if_match AND d.key = ANY(%b::text[])
+    FROM v WHERE d.key = v.key AND d.etag = v.if_match
     RETURNING d.key
 )
 SELECT {s}.fail(min(v.guard)) FROM v
@@ -100,7 +98,7 @@ async def put_many(db: Database, conn: Conn, puts: Sequence[tuple[PutOp, str, st
         etags = [e for _, e, _ in swaps]
         matches = [op.if_match for op, _, _ in swaps]
         guards = [g for _, _, g in swaps]
-        await conn.execute(db.sql(_SWAP_MANY), (keys, data, etags, matches, guards, keys))
+        await conn.execute(db.sql(_SWAP_MANY), (keys, data, etags, matches, guards))
 
 
 async def delete(db: Database, conn: Conn, key: str) -> None:
