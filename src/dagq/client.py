@@ -46,7 +46,7 @@ from dagq.state import (
     TaskStatus,
 )
 from dagq.stores import open_store
-from dagq.stores.base import Store
+from dagq.stores.base import Document, Store, get_many
 from dagq.stores.changes import ANY, INDEX_TOPIC
 from dagq.submitted import Submitted
 from dagq.views import LayerSummary, PlanCache, layer_summary, load_run
@@ -226,8 +226,16 @@ class Client:
         self._owns_store = isinstance(store, str)
         self.plans = plans
 
-    async def _load(self, workflow_id: str) -> tuple[Submitted, Plan, RunState]:
-        return await load_run(self.store, workflow_id, plans=self.plans)
+    async def _load(
+        self,
+        workflow_id: str,
+        *,
+        header: Document | None = None,
+        definition: Document | None = None,
+    ) -> tuple[Submitted, Plan, RunState]:
+        return await load_run(
+            self.store, workflow_id, plans=self.plans, header=header, definition=definition
+        )
 
     async def close(self) -> None:
         """Release the store if this client opened it."""
@@ -279,15 +287,23 @@ class Client:
         A quarantined run shows ``quarantined`` with the reason as its error (from its
         index row when its state cannot be read).
         """
+        # The quarantine record, the state's header and, unless its plan cache keeps
+        # it, the definition, in one read (where the store can).
+        wanted = [keys.quarantine(workflow_id), keys.state(workflow_id)]
+        if self.plans is not None and not self.plans.holds(workflow_id):
+            wanted.append(keys.definition(workflow_id))
+        record, header, *definition = await get_many(self.store.documents, wanted)
         try:
-            held = await quarantine.read(self.store, workflow_id)
+            held = None if record is None else quarantine.decode(record.data, workflow_id)
         except DamagedData as exc:  # still quarantined: the record says what to do
             reason, at = str(exc), time.time()
         else:
-            if held is None or held[0].released_at is not None:
-                submitted, plan, st = await self._load(workflow_id)
+            if held is None or held.released_at is not None:
+                submitted, plan, st = await self._load(
+                    workflow_id, header=header, definition=definition[0] if definition else None
+                )
                 return workflow_status(submitted.definition.name, plan, st)
-            reason, at = held[0].reason, held[0].at
+            reason, at = held.reason, held.at
         error = f"quarantined: {reason}"
         try:
             submitted, plan, st = await self._load(workflow_id)
@@ -853,9 +869,8 @@ class Client:
         quarantined; None when it may have ended (or cannot be told so: then the whole
         status is read, with its errors). Two small reads: no state is rebuilt nor
         plan compiled while a run is polled."""
-        held, header = await asyncio.gather(
-            self.store.documents.get(keys.quarantine(workflow_id)),
-            self.store.documents.get(keys.state(workflow_id)),
+        held, header = await get_many(
+            self.store.documents, [keys.quarantine(workflow_id), keys.state(workflow_id)]
         )
         if held is not None or header is None:
             return None

@@ -80,6 +80,7 @@ from dagq.stores.base import (
     OutgoingMessage,
     PutOp,
     Store,
+    get_many,
     takes_handoff,
     wakes_across_processes,
 )
@@ -1134,9 +1135,11 @@ class Coordinator:
         return entry
 
     async def _load(self, workflow_id: str) -> Entry | None:
-        definition, held = await asyncio.gather(
-            self.store.documents.get(keys.definition(workflow_id)),
-            self.store.documents.get(keys.quarantine(workflow_id)),
+        # One read of the three (one statement where the store can): the state's header
+        # is used if the workflow is neither quarantined nor unknown.
+        definition, held, header = await get_many(
+            self.store.documents,
+            [keys.definition(workflow_id), keys.quarantine(workflow_id), keys.state(workflow_id)],
         )
         replay: list[Event] = []
         if held is not None:
@@ -1153,7 +1156,7 @@ class Coordinator:
         with garbage.young_only(len(definition.data) > OFF_LOOP_BYTES):
             compiled = await self._compiled(definition.data)
         plan = compiled.plan
-        found = await read_state(self.store, workflow_id, plan)
+        found = await read_state(self.store, workflow_id, plan, header=header)
         if found is None:
             return None
         entry = await self._loaded(plan, *found, compiled)

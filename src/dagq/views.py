@@ -170,6 +170,11 @@ class PlanCache:
         if (workflow_id, run[0].fingerprint) in self._plans:
             self._states[workflow_id] = (etag, *run)
 
+    def holds(self, workflow_id: str) -> bool:
+        """Whether a definition document of ``workflow_id`` is kept (a reader that
+        finds none here will read it)."""
+        return workflow_id in self._documents
+
     def submitted(self, workflow_id: str, etag: str, data: bytes) -> Submitted:
         """The definition document ``data`` (at ``etag``) decoded, or as kept."""
         kept = self._documents.get(workflow_id)
@@ -181,17 +186,24 @@ class PlanCache:
 
 
 async def load_run(
-    store: Store, workflow_id: str, *, plans: PlanCache | None = None
+    store: Store,
+    workflow_id: str,
+    *,
+    plans: PlanCache | None = None,
+    header: Document | None = None,
+    definition: Document | None = None,
 ) -> tuple[Submitted, Plan, RunState]:
     """Read a workflow's definition and current state from the store (its plan from
-    ``plans`` if given).
+    ``plans`` if given); ``header`` and (with ``plans``) ``definition``: the state's
+    header and the definition document, read by the caller a moment ago (None: read
+    here).
 
     A document that cannot be decoded is DamagedData naming the workflow (one line
     for the user, never a traceback).
     """
-    header: Document | None = None  # the state's header, if read here already
-    if plans is not None:
+    if plans is not None and header is None:
         header = await store.documents.get(keys.state(check_workflow_id(workflow_id)))
+    if plans is not None:
         kept = None if header is None else plans.run(workflow_id, header.etag)
         if kept is not None:
             return kept
@@ -200,7 +212,9 @@ async def load_run(
             submitted = await require_submitted(store, workflow_id)
             plan = plan_of(submitted.definition, submitted.params, submitted.fingerprint)
         else:
-            doc = await store.documents.get(keys.definition(check_workflow_id(workflow_id)))
+            doc = definition or await store.documents.get(
+                keys.definition(check_workflow_id(workflow_id))
+            )
             if doc is None:
                 raise WorkflowNotFound(f"no workflow '{workflow_id}' in {store.url}")
             submitted = plans.submitted(workflow_id, doc.etag, doc.data)

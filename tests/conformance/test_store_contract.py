@@ -26,11 +26,13 @@ from dagq.errors import (
 )
 from dagq.stores.base import (
     MAX_MESSAGE_BYTES,
+    Document,
     IndexRow,
     Message,
     OutgoingMessage,
     QueueDepth,
     Store,
+    get_many,
 )
 
 
@@ -89,6 +91,14 @@ async def test_empty_documents_round_trip(store: Store) -> None:
     await store.documents.put("empty", b"")
     document = await store.documents.get("empty")
     assert document is not None and document.data == b""
+
+
+async def test_get_many_answers_as_gets_do_in_the_order_asked(store: Store) -> None:
+    first = await store.documents.put("m/1", b"one")
+    second = await store.documents.put("m/2", b"")
+    found = await get_many(store.documents, ["m/2", "nope", "m/1", "m/2"])
+    assert found == [Document(b"", second), None, Document(b"one", first), Document(b"", second)]
+    assert await get_many(store.documents, []) == []
 
 
 async def test_every_put_returns_a_new_etag(store: Store) -> None:

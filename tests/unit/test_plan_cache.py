@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 
 from dagq import keys
@@ -9,6 +12,7 @@ from dagq.client import Client
 from dagq.compiled import PLANS, Compiled
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.stores import open_store
+from dagq.stores.base import Document, Documents
 from dagq.stores.counting import counted
 from dagq.submission import submit
 from dagq.views import PlanCache, load_run
@@ -110,3 +114,59 @@ def test_the_plans_kept_stay_within_their_bound_and_a_larger_one_is_not_kept() -
     plans.plan(six, {}, "c")  # over the bound alone: compiled, not kept
     assert plans.get("c") is None and plans.get("b") is b
     assert plans.compiles == 3
+
+
+class _ManyReads:
+    """Documents that read several at once (as PostgreSQL's do), counting the requests."""
+
+    def __init__(self, inner: Documents) -> None:
+        self.inner = inner
+        self.requests: list[list[str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get(self, key: str) -> Document | None:
+        self.requests.append([key])
+        return await self.inner.get(key)
+
+    async def get_many(self, names: Sequence[str]) -> list[Document | None]:
+        self.requests.append(list(names))
+        return [await self.inner.get(name) for name in names]
+
+
+async def test_a_status_reads_a_new_run_in_one_request_and_a_known_one_without_its_definition() -> (
+    None
+):
+    store = open_store("memory://")
+    documents = _ManyReads(store.documents)
+    store.documents = documents
+    try:
+        client = Client(store, plans=PlanCache())
+        await client.submit(definition([{"name": "t"}], name="a"), workflow_id="a")
+        documents.requests.clear()
+        assert (await client.status("a")).total == 1
+        wanted = [keys.quarantine("a"), keys.state("a"), keys.definition("a")]
+        assert documents.requests == [wanted]
+        documents.requests.clear()
+        assert (await client.status("a")).total == 1  # unchanged: as kept
+        assert documents.requests == [wanted[:2]]
+    finally:
+        await store.close()
+
+
+async def test_a_coordinator_reads_a_new_run_in_one_request() -> None:
+    store = open_store("memory://")
+    documents = _ManyReads(store.documents)
+    store.documents = documents
+    try:
+        await submit(store, definition([{"name": "t"}], name="a"), workflow_id="a")
+        documents.requests.clear()
+        coordinator = Coordinator(store, CoordinatorOptions())
+        await coordinator.step()
+        assert coordinator.plan_of("a") is not None
+        wanted = [keys.definition("a"), keys.quarantine("a"), keys.state("a")]
+        assert wanted in documents.requests
+        assert not [r for r in documents.requests if len(r) == 1 and r[0] in wanted]
+    finally:
+        await store.close()

@@ -228,6 +228,19 @@ def wrapped_committer(inner: Committer, wrapper: Committer, *, atomic: bool) -> 
     return wrapper
 
 
+async def get_many(documents: Documents, keys: Sequence[str]) -> list[Document | None]:
+    """The documents at ``keys``, in their order (None where there is none): in one
+    request where the backend reads several at once (its optional ``get_many``, with
+    the same answer), else read side by side."""
+    many = getattr(documents, "get_many", None)
+    if many is not None:
+        found: list[Document | None] = await many(keys)
+        return found
+    import asyncio  # here: every command imports this module, not all of them need it
+
+    return list(await asyncio.gather(*(documents.get(key) for key in keys)))
+
+
 def report_linger(queues: Queues) -> float:
     """How long a worker's completion may wait for those of its other running tasks,
     to go out in the same commit (a backend's optional ``report_linger_s``; 0 where

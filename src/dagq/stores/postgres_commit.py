@@ -1,15 +1,17 @@
 """A batch of the PostgreSQL store as one statement: no BEGIN, no COMMIT.
 
 A coordinator's step (a fence on its lease, compare-and-swaps of states, plain writes,
-sends to one queue, the delete of the events it handled, index rows) and a worker's
-report (a send and the delete of the task messages it reports on) are each one
+sends to one queue, the delete of the events it handled, index rows), a worker's
+report (a send and the delete of the task messages it reports on) and a submit
+(creates of the definition and the state, the index row, the send) are each one
 statement of data-modifying CTEs, committed alone: one statement is atomic, and a
 failed condition (a lost lease, a stale etag) raises in it (:data:`FAILED
 <dagq.stores.postgres_schema.FAILED>`, the guard as its message), which undoes the
 whole of it. The pipelined transaction (BEGIN, a statement per kind, COMMIT) took
-five statements for a chain's step. Other batches (creates, deletes of documents, a
-key written twice, sends to several queues, a delete of messages of a queue sent to:
-one snapshot would not see the rows inserted beside it) keep the transaction.
+five statements for a chain's step, six for a submit. Other batches (deletes of
+documents, a key written twice, sends to several queues, a delete of messages of a
+queue sent to: one snapshot would not see the rows inserted beside it) keep the
+transaction.
 
 The statement's text depends only on which parts a batch has (cached: at most a few
 dozen, each prepared once per connection).
@@ -39,6 +41,15 @@ v AS (
     UPDATE {s}.documents d SET data = v.data, etag = v.etag
     FROM v WHERE d.key = v.key AND d.etag = v.if_match
     RETURNING d.key
+)"""
+_CREATES = """
+cv AS (
+    SELECT * FROM unnest(%(c_keys)b::text[], %(c_data)b::bytea[], %(c_etags)b::text[],
+        %(c_guards)b::text[]) AS cv (key, data, etag, guard)
+), created AS (
+    INSERT INTO {s}.documents (key, data, etag) SELECT key, data, etag FROM cv
+    ON CONFLICT (key) DO NOTHING
+    RETURNING key
 )"""
 _REPLACES = """
 replaced AS (
@@ -109,9 +120,9 @@ def plan(ops: Sequence[BatchOp], now: float, schema: str, changes: str | None) -
 
 
 def _fits(ops: Sequence[BatchOp]) -> bool:
-    """Whether one statement can take ``ops``: at most one fence, writes (no creates)
-    of different keys, sends to one queue, at most one delete of received messages
-    (of another queue), index rows."""
+    """Whether one statement can take ``ops``: at most one fence, writes of different
+    keys, sends to one queue, at most one delete of received messages (of another
+    queue), index rows."""
     fences = sum(isinstance(op, FenceOp) for op in ops)
     puts = [op for op in ops if isinstance(op, PutOp)]
     queues = {op.queue for op in ops if isinstance(op, SendOp)}
@@ -123,7 +134,6 @@ def _fits(ops: Sequence[BatchOp]) -> bool:
         and fences <= 1
         and len(queues) <= 1
         and len(acks) <= 1
-        and not any(op.if_none_match for op in puts)
         and len(set(keys)) == len(keys)
         and not (acks and acks[0].queue in queues)
     )
@@ -135,6 +145,7 @@ def _writes(found: Plan, ops: Sequence[BatchOp]) -> set[str]:
     parts: set[str] = set()
     args = found.args
     swaps: list[tuple[PutOp, str, str]] = []
+    creates: list[tuple[PutOp, str, str]] = []
     replaces: list[tuple[PutOp, str]] = []
     for n, op in enumerate(ops):
         guard = f"dagq batch operation {n}"
@@ -144,7 +155,10 @@ def _writes(found: Plan, ops: Sequence[BatchOp]) -> set[str]:
             args.update(lease=op.name, token=op.token, fence_guard=guard)
         elif isinstance(op, PutOp):
             found.etags.append(new_token())
-            if op.if_match is None:
+            if op.if_none_match:
+                found.failures[guard] = conflict(op.key, None)
+                creates.append((op, found.etags[-1], guard))
+            elif op.if_match is None:
                 replaces.append((op, found.etags[-1]))
             else:
                 found.failures[guard] = conflict(op.key, op.if_match)
@@ -156,6 +170,12 @@ def _writes(found: Plan, ops: Sequence[BatchOp]) -> set[str]:
         args["s_etags"] = [etag for _, etag, _ in swaps]
         args["s_match"] = [op.if_match for op, _, _ in swaps]
         args["s_guards"] = [guard for _, _, guard in swaps]
+    if creates:
+        parts.add("create")
+        args["c_keys"] = [op.key for op, _, _ in creates]
+        args["c_data"] = [bytes(op.data) for op, _, _ in creates]
+        args["c_etags"] = [etag for _, etag, _ in creates]
+        args["c_guards"] = [guard for _, _, guard in creates]
     if replaces:
         parts.add("replace")
         args["r_keys"] = [op.key for op, _ in replaces]
@@ -180,6 +200,12 @@ def statement(parts: frozenset[str]) -> str:
         columns.append(
             "(SELECT {s}.fail(min(v.guard)) FROM v "
             "WHERE v.key NOT IN (SELECT key FROM swapped) HAVING count(*) > 0)"
+        )
+    if "create" in parts:
+        ctes.append(_CREATES)
+        columns.append(
+            "(SELECT {s}.fail(min(cv.guard)) FROM cv "
+            "WHERE cv.key NOT IN (SELECT key FROM created) HAVING count(*) > 0)"
         )
     if "replace" in parts:
         ctes.append(_REPLACES)

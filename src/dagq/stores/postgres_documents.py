@@ -126,6 +126,16 @@ class PostgresDocuments:
         row = await self._db.row("SELECT data, etag FROM {s}.documents WHERE key = %s", (key,))
         return None if row is None else Document(bytes(row[0]), row[1])
 
+    async def get_many(self, keys: Sequence[str]) -> list[Document | None]:
+        """The documents at ``keys``, in their order: one statement, one snapshot
+        (:func:`~dagq.stores.base.get_many`)."""
+        if not keys:
+            return []
+        sql = "SELECT key, data, etag FROM {s}.documents WHERE key = ANY(%s)"
+        rows = await self._db.rows(sql, (list(dict.fromkeys(keys)),))
+        found = {key: Document(bytes(data), etag) for key, data, etag in rows}
+        return [found.get(key) for key in keys]
+
     async def put(
         self, key: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False
     ) -> str:
