@@ -48,7 +48,10 @@ async def _peer(mode: str, db: str) -> None:
             while await loop.run_in_executor(None, sys.stdin.readline):
                 if mode.startswith("commit"):  # commit2: two messages at once
                     batch = store.batch()
-                    batch.send(QUEUE, [OutgoingMessage(b"x")] * (2 if mode == "commit2" else 1))
+                    messages = [OutgoingMessage(b"x")] * (2 if mode == "commit2" else 1)
+                    if mode == "commitlong":  # the largest body handed, with a long id
+                        messages = [OutgoingMessage(b"b" * 16_000, id="i" * 3_000)]
+                    batch.send(QUEUE, messages)
                     await batch.commit()
                 else:
                     await store.queues.send(QUEUE, [OutgoingMessage(b"x")])
@@ -252,6 +255,25 @@ async def test_a_waiter_is_handed_the_message_another_process_commits(tmp_path: 
                 assert (
                     await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30) == []
                 )
+    finally:
+        await store.close()
+
+
+async def test_a_message_whose_id_and_body_overflow_a_datagram_is_received_as_before(
+    tmp_path: Path,
+) -> None:
+    """A datagram holds the message's id beside its body: a long id on a body just under
+    the bound made one the reader cut short and dropped, the message hidden (taken for
+    the waiter) until its visibility timeout, the waiter never rung (review, session 28)."""
+    db = tmp_path / "store.db"
+    store = open_sqlite_store(db)
+    try:
+        assert await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30) == []
+        await store.queues.wait(QUEUE, 0.001)  # listening from here on
+        with peer("commitlong", db) as sender:
+            await _wait_woken(store, sender)
+            [got] = await store.queues.receive(QUEUE, max_messages=4, visibility_timeout_s=30)
+            assert (got.id, len(got.body), got.dequeue_count) == ("i" * 3_000, 16_000, 1)
     finally:
         await store.close()
 

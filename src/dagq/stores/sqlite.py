@@ -820,7 +820,8 @@ class SqliteQueues:
         if not rows:  # dead-lettered
             return None
         _, id_, body, receipt, count, enqueued_at = rows[0]
-        if len(body) > MAX_HANDED_BYTES:  # received as before, once rung
+        if len(body) + len(id_.encode()) > MAX_HANDED_BYTES:  # received as before, once rung
+            # (the datagram holds both: a longer one would be cut short by the reader)
             c.execute(_UNCLAIM, (now, queue, receipt))
             return None
         message = Handed(id_, bytes(body), receipt, count, enqueued_at, target.vt_ms, False)
