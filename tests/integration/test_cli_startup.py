@@ -43,19 +43,28 @@ def cli(tmp_path: Path) -> Iterator[DagqCli]:
         yield cli
 
 
-def imported(cli: DagqCli, *args: str) -> set[str]:
-    """The modules ``dagq ARGS`` imports, as ``-X importtime`` names them."""
-    words = cli.command(*args)[len(dagq_command()) :]
+def python(
+    cli: DagqCli, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` run as ``cli`` runs dagq (its directory, its environment and
+    ``env``); it must succeed."""
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "dagq", *words],
+        [sys.executable, *args],
         cwd=cli.workdir,
-        env=cli.env,
+        env={**cli.env, **(env or {})},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def imported(cli: DagqCli, *args: str) -> set[str]:
+    """The modules ``dagq ARGS`` imports, as ``-X importtime`` names them."""
+    words = cli.command(*args)[len(dagq_command()) :]
+    done = python(cli, "-X", "importtime", "-m", "dagq", *words)
     return {
         line.rpartition("|")[2].strip()
         for line in done.stderr.splitlines()
@@ -137,16 +146,8 @@ def test_a_quiet_run_loads_no_rich_and_launches_the_zygote_before_the_runtime(
         {"name": "py", "tasks": [{"name": "a", "call": "tests.sample_tasks:pid"}]},
     )
     words = cli.command("run", "py.yaml", "--id", "p", "--quiet")[len(dagq_command()) :]
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "dagq", *words],
-        cwd=cli.workdir,
-        env={**cli.env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    source = {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = python(cli, "-X", "importtime", "-m", "dagq", *words, env=source)
     assert done.stdout.startswith("completed: p")
     order = [
         line.rpartition("|")[2].strip()
@@ -245,16 +246,7 @@ def test_the_process_leaves_what_is_alive_to_its_exit(cli: DagqCli) -> None:
         "import sys; from dagq.cli import main; sys.argv = ['dagq', 'validate', 'small.yaml']"
     )
     for call, frozen in (("main()", True), ("main.main(sys.argv[1:])", False)):
-        done = subprocess.run(
-            [sys.executable, "-c", f"{report}; {run_main}; {call}"],
-            cwd=cli.workdir,
-            env=cli.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+        done = python(cli, "-c", f"{report}; {run_main}; {call}")
         assert done.stdout.splitlines()[-1] == f"frozen {frozen}", call
 
 
