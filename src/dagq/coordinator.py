@@ -380,6 +380,19 @@ class Coordinator:
             return None
         return entry.name, entry.plan, st
 
+    def _decline(self, deliveries: list[_Delivery]) -> None:
+        """Not committed: posted by their workers (submits) instead. A declined submit's
+        copy goes too, if not loaded yet: its submit writes the state before it posts
+        the wake-up, or, that failing as well, a rescan does (which passes a workflow
+        by while a copy of it is kept)."""
+        for delivery in deliveries:
+            if delivery.done.done():
+                continue
+            for event in delivery.events:
+                if isinstance(event, SubmitRequested):
+                    self._preloaded.take(event.workflow_id)
+        _decline(deliveries)
+
     def _arrived(self) -> asyncio.Future[None]:
         """A future the next delivery resolves (at once if one is waiting)."""
         arrival = asyncio.get_running_loop().create_future()
@@ -464,7 +477,7 @@ class Coordinator:
                     len(received) + len(local), list(self._last_ids), started, self.clock()
                 )
         finally:
-            _decline(local)  # not committed (a failure, the lease lost): posted instead
+            self._decline(local)  # not committed (a failure, the lease lost): posted instead
 
     def _take_inbox(self) -> list[_Delivery]:
         """The hand-overs this step takes: the oldest, up to ``batch_size`` events (a

@@ -331,3 +331,38 @@ async def test_more_new_runs_handed_over_while_busy_than_kept_all_start_without_
         assert outcome.handed == ids[1:]
     finally:
         await busy.base.close()
+
+
+async def test_a_submit_declined_before_its_step_loaded_it_is_started_by_a_rescan() -> None:
+    """An outage: the step that took a submit's wake-up fails before it loads the run,
+    and the submit's post of the state and wake-up fails too. The copy the coordinator
+    kept goes with the declined wake-up, so a rescan (which passes by a run whose copy
+    is kept, for its step to start) starts it."""
+    down = False
+
+    async def outage(op: str, args: tuple[Any, ...], call: Callable[[], Awaitable[Any]]) -> Any:
+        if down and not op.startswith("leases."):
+            raise StoreUnavailable(f"injected: {op}")
+        return await call()
+
+    base = open_memory_store()
+    store = intercepted(base, outage)
+    coordinator = Coordinator(store)
+    try:
+        await coordinator.lease.acquire()
+        store.handoff = coordinator  # memory: set by hand (Azure's coordinator sets it)
+        await submit(store, definition([{"name": "a"}]), workflow_id="w")
+        assert await base.documents.get(keys.state("w")) is None  # left to the coordinator
+        down = True
+        with pytest.raises(StoreUnavailable):
+            await coordinator.step()  # its receive fails: the wake-up is declined
+        await asyncio.sleep(0)  # the declined future's callback starts the post
+        await asyncio.gather(*_POSTING)  # which fails (logged: "a rescan starts it")
+        assert await base.documents.get(keys.state("w")) is None
+        down = False
+        await coordinator.rescan()
+        started = await coordinator.settled_state("w")
+        assert started is not None and started.status == "running"
+    finally:
+        store.handoff = None
+        await base.close()
