@@ -2,7 +2,11 @@
 
 At most ``size`` states are held, active ones included; the least recently used is
 evicted first, preferring finished workflows, then active ones with nothing owed to
-the store (no unsent task, no pending index write). An evicted workflow that is still
+the store (no unsent task, no pending index write). A state not written yet (its
+submit left the first write to this coordinator: ``Stored.absent``) is never evicted:
+it is the only copy, and a reload would find nothing and drop the run's wake-up (the
+bound is exceeded by at most the new workflows of one step, until its commit writes
+them). An evicted workflow that is still
 active stays known by its id alone, with the time its next sweep is due (a timeout,
 a timer, a deadline): sweeps reload only those whose time has come, so memory
 follows the bound, not the number of active workflows, and a store error drops only
@@ -61,6 +65,7 @@ class Entry(msgspec.Struct, eq=False):
         return (
             bool(self.unsent or self.confirm_owed or self.index_owed or self.releasing)
             or self.state.dirty
+            or self.stored.absent
         )
 
 
@@ -79,6 +84,9 @@ class WorkflowCache:
         #: Workflows whose working copy a thread is changing: never evicted meanwhile.
         self._busy = busy
         self._entries: OrderedDict[str, Entry] = OrderedDict()
+        #: Entries held beyond which an add trims: the bound, or, after a trim that
+        #: found too few to evict (states not written yet), a little above what it left.
+        self._trim_at = self.size
         #: Every active workflow this coordinator advances, cached or not, with the
         #: time an evicted one must be reloaded for a sweep (ignored while cached).
         self._active: dict[str, float] = {}
@@ -115,7 +123,7 @@ class WorkflowCache:
         self._entries[workflow_id] = entry
         self._entries.move_to_end(workflow_id)
         self.mark(workflow_id, active=active)
-        if len(self._entries) > self.size:
+        if len(self._entries) > self._trim_at:
             self._trim()
 
     def mark(self, workflow_id: str, *, active: bool) -> None:
@@ -140,6 +148,7 @@ class WorkflowCache:
         """Forget everything (a new term as coordinator: the store may have moved on)."""
         self._entries.clear()
         self._active.clear()
+        self._trim_at = self.size
 
     def active_entries(self) -> list[Entry]:
         """The cached entries of active workflows."""
@@ -155,8 +164,15 @@ class WorkflowCache:
 
     def _trim(self) -> None:
         """Evict down to a little under the bound (so trims are not paid per load):
-        finished workflows first, then active ones that owe nothing, then any."""
-        excess = len(self._entries) - self.size + max(1, self.size // 32)
+        finished workflows first, then active ones that owe nothing, then any but one
+        whose state is not written yet (the only copy of it). Short of that (a step
+        loading more new workflows than the bound), the next trim waits for as many
+        more loads as the margin: a trim scans every entry."""
+        margin = max(1, self.size // 32)
+        self._evict(len(self._entries) - self.size + margin)
+        self._trim_at = max(self.size, len(self._entries) + margin)
+
+    def _evict(self, excess: int) -> None:
         excess = min(excess, len(self._entries) - 1)  # never the entry just added
         if excess <= 0:
             return
@@ -168,6 +184,8 @@ class WorkflowCache:
                 if workflow_id == newest or self._busy(workflow_id):
                     continue
                 entry = self._entries[workflow_id]
+                if entry.stored.absent:
+                    continue
                 active = workflow_id in self._active
                 if (keep_active and active) or (keep_owing and active and entry.owes()):
                     continue

@@ -62,6 +62,7 @@ from dagq.persistence import (
 )
 from dagq.persistence import settle as settle_state
 from dagq.plan import Plan
+from dagq.preloads import Preloads
 from dagq.state import (
     UNDO_SENT,
     UNSET,
@@ -98,7 +99,8 @@ __all__ = ["Coordinator", "CoordinatorOptions", "Entry", "Stats"]
 log = logging.getLogger("dagq.coordinator")
 
 _CAS_ATTEMPTS = 8
-#: New workflows given by submits in this process and not loaded yet, kept at most.
+#: New workflows given by submits in this process and not loaded yet, kept at most
+#: (:class:`~dagq.preloads.Preloads`: one whose state is not written is never dropped).
 _PRELOADED = 4096
 _FIRST_POLL_S = 0.005
 #: The first poll where a send in another process wakes the wait too (the poll is
@@ -246,7 +248,7 @@ class Coordinator:
         #: Workflows this coordinator quarantined or found quarantined, with the reason.
         self._quarantined: dict[str, str] = {}
         #: New workflows as their submits in this process stored them (``preload``).
-        self._preloaded: dict[str, Created] = {}
+        self._preloaded = Preloads(_PRELOADED)
         self._next_sweep = 0.0
         self._backoff = _FIRST_BACKOFF_S
         self._stop = asyncio.Event()  # run() sets the real one
@@ -348,10 +350,9 @@ class Coordinator:
             return False
         if workflow_id in self._cache:  # read already (a rescan got there first): kept
             return False  # as read; this copy, used after an eviction, would be stale
-        self._preloaded[workflow_id] = created
-        while len(self._preloaded) > _PRELOADED:  # never loaded (a rescan got there first)
-            del self._preloaded[next(iter(self._preloaded))]
-        return True
+        # Full of copies whose states are not written (a loop of submits while a
+        # step is busy): declined, its submit writes the state (none of those may go).
+        return self._preloaded.keep(created)
 
     def status_of(self, workflow_id: str) -> str | None:
         """The status of the working copy held here (see
@@ -378,6 +379,19 @@ class Coordinator:
         if st.status not in WORKFLOW_TERMINAL or entry.indexed_status != st.status or st.dirty:
             return None
         return entry.name, entry.plan, st
+
+    def _decline(self, deliveries: list[_Delivery]) -> None:
+        """Not committed: posted by their workers (submits) instead. A declined submit's
+        copy goes too, if not loaded yet: its submit writes the state before it posts
+        the wake-up, or, that failing as well, a rescan does (which passes a workflow
+        by while a copy of it is kept)."""
+        for delivery in deliveries:
+            if delivery.done.done():
+                continue
+            for event in delivery.events:
+                if isinstance(event, SubmitRequested):
+                    self._preloaded.take(event.workflow_id)
+        _decline(deliveries)
 
     def _arrived(self) -> asyncio.Future[None]:
         """A future the next delivery resolves (at once if one is waiting)."""
@@ -463,7 +477,7 @@ class Coordinator:
                     len(received) + len(local), list(self._last_ids), started, self.clock()
                 )
         finally:
-            _decline(local)  # not committed (a failure, the lease lost): posted instead
+            self._decline(local)  # not committed (a failure, the lease lost): posted instead
 
     def _take_inbox(self) -> list[_Delivery]:
         """The hand-overs this step takes: the oldest, up to ``batch_size`` events (a
@@ -1117,7 +1131,7 @@ class Coordinator:
         return min(times)
 
     async def _entry(self, workflow_id: str) -> Entry | None:
-        created = self._preloaded.pop(workflow_id, None) if self._preloaded else None
+        created = self._preloaded.take(workflow_id) if self._preloaded else None
         entry = self._cache.get(workflow_id)
         if entry is not None:
             return entry

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from dagq import coordinator as coordinator_module
 from dagq import keys
 from dagq.coordinator import Coordinator, CoordinatorOptions
 from dagq.errors import StoreUnavailable
@@ -20,6 +21,7 @@ from dagq.stores.base import OutgoingMessage, Store, takes_handoff
 from dagq.stores.intercepting import intercepted
 from dagq.submission import submit
 from dagq.worker import Worker, WorkerOptions
+from tests.busy_handover import Busy, submitted_while_busy
 from tests.conftest import azure_prefix
 from tests.helpers import definition
 
@@ -110,5 +112,29 @@ async def test_acks_that_fail_after_the_states_are_posted_and_the_run_completes(
         assert sum(posted) >= 1
         assert (await base.queues.depth("default")).visible == 0
         assert (await base.queues.depth(keys.COMPLETIONS_QUEUE)).visible == 0
+    finally:
+        await base.close()
+
+
+async def test_more_new_runs_handed_over_while_busy_than_kept_all_start_without_a_rescan(
+    azurite: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop of submits while the coordinator is busy: their first states left to it
+    (the index rows flagged ``first_state_handed``), more of them than it keeps copies
+    of, and more than its state cache holds when a step loads them. None is dropped
+    (it is the only copy of that state, and the run would wait for the periodic
+    rescan): past the bound a submit writes its state itself, and no eviction takes a
+    state not written yet (tests/unit/test_handoff.py, at scale on the memory store)."""
+    monkeypatch.setattr(coordinator_module, "_PRELOADED", 8)
+    base = open_azure_store(f"azure://devstoreaccount1/{azure_prefix()}", environ={})
+    busy = Busy(base)
+    options = CoordinatorOptions(poll_interval_s=0.05, cache_size=4, rescan_interval_s=3600.0)
+    ids = [f"w{i}" for i in range(21)]
+    try:
+        outcome = await submitted_while_busy(busy, Coordinator(busy.store, options), ids)
+        assert outcome.unstarted == []
+        assert outcome.rescans == 1  # the first, before any submit
+        assert outcome.written_by_submit == ids[9:]  # the first 8 left to the coordinator
+        assert outcome.handed == ids[1:]  # each submit meant to leave it (its row says)
     finally:
         await base.close()

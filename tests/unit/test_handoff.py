@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dagq import coordinator as coordinator_module
 from dagq import keys
 from dagq.client import Client
 from dagq.coordinator import Coordinator
@@ -26,6 +27,7 @@ from dagq.submission import _POSTING, submit
 from dagq.submitted import FIRST_STATE_HANDED
 from dagq.views import load_run
 from dagq.worker import Worker, WorkerOptions
+from tests.busy_handover import Busy, submitted_while_busy
 from tests.helpers import definition
 
 pytestmark = pytest.mark.timeout(60)
@@ -295,3 +297,72 @@ async def test_a_submit_that_hands_over_its_first_state_is_started_by_a_rescan_i
     _, _, started = await load_run(store, "w")
     assert started.status == "running"
     await store.close()
+
+
+@pytest.mark.parametrize(
+    ("bound", "preloads", "cache_size", "runs"),
+    [
+        ("preloaded copies", 8, 2000, 21),  # 20 piled up: 8 kept, 12 written by the submit
+        ("state cache", 4096, 8, 41),  # 40 piled up, loaded by one step: 5 times the cache
+    ],
+)
+async def test_more_new_runs_handed_over_while_busy_than_kept_all_start_without_a_rescan(
+    bound: str, preloads: int, cache_size: int, runs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop of submits while the coordinator is busy hands over more new runs, their
+    states unwritten (memory, Azure), than it keeps copies of, or than its state cache
+    holds when a step loads them. Such a copy is the only one of that state: dropped,
+    the run's wake-up found no state and was dropped too, the run left for the
+    periodic rescan. None is: a preload beyond the bound is declined (the submit
+    writes the state itself), and no eviction takes a state not written yet. The
+    rescan is out of reach here (it would hide a lost run)."""
+    monkeypatch.setattr(coordinator_module, "_PRELOADED", preloads)
+    busy = Busy(open_memory_store())
+    options = dataclasses.replace(
+        LOCAL_COORDINATOR, cache_size=cache_size, rescan_interval_s=3600.0
+    )
+    ids = [f"w{i}" for i in range(runs)]
+    try:
+        outcome = await submitted_while_busy(busy, Coordinator(busy.store, options), ids)
+        assert outcome.unstarted == [], f"{bound}: {len(outcome.unstarted)} never started"
+        assert outcome.rescans == 1  # the first, before any submit
+        # Past the bound, each submit wrote its state itself; the first were kept.
+        assert outcome.written_by_submit == ids[1 + min(preloads, runs - 1) :]
+        assert outcome.handed == ids[1:]
+    finally:
+        await busy.base.close()
+
+
+async def test_a_submit_declined_before_its_step_loaded_it_is_started_by_a_rescan() -> None:
+    """An outage: the step that took a submit's wake-up fails before it loads the run,
+    and the submit's post of the state and wake-up fails too. The copy the coordinator
+    kept goes with the declined wake-up, so a rescan (which passes by a run whose copy
+    is kept, for its step to start) starts it."""
+    down = False
+
+    async def outage(op: str, args: tuple[Any, ...], call: Callable[[], Awaitable[Any]]) -> Any:
+        if down and not op.startswith("leases."):
+            raise StoreUnavailable(f"injected: {op}")
+        return await call()
+
+    base = open_memory_store()
+    store = intercepted(base, outage)
+    coordinator = Coordinator(store)
+    try:
+        await coordinator.lease.acquire()
+        store.handoff = coordinator  # memory: set by hand (Azure's coordinator sets it)
+        await submit(store, definition([{"name": "a"}]), workflow_id="w")
+        assert await base.documents.get(keys.state("w")) is None  # left to the coordinator
+        down = True
+        with pytest.raises(StoreUnavailable):
+            await coordinator.step()  # its receive fails: the wake-up is declined
+        await asyncio.sleep(0)  # the declined future's callback starts the post
+        await asyncio.gather(*_POSTING)  # which fails (logged: "a rescan starts it")
+        assert await base.documents.get(keys.state("w")) is None
+        down = False
+        await coordinator.rescan()
+        started = await coordinator.settled_state("w")
+        assert started is not None and started.status == "running"
+    finally:
+        store.handoff = None
+        await base.close()
