@@ -37,6 +37,7 @@ from dagq.stores.common import (
     new_token,
     stale_receipt,
 )
+from dagq.stores.postgres_arrays import bytea_array, float8_array, text_array
 from dagq.stores.postgres_database import Conn, Cursor, Database
 from dagq.stores.postgres_wakeups import Listener, queue_channel
 from dagq.stores.transfer import PendingMessage
@@ -84,7 +85,7 @@ outgoing AS (
 #: The delete of received messages (of another queue), folded in a send's statement.
 ACKED = """
 acked AS (
-    DELETE FROM {s}.messages WHERE queue = %(acked)s AND receipt = ANY(%(receipts)s)
+    DELETE FROM {s}.messages WHERE queue = %(acked)s AND receipt = ANY(%(receipts)b)
     RETURNING 1
 )"""
 
@@ -299,7 +300,7 @@ async def send(
     if also is not None:
         args["also"] = also
     if ack is not None:
-        args["acked"], args["receipts"] = ack.queue, list(ack.receipts)
+        args["acked"], args["receipts"] = ack.queue, text_array(ack.receipts)
     sql = _SENDS[ack is not None, also is not None, args["hand"]]
     return await conn.execute(db.sql(sql), args)
 
@@ -315,9 +316,9 @@ def send_args(op: SendOp, now: float, schema: str) -> dict[str, Any]:
     return {
         "queue": op.queue,
         "now": now,
-        "ids": [m.id or new_message_id() for m in op.messages],
-        "bodies": [bytes(m.body) for m in op.messages],
-        "delays": [float(m.delay_s) for m in op.messages],
+        "ids": text_array([m.id or new_message_id() for m in op.messages]),
+        "bodies": bytea_array([m.body for m in op.messages]),
+        "delays": float8_array([m.delay_s for m in op.messages]),
         "n": len(op.messages),
         "wake": queue_channel(schema, op.queue),
         "hand": len(op.messages) == 1 and "\x1f" not in op.queue and len(op.queue.encode()) <= 1000,
