@@ -17,6 +17,7 @@ whose adapters every connection of the store has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -117,10 +118,10 @@ class Database:
         self._pid = 0
         self._lock: asyncio.Lock | None = None
         self._closed = False
-        #: The connection commits use while no other commit does (:meth:`committing`):
-        #: taken from the pool once, kept out of it.
-        self._own: Conn | None = None
-        self._own_busy = False
+        #: The connections kept out of the pool for one kind of statement each
+        #: (:meth:`dedicated`), and the kinds whose connection is in use.
+        self._own: dict[str, Conn] = {}
+        self._busy: set[str] = set()
         #: The schema version found at opening (None: a new store), before migrating.
         self.found_version: int | None = None
         self.on_close: list[Callable[[], Any]] = []
@@ -147,7 +148,7 @@ class Database:
             raise StoreUnavailable(f"postgres store {self.url} is closed")
         if self._lock is None or self._pid != os.getpid():
             self._lock, self._pool, self._pid = asyncio.Lock(), None, os.getpid()
-            self._own, self._own_busy = None, False
+            self._own, self._busy = {}, set()
         async with self._lock:
             if self._pool is None:
                 self._pool = await self._open()
@@ -219,32 +220,41 @@ class Database:
             raise self.unavailable(exc) from exc
 
     @asynccontextmanager
-    async def committing(self) -> AsyncIterator[Conn]:
-        """A connection for a commit (autocommit): the store's own while no other commit
-        uses it, else a pooled one. A coordinator's and a worker's commits are on the
-        critical path of a chain; the pool's checkout and return cost each some 20-40 us
-        of CPU, before the statement goes out and after. A connection left broken or in
-        a transaction goes back to the pool (which discards or resets it)."""
+    async def dedicated(self, kind: str) -> AsyncIterator[Conn]:
+        """A connection (autocommit) for one ``kind`` of statement ("commit",
+        "receive"): the store's own for that kind while no other statement of the kind
+        uses it, else a pooled one.
+
+        A coordinator's and a worker's commits are on the critical path of a chain: the
+        pool's checkout and return cost each some 20-40 us of CPU, before the statement
+        goes out and after. And the server plans a prepared statement afresh at its first
+        runs on each connection: statements of a kind spread over the whole pool were
+        planned some ten times as often. A connection left broken or in a transaction
+        goes back to the pool (which discards or resets it)."""
         pool = await self.pool()
-        if self._own_busy:
-            async with self.connection() as conn:
-                yield conn
+        if kind in self._busy:
+            async with self.connection() as pooled:
+                yield pooled
             return
-        self._own_busy = True
+        self._busy.add(kind)
         try:
-            if self._own is None:
-                self._own = await pool.getconn()
-            conn = self._own
+            own = self._own.get(kind)
+            if own is None:
+                own = self._own[kind] = await pool.getconn()
             try:
-                yield conn
+                yield own
             finally:
-                if conn.broken or conn.info.transaction_status != TransactionStatus.IDLE:
-                    self._own = None
-                    await pool.putconn(conn)
+                if own.broken or own.info.transaction_status != TransactionStatus.IDLE:
+                    del self._own[kind]
+                    await pool.putconn(own)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise self.unavailable(exc) from exc
         finally:
-            self._own_busy = False
+            self._busy.discard(kind)
+
+    def committing(self) -> contextlib.AbstractAsyncContextManager[Conn]:
+        """The connection of a batch's commit (:meth:`dedicated`)."""
+        return self.dedicated("commit")
 
     async def rows(self, sql: str, args: Args = ()) -> list[tuple[Any, ...]]:
         """Run one statement; its rows."""
@@ -273,12 +283,12 @@ class Database:
             if hasattr(result, "__await__"):
                 await result
         pool, self._pool = self._pool, None
-        own, self._own = self._own, None
+        own, self._own = self._own, {}
         if pool is not None and self._pid == os.getpid():
             try:
                 if self._loop is asyncio.get_running_loop():
-                    if own is not None:
-                        await pool.putconn(own)
+                    for conn in own.values():
+                        await pool.putconn(conn)
                     await pool.close()
             except RuntimeError:
                 pass

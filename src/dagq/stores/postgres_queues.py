@@ -350,8 +350,8 @@ class PostgresQueues:
         self._listener = listener
         self._seen: dict[str, int] = {}
         receive = _RECEIVE.replace("{most}", str(int(max_deliveries)))
-        self._receive = receive.replace("{waiting}", "")
-        self._receive_waiting = receive.replace("{waiting}", _WAITING) + _WANT
+        self._receive = db.sql(receive.replace("{waiting}", ""))
+        self._receive_waiting = db.sql(receive.replace("{waiting}", _WAITING) + _WANT)
 
     @property
     def wakes(self) -> bool:
@@ -398,7 +398,9 @@ class PostgresQueues:
                     me=me, expires=now + WAITER_S, hide=visibility_timeout_s, key=listener.key
                 )
             listener.looking(queue)
-            rows = await self._db.rows(sql, args)
+            async with self._db.dedicated("receive") as conn:
+                cur = await conn.execute(sql, args)
+                rows = await cur.fetchall()
             got = [r for r in rows if r[0] is not None]
             dead = [r for r in rows if r[0] is None and r[4] is not None]
             if me is not None:  # how many this registration wants handed (0: withdrawn)
