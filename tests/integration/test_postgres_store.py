@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from dagq.errors import ConflictError, StoreUnavailable
-from dagq.stores import open_store, postgres_wakeups
+from dagq.stores import open_store, postgres_queues, postgres_wakeups
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
 from dagq.stores.postgres_arrays import ADAPTERS, bytea_array, float8_array, text_array
 from dagq.stores.postgres_schema import VERSION
@@ -647,6 +647,39 @@ async def test_a_send_hands_its_messages_to_registered_waiters(
         await ear.close()
         for store in (first, second, sender):
             await store.close()
+
+
+async def test_a_message_that_cannot_be_handed_waits_in_the_table_and_wakes_the_waiter(
+    postgres_cluster: Cluster,
+) -> None:
+    # Too large for a notification, or delayed: the one message of a send goes in the
+    # table, visible (or not yet), and the registered waiter is woken to look.
+    url = postgres_url(postgres_cluster)
+    waiter, sender = open_store(url), open_store(url)
+    own = waiter.queues._listener.own  # type: ignore[attr-defined]
+    broadcast = queue_channel(_schema(url), "tasks")
+    conninfo = waiter.queues._db.target.conninfo  # type: ignore[attr-defined]
+    ear = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    try:
+        for channel in (own, broadcast):
+            await ear.execute(f'LISTEN "{channel}"')
+        await waiter.queues.wait("tasks", 0.01)
+        keeper = asyncio.ensure_future(_keep_waiting(waiter, "tasks"))
+        large = b"x" * (postgres_queues.HAND_MOST + 1)
+        delayed = OutgoingMessage(b"d", delay_s=30.0)
+        for message, visible in ((OutgoingMessage(large), 1), (delayed, 0)):
+            assert await _take(waiter) == []  # registered
+            await sender.queues.send("tasks", [message])
+            assert await _woken(ear, broadcast) == [own]
+            depth = await sender.queues.depth("tasks")
+            assert (depth.visible, depth.invisible) == (visible, 1 - visible)
+            if visible:
+                assert await _take(waiter) == [large]
+        keeper.cancel()
+    finally:
+        await ear.close()
+        await waiter.close()
+        await sender.close()
 
 
 async def test_a_registration_whose_listener_is_gone_is_handed_nothing(
