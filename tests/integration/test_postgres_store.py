@@ -810,7 +810,8 @@ async def test_arrays_encoded_by_the_store_read_back_as_they_were(
         postgres_cluster.url, autocommit=True, context=ADAPTERS
     ) as conn:
         cur = await conn.execute(
-            "SELECT %b::text[], %b::bytea[], %b::float8[], %b::text[], %b::bytea[], %b::float8[]",
+            "SELECT %b::text[], %b::bytea[], %b::float8[], %b::text[], %b::bytea[], %b::float8[],"
+            " %b::text[], %b::text[], %b::bytea[]",
             (
                 text_array(texts),
                 bytea_array(blobs),
@@ -818,10 +819,13 @@ async def test_arrays_encoded_by_the_store_read_back_as_they_were(
                 text_array([]),
                 bytea_array([]),
                 float8_array([]),
+                text_array(["é ✓"]),
+                text_array([None]),
+                bytea_array([b"\x00\xff"]),
             ),
         )
         row = await cur.fetchone()
-    assert row == (texts, blobs, floats, [], [], [])
+    assert row == (texts, blobs, floats, [], [], [], ["é ✓"], [None], [b"\x00\xff"])
 
 
 async def test_commits_share_the_stores_own_connection_one_at_a_time(

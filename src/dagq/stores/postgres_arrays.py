@@ -30,6 +30,8 @@ _EMPTY = struct.Struct("!iii")
 _LENGTH = struct.Struct("!i")
 _NULL = _LENGTH.pack(-1)
 _FLOAT8_ITEM = struct.Struct("!id")
+#: The head of a one-element array of each element type (most arrays of a chain's step).
+_ONE = {oid: _HEAD.pack(1, 0, oid, 1, 1) for oid in (_TEXT, _BYTEA)}
 
 
 class EncodedArray:
@@ -76,11 +78,17 @@ def _encode(oid: int, items: Sequence[bytes | None]) -> bytes:
 
 def text_array(items: Sequence[str | None]) -> TextArray:
     """``items`` as a ``text[]`` parameter (None: NULL)."""
+    if len(items) == 1 and items[0] is not None:
+        item = items[0].encode()
+        return TextArray(_ONE[_TEXT] + _LENGTH.pack(len(item)) + item)
     return TextArray(_encode(_TEXT, [None if s is None else s.encode() for s in items]))
 
 
 def bytea_array(items: Sequence[bytes | bytearray | memoryview]) -> ByteaArray:
     """``items`` as a ``bytea[]`` parameter."""
+    if len(items) == 1:
+        item = bytes(items[0])
+        return ByteaArray(_ONE[_BYTEA] + _LENGTH.pack(len(item)) + item)
     return ByteaArray(_encode(_BYTEA, [bytes(b) for b in items]))
 
 
