@@ -16,9 +16,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from dagq.errors import ConflictError
-from dagq.stores import open_store, postgres_wakeups
+from dagq.errors import ConflictError, StoreUnavailable
+from dagq.stores import open_store, postgres_queues, postgres_wakeups
 from dagq.stores.base import IndexRow, OutgoingMessage, Store
+from dagq.stores.postgres_arrays import ADAPTERS, bytea_array, float8_array, text_array
 from dagq.stores.postgres_schema import VERSION
 from dagq.stores.postgres_wakeups import queue_channel
 from tests.conftest import postgres_url
@@ -507,23 +508,26 @@ def _row(workflow_id: str, status: str) -> IndexRow:
 def _traced(store: Store, trace: Path) -> Iterator[None]:
     """Meanwhile, the protocol messages of the store's batches go to ``trace``."""
     db = store.committer._db  # type: ignore[union-attr]
-    pooled = db.connection
+    pooled, committing = db.connection, db.committing
 
-    @contextlib.asynccontextmanager
-    async def traced() -> AsyncIterator[Any]:
-        async with pooled() as conn:
-            with trace.open("w") as out:
-                conn.pgconn.trace(out.fileno())
-                try:
-                    yield conn
-                finally:
-                    conn.pgconn.untrace()
+    def tracing(opened: Any) -> Any:
+        @contextlib.asynccontextmanager
+        async def traced() -> AsyncIterator[Any]:
+            async with opened() as conn:
+                with trace.open("w") as out:
+                    conn.pgconn.trace(out.fileno())
+                    try:
+                        yield conn
+                    finally:
+                        conn.pgconn.untrace()
 
-    db.connection = traced
+        return traced
+
+    db.connection, db.committing = tracing(pooled), tracing(committing)
     try:
         yield
     finally:
-        db.connection = pooled
+        db.connection, db.committing = pooled, committing
 
 
 async def test_overdue_messages_first_in_line_do_not_shorten_a_receive(
@@ -645,6 +649,39 @@ async def test_a_send_hands_its_messages_to_registered_waiters(
             await store.close()
 
 
+async def test_a_message_that_cannot_be_handed_waits_in_the_table_and_wakes_the_waiter(
+    postgres_cluster: Cluster,
+) -> None:
+    # Too large for a notification, or delayed: the one message of a send goes in the
+    # table, visible (or not yet), and the registered waiter is woken to look.
+    url = postgres_url(postgres_cluster)
+    waiter, sender = open_store(url), open_store(url)
+    own = waiter.queues._listener.own  # type: ignore[attr-defined]
+    broadcast = queue_channel(_schema(url), "tasks")
+    conninfo = waiter.queues._db.target.conninfo  # type: ignore[attr-defined]
+    ear = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    try:
+        for channel in (own, broadcast):
+            await ear.execute(f'LISTEN "{channel}"')
+        await waiter.queues.wait("tasks", 0.01)
+        keeper = asyncio.ensure_future(_keep_waiting(waiter, "tasks"))
+        large = b"x" * (postgres_queues.HAND_MOST + 1)
+        delayed = OutgoingMessage(b"d", delay_s=30.0)
+        for message, visible in ((OutgoingMessage(large), 1), (delayed, 0)):
+            assert await _take(waiter) == []  # registered
+            await sender.queues.send("tasks", [message])
+            assert await _woken(ear, broadcast) == [own]
+            depth = await sender.queues.depth("tasks")
+            assert (depth.visible, depth.invisible) == (visible, 1 - visible)
+            if visible:
+                assert await _take(waiter) == [large]
+        keeper.cancel()
+    finally:
+        await ear.close()
+        await waiter.close()
+        await sender.close()
+
+
 async def test_a_registration_whose_listener_is_gone_is_handed_nothing(
     postgres_cluster: Cluster,
 ) -> None:
@@ -761,3 +798,74 @@ async def test_a_send_wakes_the_latest_registered_waiter_first(
         await ear.close()
         for store in (gone, live, sender):
             await store.close()
+
+
+async def test_arrays_encoded_by_the_store_read_back_as_they_were(
+    postgres_cluster: Cluster,
+) -> None:
+    texts = ["a", "", "é ✓ \x1f", None, "x" * 5000]
+    blobs = [b"", b"\x00\xff" * 3000, b"plain"]
+    floats = [0.0, -1.5, 1e300, 1796191311.4335434]
+    async with await psycopg.AsyncConnection.connect(
+        postgres_cluster.url, autocommit=True, context=ADAPTERS
+    ) as conn:
+        cur = await conn.execute(
+            "SELECT %b::text[], %b::bytea[], %b::float8[], %b::text[], %b::bytea[], %b::float8[],"
+            " %b::text[], %b::text[], %b::bytea[]",
+            (
+                text_array(texts),
+                bytea_array(blobs),
+                float8_array(floats),
+                text_array([]),
+                bytea_array([]),
+                float8_array([]),
+                text_array(["é ✓"]),
+                text_array([None]),
+                bytea_array([b"\x00\xff"]),
+            ),
+        )
+        row = await cur.fetchone()
+    assert row == (texts, blobs, floats, [], [], [], ["é ✓"], [None], [b"\x00\xff"])
+
+
+async def test_commits_share_the_stores_own_connection_one_at_a_time(
+    postgres_cluster: Cluster,
+) -> None:
+    # A commit uses the store's own connection while no other commit does, a pooled
+    # one meanwhile; a connection that broke under a commit is not used again.
+    store = open_store(postgres_url(postgres_cluster))
+    try:
+        await store.documents.put("a", b"0")
+        db = store.committer._db  # type: ignore[union-attr]
+        pids = []
+
+        async def commit(n: int) -> None:
+            async with db.committing() as conn:
+                pids.append(conn.info.backend_pid)
+                await asyncio.sleep(0.01)  # the next one starts meanwhile
+            batch = store.batch()
+            batch.put(f"k{n}", str(n).encode())
+            batch.send("q", [OutgoingMessage(str(n).encode())])
+            await batch.commit()
+
+        await asyncio.gather(*(commit(n) for n in range(3)))
+        own = pids[0]
+        assert own not in pids[1:], pids  # the first on the own connection, the others pooled
+        async with db.committing() as conn:
+            assert conn.info.backend_pid == own
+        for n in range(3):
+            assert (await store.documents.get(f"k{n}")).data == str(n).encode()  # type: ignore[union-attr]
+        with psycopg.connect(postgres_cluster.url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (own,))
+        batch = store.batch()
+        batch.put("a", b"1")
+        with pytest.raises(StoreUnavailable):
+            await batch.commit()
+        batch = store.batch()
+        batch.put("a", b"2")
+        await batch.commit()
+        assert (await store.documents.get("a")).data == b"2"  # type: ignore[union-attr]
+        async with db.committing() as conn:
+            assert conn.info.backend_pid != own
+    finally:
+        await store.close()

@@ -107,6 +107,8 @@ class _Committer:
         self._db = db
         self._wakeups = wakeups
         self._channel = channel
+        #: The statement of each set of parts, for this store's schema.
+        self._sql: dict[frozenset[str], str] = {}
 
     async def __call__(self, ops: Sequence[BatchOp]) -> list[str]:
         check_batch(ops)
@@ -116,7 +118,7 @@ class _Committer:
         etags: list[str] = []
         failures: dict[str, DagqError] = {}
         acks: list[tuple[AckOp, Cursor, bool]] = []
-        async with self._db.connection() as conn:
+        async with self._db.committing() as conn:
             # Pipelined, in one round trip: BEGIN, every statement, COMMIT, and the one
             # Sync that leaving the block sends (an explicit ``sync()`` before it would
             # cost a second round trip: the block syncs again). A guarded statement
@@ -153,9 +155,12 @@ class _Committer:
         if found is None:
             return None
         found.args["channel"] = self._channel
-        async with db.connection() as conn:
+        sql = self._sql.get(found.parts)
+        if sql is None:
+            sql = self._sql[found.parts] = db.sql(statement(found.parts))
+        async with db.committing() as conn:
             try:
-                cur = await conn.execute(db.sql(statement(found.parts)), found.args)
+                cur = await conn.execute(sql, found.args)
             except psycopg.Error as exc:
                 message = exc.diag.message_primary or ""
                 if exc.sqlstate == FAILED and message in found.failures:

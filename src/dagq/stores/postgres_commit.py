@@ -27,6 +27,7 @@ from typing import Any
 from dagq.errors import DagqError
 from dagq.stores.base import AckOp, BatchOp, FenceOp, PutOp, SendOp, UpsertOp
 from dagq.stores.common import conflict, new_token
+from dagq.stores.postgres_arrays import bytea_array, float8_array, text_array
 from dagq.stores.postgres_index import row_args
 from dagq.stores.postgres_leases import fence_lost
 from dagq.stores.postgres_queues import ACKED, send_args, send_parts
@@ -97,8 +98,18 @@ def plan(ops: Sequence[BatchOp], now: float, schema: str, changes: str | None) -
     if rows:
         parts.add("index")
         last = {row.id: row for row in rows}  # one statement may not change a row twice
-        columns = zip(*(row_args(row) for row in last.values()), strict=True)
-        args.update(zip(_INDEX_COLUMNS, (list(c) for c in columns), strict=True))
+        ids, names, statuses, tenants, created, updated, encoded = zip(
+            *(row_args(row) for row in last.values()), strict=True
+        )
+        args.update(
+            i_id=text_array(ids),
+            i_name=text_array(names),
+            i_status=text_array(statuses),
+            i_tenant=text_array(tenants),
+            i_created=float8_array(created),
+            i_updated=float8_array(updated),
+            i_row=bytea_array(encoded),
+        )
     sends = [op for op in ops if isinstance(op, SendOp)]
     if sends:
         parts.add("send")
@@ -111,7 +122,7 @@ def plan(ops: Sequence[BatchOp], now: float, schema: str, changes: str | None) -
         if isinstance(op, AckOp):
             parts.add("ack")
             found.ack = op
-            args["acked"], args["receipts"] = op.queue, list(op.receipts)
+            args["acked"], args["receipts"] = op.queue, text_array(op.receipts)
     if changes is not None:
         parts.add("changes")
         args["also"] = changes
@@ -165,22 +176,22 @@ def _writes(found: Plan, ops: Sequence[BatchOp]) -> set[str]:
                 swaps.append((op, found.etags[-1], guard))
     if swaps:
         parts.add("swap")
-        args["s_keys"] = [op.key for op, _, _ in swaps]
-        args["s_data"] = [bytes(op.data) for op, _, _ in swaps]
-        args["s_etags"] = [etag for _, etag, _ in swaps]
-        args["s_match"] = [op.if_match for op, _, _ in swaps]
-        args["s_guards"] = [guard for _, _, guard in swaps]
+        args["s_keys"] = text_array([op.key for op, _, _ in swaps])
+        args["s_data"] = bytea_array([op.data for op, _, _ in swaps])
+        args["s_etags"] = text_array([etag for _, etag, _ in swaps])
+        args["s_match"] = text_array([op.if_match for op, _, _ in swaps])
+        args["s_guards"] = text_array([guard for _, _, guard in swaps])
     if creates:
         parts.add("create")
-        args["c_keys"] = [op.key for op, _, _ in creates]
-        args["c_data"] = [bytes(op.data) for op, _, _ in creates]
-        args["c_etags"] = [etag for _, etag, _ in creates]
-        args["c_guards"] = [guard for _, _, guard in creates]
+        args["c_keys"] = text_array([op.key for op, _, _ in creates])
+        args["c_data"] = bytea_array([op.data for op, _, _ in creates])
+        args["c_etags"] = text_array([etag for _, etag, _ in creates])
+        args["c_guards"] = text_array([guard for _, _, guard in creates])
     if replaces:
         parts.add("replace")
-        args["r_keys"] = [op.key for op, _ in replaces]
-        args["r_data"] = [bytes(op.data) for op, _ in replaces]
-        args["r_etags"] = [etag for _, etag in replaces]
+        args["r_keys"] = text_array([op.key for op, _ in replaces])
+        args["r_data"] = bytea_array([op.data for op, _ in replaces])
+        args["r_etags"] = text_array([etag for _, etag in replaces])
     return parts
 
 

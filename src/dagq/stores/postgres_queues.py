@@ -37,44 +37,39 @@ from dagq.stores.common import (
     new_token,
     stale_receipt,
 )
+from dagq.stores.postgres_arrays import bytea_array, float8_array, text_array
 from dagq.stores.postgres_database import Conn, Cursor, Database
 from dagq.stores.postgres_wakeups import Listener, queue_channel
 from dagq.stores.transfer import PendingMessage
 
-#: The messages of a send, and up to one registered waiter a message taken (the latest
-#: registered first: a process gone without withdrawing its registration last). A
-#: waiter is alive while its listening connection holds the advisory lock its
-#: registration names (``key``, shared): the send's try for that lock fails. Each live
-#: waiter that still wants messages (``want``) is handed one message sent now (at most
-#: :data:`HAND_MOST` bytes, an id without a unit separator): it is inserted as received
-#: by that waiter (hidden for the waiter's ``hide``, delivered once, a new receipt) and
-#: the notification to the waiter's channel carries it (:data:`WAKE`), so the waiter
-#: takes it without a receive (:mod:`.postgres_wakeups`).
+#: A send of one message, and the registered waiter it takes (the latest registered
+#: first: a process gone without withdrawing its registration last). A waiter is alive
+#: while its listening connection holds the advisory lock its registration names
+#: (``key``, shared): the send's try for that lock fails. A live waiter that still wants
+#: messages (``want``) is handed the message (one that :func:`send_args` found fit: at
+#: most :data:`HAND_MOST` bytes, not delayed, an id without a unit separator): it is
+#: inserted as received by that waiter (hidden for the waiter's ``hide``, delivered
+#: once, a new receipt) and the notification to the waiter's channel carries it
+#: (:data:`HAND_WAKE`), so the waiter takes it without a receive
+#: (:mod:`.postgres_wakeups`). One message, in scalar parameters: the statement of a
+#: chain's every step, kept as small as it can be (each node of its plan costs the server
+#: at every run).
 HAND_SENT = """
-outgoing AS (
-    SELECT * FROM unnest(%(ids)b::text[], %(bodies)b::bytea[], %(delays)b::float8[])
-        WITH ORDINALITY AS m (id, body, delay, n)
-), picked AS (
+picked AS (
     SELECT queue, channel, until, want, hide, key FROM {s}.waiters
     WHERE queue = %(queue)s AND until > %(now)s
-    ORDER BY until DESC LIMIT %(n)s FOR UPDATE SKIP LOCKED
+    ORDER BY until DESC LIMIT 1 FOR UPDATE SKIP LOCKED
 ), checked AS (
     SELECT *, key IS NULL OR NOT pg_try_advisory_xact_lock(key) AS alive FROM picked
-), handing AS (
-    SELECT channel, hide, row_number() OVER (ORDER BY until DESC, channel) AS k
-    FROM checked WHERE alive AND want > 0 AND key IS NOT NULL AND %(hand)s
 ), pairs AS (
-    SELECT m.n, h.channel, %(now)s + h.hide AS until,
-        md5(m.n::text || random()::text || clock_timestamp()::text) AS receipt
-    FROM outgoing m JOIN handing h ON h.k = m.n
-    WHERE m.delay = 0 AND octet_length(m.body) <= %(hand_most)s
-        AND octet_length(m.id) <= 200 AND strpos(m.id, chr(31)) = 0
+    SELECT channel, %(now)s + hide AS until,
+        md5(random()::text || clock_timestamp()::text) AS receipt
+    FROM checked WHERE alive AND want > 0 AND key IS NOT NULL
 ), sent AS (
     INSERT INTO {s}.messages (queue, id, body, enqueued_at, visible_at, receipt, dequeue_count)
-    SELECT %(queue)s, m.id, m.body, %(now)s, coalesce(p.until, %(now)s + m.delay), p.receipt,
+    SELECT %(queue)s, %(id)s, %(body)s, %(now)s, coalesce(p.until, %(now)s), p.receipt,
         CASE WHEN p.receipt IS NULL THEN 0 ELSE 1 END
-    FROM outgoing m LEFT JOIN pairs p ON p.n = m.n
-    ORDER BY m.n
+    FROM (SELECT) AS m LEFT JOIN pairs p ON true
     ON CONFLICT (queue, id) DO NOTHING
     RETURNING id, body, receipt, visible_at
 ), handed AS (
@@ -84,7 +79,7 @@ outgoing AS (
 #: The delete of received messages (of another queue), folded in a send's statement.
 ACKED = """
 acked AS (
-    DELETE FROM {s}.messages WHERE queue = %(acked)s AND receipt = ANY(%(receipts)s)
+    DELETE FROM {s}.messages WHERE queue = %(acked)s AND receipt = ANY(%(receipts)b)
     RETURNING 1
 )"""
 
@@ -299,7 +294,7 @@ async def send(
     if also is not None:
         args["also"] = also
     if ack is not None:
-        args["acked"], args["receipts"] = ack.queue, list(ack.receipts)
+        args["acked"], args["receipts"] = ack.queue, text_array(ack.receipts)
     sql = _SENDS[ack is not None, also is not None, args["hand"]]
     return await conn.execute(db.sql(sql), args)
 
@@ -311,18 +306,34 @@ async def deleted_by(cur: Cursor) -> int:
 
 
 def send_args(op: SendOp, now: float, schema: str) -> dict[str, Any]:
-    """The parameters of :data:`SENT`, :data:`WOKEN` and :data:`WAKE` for ``op``."""
-    return {
+    """The parameters of a send of ``op``'s messages: of :data:`HAND_SENT` (``hand``) for
+    one message that can be handed to a waiter, else of :data:`SENT`, :data:`WOKEN` and
+    :data:`WAKE`."""
+    ids = [m.id or new_message_id() for m in op.messages]
+    args: dict[str, Any] = {
         "queue": op.queue,
         "now": now,
-        "ids": [m.id or new_message_id() for m in op.messages],
-        "bodies": [bytes(m.body) for m in op.messages],
-        "delays": [float(m.delay_s) for m in op.messages],
         "n": len(op.messages),
         "wake": queue_channel(schema, op.queue),
-        "hand": len(op.messages) == 1 and "\x1f" not in op.queue and len(op.queue.encode()) <= 1000,
-        "hand_most": HAND_MOST,
     }
+    first = op.messages[0] if len(op.messages) == 1 else None
+    args["hand"] = hand = (
+        first is not None
+        and first.delay_s == 0
+        and len(first.body) <= HAND_MOST
+        and len(ids[0].encode()) <= 200
+        and "\x1f" not in ids[0]
+        and "\x1f" not in op.queue
+        and len(op.queue.encode()) <= 1000
+    )
+    if hand:
+        assert first is not None
+        args["id"], args["body"] = ids[0], bytes(first.body)
+    else:
+        args["ids"] = text_array(ids)
+        args["bodies"] = bytea_array([m.body for m in op.messages])
+        args["delays"] = float8_array([m.delay_s for m in op.messages])
+    return args
 
 
 async def delete(db: Database, conn: Conn, queue: str, receipts: Sequence[str]) -> Cursor:
@@ -349,8 +360,8 @@ class PostgresQueues:
         self._listener = listener
         self._seen: dict[str, int] = {}
         receive = _RECEIVE.replace("{most}", str(int(max_deliveries)))
-        self._receive = receive.replace("{waiting}", "")
-        self._receive_waiting = receive.replace("{waiting}", _WAITING) + _WANT
+        self._receive = db.sql(receive.replace("{waiting}", ""))
+        self._receive_waiting = db.sql(receive.replace("{waiting}", _WAITING) + _WANT)
 
     @property
     def wakes(self) -> bool:
@@ -397,7 +408,9 @@ class PostgresQueues:
                     me=me, expires=now + WAITER_S, hide=visibility_timeout_s, key=listener.key
                 )
             listener.looking(queue)
-            rows = await self._db.rows(sql, args)
+            async with self._db.dedicated("receive") as conn:
+                cur = await conn.execute(sql, args)
+                rows = await cur.fetchall()
             got = [r for r in rows if r[0] is not None]
             dead = [r for r in rows if r[0] is None and r[4] is not None]
             if me is not None:  # how many this registration wants handed (0: withdrawn)
