@@ -14,7 +14,9 @@ lines.
 Anything else is read by the SDK: :func:`submit` answers False, and the caller sends
 the transaction again through ``submit_transaction``, which raises what it always
 raised. An entity group transaction is atomic: one that did not succeed wrote
-nothing, so sending it again is as sending it once.
+nothing, so sending it again is as sending it once. (A success this did not recognise
+would be sent again too: its upserts change nothing, and a delete in it fails, which
+makes the index look where the row is, as when another process moved it.)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from azure.data.tables._table_batch import TableBatchOperations  # submit_transa
 from azure.data.tables.aio import TableClient
 
 _CRLF = b"\r\n"
-_STATUS = re.compile(rb"^HTTP/1\.[01] (\d{3}) ", re.MULTILINE)
+_STATUS = re.compile(rb"^HTTP/1\.[01] (\d{3})\b", re.MULTILINE)
 
 
 def stamp(request: HttpRequest, now: str) -> None:
