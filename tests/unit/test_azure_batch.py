@@ -87,3 +87,22 @@ def test_only_an_answer_of_every_part_succeeding_is_a_success() -> None:
     assert not azure_batch.succeeded(_answer("204 No Content", "412 Precondition Failed"), 2)
     assert not azure_batch.succeeded(_answer("204 No Content"), 2)
     assert not azure_batch.succeeded(b"", 1)
+
+
+async def test_where_the_sdk_builds_them_otherwise_its_own_call_sends_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def other_signature(**_: Any) -> None:
+        raise TypeError("unexpected keyword argument 'config'")
+
+    monkeypatch.setattr(azure_batch, "TableBatchOperations", other_signature)
+    sent: list[Any] = []
+    async with TableClient.from_connection_string(CONNECTION, "dagqtable") as table:
+
+        async def submit_transaction(operations: Any) -> list[Any]:
+            sent.append(list(operations))
+            return []
+
+        monkeypatch.setattr(table, "submit_transaction", submit_transaction)
+        assert await azure_batch.submit(table, _operations())
+    assert sent == [_operations()]

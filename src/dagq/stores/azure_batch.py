@@ -83,10 +83,12 @@ def operations_requests(table: TableClient, operations: Sequence[Any]) -> list[H
 async def submit(table: TableClient, operations: Sequence[Any]) -> bool:
     """Send ``operations`` as one entity group transaction; True if it succeeded, False
     if the answer is for the SDK to read (the transaction wrote nothing then, or it is
-    not known to have: see the module's doc)."""
+    not known to have: see the module's doc). Where the SDK's requests cannot be built
+    here, the SDK's ``submit_transaction`` sends them (and raises what it raises)."""
     parts = operations_requests(table, operations)
-    if not parts:
-        return False
+    if not parts:  # nothing to send, or an SDK that builds them otherwise: its own call
+        await table.submit_transaction(operations)
+        return True
     now = format_date_time(time.time())
     for part in parts:
         stamp(part, now)
