@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
@@ -16,8 +17,14 @@ _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 def _stat(pid: int) -> tuple[int, float] | None:
     """(parent PID, user + system CPU seconds) of ``pid``, or None if it is gone."""
+    return _stat_of(Path(f"/proc/{pid}/stat"))
+
+
+def _stat_of(path: Path) -> tuple[int, float] | None:
+    """(parent PID, user + system CPU seconds) from a ``stat`` file of /proc (of a
+    process, or of one of its threads), or None if it is gone."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = path.read_text()
     except OSError:
         return None
     fields = text.rpartition(")")[2].split()
@@ -85,24 +92,40 @@ def by_part(root: int, reading: dict[int, float], helpers: set[int]) -> dict[str
 SERVER_PID = "DAGQ_BENCH_SERVER_PID"
 
 
-def server_cpu() -> float | None:
+@dataclass(frozen=True, slots=True)
+class ServerCpu:
+    """A reading of the storage server's CPU seconds: all its threads and children, and
+    its main thread alone (Azurite runs its JavaScript, every request's work, on that one
+    thread: what it can serve is bounded by one core)."""
+
+    total: float
+    main_thread: float
+
+
+def server_cpu() -> ServerCpu | None:
     """CPU seconds so far of the storage server this run started (with its children),
     or None when it started none (a server already running is shared: not counted)."""
     pid = os.environ.get(SERVER_PID)
     if not pid:
         return None
-    return sum(tree_cpu(int(pid), cpu_by_pid()).values())
+    main = _stat_of(Path(f"/proc/{pid}/task/{pid}/stat"))
+    return ServerCpu(
+        sum(tree_cpu(int(pid), cpu_by_pid()).values()), main[1] if main is not None else 0.0
+    )
 
 
 def add_server_cpu(
-    result: dict[str, object], cpu_s: float, before: float | None, after: float | None
+    result: dict[str, object], cpu_s: float, before: ServerCpu | None, after: ServerCpu | None
 ) -> None:
-    """Put the server's CPU seconds over a run (``server_cpu_s``) and the CPU of the run
-    and the server per task (``cpu_ms_per_task``) in ``result``, when there is a server
-    to count (readings from :func:`server_cpu`)."""
+    """Put the server's CPU seconds over a run (``server_cpu_s``; its main thread's,
+    ``server_main_thread_cpu_s``) and the CPU of the run and the server per task
+    (``cpu_ms_per_task``) in ``result``, when there is a server to count (readings from
+    :func:`server_cpu`)."""
     if before is None or after is None:
         return
     tasks = result["tasks"]
     assert isinstance(tasks, int)
-    result["server_cpu_s"] = round(after - before, 4)
-    result["cpu_ms_per_task"] = round((cpu_s + after - before) * 1000 / tasks, 3)
+    spent = after.total - before.total
+    result["server_cpu_s"] = round(spent, 4)
+    result["server_main_thread_cpu_s"] = round(after.main_thread - before.main_thread, 4)
+    result["cpu_ms_per_task"] = round((cpu_s + spent) * 1000 / tasks, 3)

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from azure.data.tables import TableTransactionError, UpdateMode
 
 from dagq.errors import ConflictError, StoreUnavailable, ValidationError
-from dagq.stores import open_store
+from dagq.stores import azure_batch, open_store
 from dagq.stores.azure import open_azure_store
 from dagq.stores.azure_auth import AZURITE_KEY, parse_azure_url, resolve_auth
-from dagq.stores.azure_index import SHARDS, shard
+from dagq.stores.azure_index import SHARDS, AzureIndex, partition, shard
 from dagq.stores.azure_messages import queue_name
 from dagq.stores.base import MAX_MESSAGE_BYTES, IndexRow, OutgoingMessage, Store
 from dagq.submission import submit
@@ -426,6 +427,53 @@ async def test_a_row_another_process_moved_is_moved_on_from_where_it_is(store: S
     await store.index.upsert(failed)
     assert (await store.index.query()).rows == [failed]
     assert await store.index.count() == {"failed": 1}
+
+
+async def test_a_transaction_is_sent_once_and_one_that_fails_is_read_by_the_sdk(
+    store: Store,
+) -> None:
+    """A row another process moved: the transaction (its delete fails) writes nothing
+    and is sent again through the SDK's ``submit_transaction``, whose
+    TableTransactionError makes the index look where the row is."""
+    assert isinstance(store.index, AzureIndex) and store.transactions is not None
+    service = store.index._service
+    await store.index.upsert(
+        IndexRow(id="w", name="n", status="running", created_at=1.0, updated_at=1.0)
+    )
+    clients = await service.clients()
+    replace = {"mode": UpdateMode.REPLACE}
+    pk = partition(0)
+    written = [
+        ("upsert", {"PartitionKey": pk, "RowKey": f"t{i}", "v": i}, replace) for i in range(3)
+    ]
+    assert await azure_batch.submit(clients.table, written)  # one request, all three
+    failing = [
+        ("upsert", {"PartitionKey": pk, "RowKey": "t9", "v": 9}, replace),
+        ("delete", {"PartitionKey": pk, "RowKey": "t8"}, {}),
+    ]
+    assert not await azure_batch.submit(clients.table, failing)
+    found = {
+        e["RowKey"]
+        async for e in clients.table.query_entities("PartitionKey eq @pk", parameters={"pk": pk})
+    }
+    assert {"t0", "t1", "t2"} <= found and "t9" not in found  # nothing of the failed one
+    with pytest.raises(TableTransactionError):
+        await clients.table.submit_transaction(failing)
+
+    other = open_azure_store(store.url, environ={})
+    try:  # this store still thinks the row is "running"
+        await other.index.upsert(
+            IndexRow(id="w", name="n", status="cancelling", created_at=1.0, updated_at=1.0)
+        )
+    finally:
+        await other.close()
+    before = store.transactions.copy()
+    failed = IndexRow(id="w", name="n", status="failed", created_at=1.0, updated_at=3.0)
+    await store.index.upsert(failed)
+    # the move sent (its delete failed), sent again by the SDK, the pointer read, moved
+    # (and the new status's entity written)
+    assert store.transactions - before == {"table.batch": 3, "table.get": 1, "table.upsert": 1}
+    assert (await store.index.query()).rows == [failed]
 
 
 # --- batches, counts, leases, existence ---------------------------------------------

@@ -214,6 +214,24 @@ def test_benchmark_azure_mode_counts_storage_transactions(azurite: object) -> No
     assert "tx/task" in stdout
 
 
+@pytest.mark.timeout(180)
+def test_the_request_cost_benchmark_measures_every_kind(azurite: object) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.request_cost", "--requests", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    kinds = {row["kind"] for row in rows}
+    assert {"blob.put", "table.batch of 3, SDK", "table.batch of 3, dagq"} <= kinds
+    assert [row["in_flight"] for row in rows] == [16] * len(kinds) + [1] * len(kinds)
+    assert all(row["client_cpu_ms"] > 0 and row["requests_per_s"] > 0 for row in rows)
+
+
 @pytest.mark.timeout(240)
 def test_the_server_benchmark_runs() -> None:
     done = subprocess.run(
