@@ -4,6 +4,7 @@ shell-only files and other commands must say no."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,9 @@ def test_a_run_of_python_tasks_is_recognised(files: Path, args: list[str]) -> No
 )
 def test_anything_else_is_not(files: Path, args: list[str]) -> None:
     assert not runs_python(args)
+
+
+def test_a_pipe_is_left_for_the_loader_to_read(files: Path) -> None:
+    os.mkfifo(files / "fifo.yaml")  # opening it to read would wait for a writer
+
+    assert not runs_python(["run", "fifo.yaml"])

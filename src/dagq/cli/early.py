@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Sequence
 
 #: The suffixes of the files ``dagq run`` reads (a Python file builds its workflow).
@@ -48,6 +49,8 @@ def _says_call(path: str) -> bool:
     if suffix != ".py" and suffix not in DEFINITION_SUFFIXES:
         return False
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False  # a pipe is read once, by the loader
         with open(path, "rb") as file:
             text = file.read(READ_BYTES)
     except OSError:
