@@ -18,7 +18,10 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "py.yaml").write_text("name: p\ntasks:\n- name: a\n  call: m:f\n")
     (tmp_path / "py.json").write_text('{"name": "p", "tasks": [{"name": "a", "call": "m:f"}]}')
     (tmp_path / "sh.yaml").write_text("name: s\ntasks:\n- name: a\n  cmd: 'true'\n")
-    (tmp_path / "flow.py").write_text("from dagq import Workflow\n")
+    flow = "from dagq import Workflow\nflow = Workflow('f')\n"
+    (tmp_path / "flow.py").write_text(flow + "@flow.task()\ndef a() -> int:\n    return 1\n")
+    (tmp_path / "called.py").write_text(flow + "flow.call('a', 'm:f')\n")
+    (tmp_path / "shell.py").write_text(flow + "flow.shell('a', 'true')\n")
     (tmp_path / "notes.txt").write_text("call")
     return tmp_path
 
@@ -29,6 +32,7 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ["run", "py.yaml"],
         ["run", "--quiet", "py.json", "--id", "x"],
         ["run", "-p", "n=3", "flow.py"],
+        ["run", "called.py"],
         ["run", "sh.yaml", "--processor", "m:f"],
         ["run", "sh.yaml", "--processor=m:f"],
     ],
@@ -41,6 +45,7 @@ def test_a_run_of_python_tasks_is_recognised(files: Path, args: list[str]) -> No
     "args",
     [
         ["run", "sh.yaml"],
+        ["run", "shell.py"],
         ["run", "missing.yaml"],
         ["run", "notes.txt"],
         ["run", "--help"],

@@ -35,7 +35,7 @@ def launch_zygote(args: Sequence[str]) -> None:
 
 def runs_python(args: Sequence[str]) -> bool:
     """Do ``args`` look like ``run`` of a workflow with Python tasks: ``--processor``,
-    a Python file, or a YAML or JSON file that says ``call``?"""
+    or a file that says ``call`` (or, a Python file, ``.task``)?"""
     if not args or args[0] != "run":
         return False
     for arg in args[1:]:
@@ -55,4 +55,5 @@ def _says_call(path: str) -> bool:
             text = file.read(READ_BYTES)
     except OSError:
         return False
-    return suffix == ".py" or b"call" in text
+    # A Python file adds a Python task with Workflow.call or the Workflow.task decorator.
+    return b"call" in text or (suffix == ".py" and b".task" in text)
