@@ -27,7 +27,6 @@ seconds to end on its own once its workflow is cancelled, before it is stopped.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -117,6 +116,8 @@ def set_output(data: Any) -> None:
         raise RuntimeError(
             "set_output: not running inside a dagq task (JOBQ_OUTPUT_FILE is not set)"
         )
+    import json  # (here: a pool process, whose tasks never come this way, starts without)
+
     text = json.dumps(data)  # before opening: a value that is not JSON leaves the file as it was
     with open(path, "w", encoding="utf-8") as file:
         file.write(text)
@@ -147,6 +148,8 @@ def _refs(helper: str) -> dict[str, Any]:
         )
     refs = _refs_cache.get(path)
     if refs is None:
+        import json
+
         with open(path, encoding="utf-8") as file:
             loaded = json.load(file)
         refs = loaded if isinstance(loaded, dict) else {}
@@ -158,6 +161,8 @@ def _value(ref: Any) -> Any:
     """A parent's output from its reference: the output's JSON text, or null."""
     if not isinstance(ref, str) or not ref:
         return None
+    import json
+
     try:
         return json.loads(ref)
     except ValueError:  # not JSON: the text itself, as ai4s-jobq reads it

@@ -10,6 +10,7 @@ and ``list`` piped, ``run --quiet``) must not load rich, which only draws.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -146,7 +147,9 @@ def test_a_quiet_run_loads_no_rich_and_launches_the_zygote_before_the_runtime(
         {"name": "py", "tasks": [{"name": "a", "call": "tests.sample_tasks:pid"}]},
     )
     words = cli.command("run", "py.yaml", "--id", "p", "--quiet")[len(dagq_command()) :]
-    source = {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    # The tests' modules importable, and the dagq under test still first if it is there.
+    paths = [str(Path(__file__).resolve().parents[2]), cli.env.get("PYTHONPATH", "")]
+    source = {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     done = python(cli, "-X", "importtime", "-m", "dagq", *words, env=source)
     assert done.stdout.startswith("completed: p")
     order = [
@@ -156,8 +159,36 @@ def test_a_quiet_run_loads_no_rich_and_launches_the_zygote_before_the_runtime(
     ]
 
     assert loaded(set(order), "rich") == []
-    # The zygote is launched from dagq.runners.zygote, before the runtime's modules load.
-    assert order.index("dagq.runners.zygote") < order.index("dagq.local")
+    # The zygote is launched from dagq.zygote before the command is built or the file
+    # read (dagq.cli.early), let alone the runtime's modules loaded.
+    launched = order.index("dagq.zygote")
+    assert launched < order.index("dagq.cli.commands.run")
+    assert launched < order.index("yaml") < order.index("dagq.local")
+    assert "dagq.runners" not in order[:launched]  # nor what a task's context needs
+
+
+def test_the_zygote_imports_only_what_running_a_task_needs() -> None:
+    """The zygote (and each pool process it forks) imports what calling a task and
+    answering the worker need — not socket's enums, json, hashlib's OpenSSL nor the
+    metrics, and nothing of the runtime."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import dagq.runners.child"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    modules = {
+        line.rpartition("|")[2].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+
+    assert {"dagq.runners.child", "msgspec", "pickle", "_socket"} <= modules
+    unused = ("socket", "json", "hashlib", "_hashlib", "asyncio", "subprocess", "click", "yaml")
+    assert loaded(modules, *unused) == []
+    runtime = ("dagq.observability.metrics", "dagq.worker", "dagq.stores", "dagq.zygote")
+    assert loaded(modules, *runtime) == []
 
 
 def test_list_reads_the_index_without_plans_views_or_the_client(cli: DagqCli) -> None:

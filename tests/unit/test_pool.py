@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from dagq import zygote
 from dagq.local import LocalRunner
-from dagq.runners import StoredInputs, TaskContext, zygote
+from dagq.runners import StoredInputs, TaskContext
 from dagq.runners.pool import TaskPool
 from dagq.runners.python import add_import_paths
 from dagq.stores.memory import open_memory_store

@@ -124,10 +124,15 @@ class DagqGroup(click.Group):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``dagq`` as its own process runs it (the console script, ``python -m dagq``):
         what is alive as it exits is left to the exit, not collected once more
-        (:func:`dagq.garbage.exiting`). Called with the arguments to parse (a test's), or
-        not to exit, it is :meth:`main` alone."""
+        (:func:`dagq.garbage.exiting`), and ``dagq run`` launches its zygote before it
+        parses anything (:mod:`dagq.cli.early`). Called with the arguments to parse (a
+        test's), or not to exit, it is :meth:`main` alone."""
         if args or "args" in kwargs or not kwargs.get("standalone_mode", True):
             return self.main(*args, **kwargs)
+        if sys.argv[1:2] == ["run"]:
+            from dagq.cli.early import launch_zygote
+
+            launch_zygote(sys.argv[1:])  # of Python tasks: their zygote boots meanwhile
         try:
             return self.main(*args, **kwargs)
         finally:

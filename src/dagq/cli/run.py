@@ -1,7 +1,7 @@
 """``dagq run``: submit (or resume) a workflow and drive it here, with live progress.
 
 Start-up comes first: the file is loaded and checked, and — when it has Python tasks —
-the zygote that forks their processes is launched (:mod:`dagq.runners.zygote`) before
+the zygote that forks their processes is launched (:mod:`dagq.zygote`) before
 the runtime is imported (:mod:`dagq.cli.local_run`: the coordinator, the worker, the
 live display), so that the new interpreter boots on another core meanwhile.
 """
@@ -12,13 +12,12 @@ from pathlib import Path
 
 import click
 
-from dagq import observability
+from dagq import observability, zygote
 from dagq.cli import EXIT_USAGE
 from dagq.cli.definitions import load_definition
 from dagq.definition import WorkflowDef
 from dagq.errors import DagqError
 from dagq.plan import parse_param
-from dagq.runners import zygote
 
 
 def run_command(

@@ -2,10 +2,10 @@
 
 The runtime calls this seam only; OpenTelemetry and prometheus-client (the ``otel``
 extra) are imported only when a process turns them on, so without them nothing is
-paid. It imports no asyncio either: a pool process (:mod:`dagq.runners.child`) imports
-:mod:`.tracing` through it, and starts faster without. A command calls :func:`start`
-(and :func:`ready` before its first work), wraps its store with :func:`instrument`,
-and runs inside :func:`watching`. See README "Observability".
+paid. It imports no asyncio either, and its metrics only when asked: a pool process
+(:mod:`dagq.runners.child`) imports :mod:`.tracing` through it, and starts faster
+without. A command calls :func:`start` (and :func:`ready` before its first work), wraps
+its store with :func:`instrument`, and runs inside :func:`watching`. See README "Observability".
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING
 
 from dagq.errors import UsageError
-from dagq.observability import metrics, tracing
-from dagq.observability.metrics import Metrics
+from dagq.observability import tracing
 
 if TYPE_CHECKING:  # the runtime imports these only when metrics are on
+    from dagq.observability.metrics import Metrics
     from dagq.observability.sampling import Advancing
     from dagq.stores.base import Store
 
@@ -43,6 +43,8 @@ def start(role: str, metrics_port: int | None = None) -> Metrics | None:
     tracing.configure(f"dagq-{role}", forward=role not in FEW_SPANS)
     if metrics_port is None:
         return None
+    from dagq.observability import metrics
+
     try:
         return metrics.serve(metrics_port)
     except ImportError:
@@ -72,6 +74,8 @@ def stop() -> None:
 
 def instrument(store: Store) -> Store:
     """``store``, counting its requests when metrics are on."""
+    from dagq.observability import metrics
+
     recorder = metrics.current()
     if recorder is None:
         return store
@@ -91,6 +95,8 @@ async def watching(
     """While the block runs, keep the sampled metrics (queues, workers, dead letters,
     the coordinator's workflows and lease, the loop's lag) fresh; nothing when metrics
     are off."""
+    from dagq.observability import metrics
+
     recorder = metrics.current()
     if recorder is None:
         yield

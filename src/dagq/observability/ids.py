@@ -10,7 +10,6 @@ OpenTelemetry import here.
 from __future__ import annotations
 
 import functools
-import hashlib
 import random
 
 _FLAGS_SAMPLED = "01"
@@ -20,8 +19,11 @@ SAMPLED_END = "-" + _FLAGS_SAMPLED
 
 @functools.lru_cache(maxsize=8192)  # a run's ids are asked for at every step of it
 def _digest(workflow_id: str, what: bytes, size: int) -> int:
+    # Imported here: a pool process parses traceparents only, and hashlib loads OpenSSL.
+    from hashlib import blake2b
+
     value = int.from_bytes(
-        hashlib.blake2b(workflow_id.encode(), digest_size=size, person=what).digest(), "big"
+        blake2b(workflow_id.encode(), digest_size=size, person=what).digest(), "big"
     )
     return value or 1  # zero is the invalid id
 

@@ -13,6 +13,7 @@ pipe or dies. It imports little, so that it starts fast; the tasks' own modules 
 imported on first use and stay imported for the tasks after.
 """
 
+import _socket  # (not socket: its enums and helpers are not needed here)
 import contextlib
 import dataclasses
 import fcntl
@@ -25,7 +26,6 @@ import os
 import pickle
 import select
 import signal
-import socket
 import struct
 import sys
 import termios
@@ -296,7 +296,7 @@ def zygote(argv: list[str]) -> None:
     fresh interpreter takes a tenth of a second. It ends when the parent (pid
     ``argv[2]``) closes the socket or dies; its pool processes die with it.
     """
-    control = socket.socket(fileno=int(argv[0]))
+    control = _socket.socket(fileno=int(argv[0]))
     events, parent = int(argv[1]), int(argv[2])
     _die_with(parent)
     wake_r, wake_w = os.pipe()
@@ -309,7 +309,7 @@ def zygote(argv: list[str]) -> None:
             os.read(wake_r, 4096)
             _report_exits(events)
         if control.fileno() in ready:
-            message, fds, _, _ = socket.recv_fds(control, 16, 2)
+            message, fds = _receive_fds(control, 2)
             if not message:
                 return
             pid = os.fork()
@@ -318,6 +318,19 @@ def zygote(argv: list[str]) -> None:
             for fd in fds:
                 os.close(fd)
             _write(events, pickle.dumps(("forked", pid)))
+
+
+def _receive_fds(control: _socket.socket, most: int) -> tuple[bytes, list[int]]:
+    """A message on ``control`` and the file descriptors it carries (at most ``most``)."""
+    message, ancillary, _, _ = control.recvmsg(16, _socket.CMSG_LEN(most * _FD.size))
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds.extend(fd for (fd,) in _FD.iter_unpack(data[: len(data) - len(data) % _FD.size]))
+    return message, fds
+
+
+_FD = struct.Struct("i")
 
 
 def _become_pool_process(fds: list[int], zygote_fds: list[int]) -> None:

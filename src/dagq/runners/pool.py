@@ -10,7 +10,7 @@ other end).
 
 Processes are forked by a *zygote*: one small process started once (a tenth of a
 second), which has imported what a pool process needs, so that each fork takes a few
-milliseconds (:mod:`dagq.runners.zygote` launches it; ``dagq run`` launches it early).
+milliseconds (:mod:`dagq.zygote` launches it; ``dagq run`` launches it early).
 The pool grows on demand — a task that finds no idle process gets a new one, up to one
 per worker slot — and a process that died or was killed is replaced the same way. The
 zygote reaps them and reports how each ended.
@@ -34,8 +34,9 @@ from typing import Any
 
 import msgspec
 
+from dagq import zygote
 from dagq.payloads import OUTPUT_INLINE_BYTES
-from dagq.runners import Outcome, StoredInputs, TaskContext, zygote
+from dagq.runners import Outcome, StoredInputs, TaskContext
 from dagq.runners.capture import ProcessOutput, Sink
 from dagq.runners.child import HEADER, Reply, Request
 from dagq.runners.held import Held

@@ -1,8 +1,10 @@
 """Launching the zygote: the process that forks the pool's Python task processes.
 
-Apart from :mod:`dagq.runners.pool` (asyncio, the pipes) so that ``dagq run`` can
-launch it *before* it imports the runtime: the new interpreter boots (a tenth of a
-second) on another core while this one imports the coordinator and the worker and
+Apart from :mod:`dagq.runners.pool` (asyncio, the pipes), and outside the
+:mod:`dagq.runners` package (whose task-context classes and msgspec it does not need),
+so that ``dagq run`` can launch it *before* it parses its command line
+(:mod:`dagq.cli.early`): the new interpreter boots (a tenth of a second) on another core
+while this one imports click, reads the file, imports the coordinator and the worker and
 submits the run, and the pool adopts it at its first task (:func:`take`) instead of
 starting one then. It is the same process either way (:func:`dagq.runners.child.zygote`);
 one that is never adopted reads EOF on its control socket when this process exits, and
@@ -15,11 +17,10 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 #: The directory that holds the ``dagq`` package: first on the zygote's path, so it runs
 #: this dagq whatever its working directory.
-DAGQ_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+DAGQ_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 BOOT = (
     "import sys; sys.path.insert(0, sys.argv.pop(1)); "
     "from dagq.runners.child import boot; boot(sys.argv[1:])"
@@ -50,6 +51,7 @@ def launch() -> Launched:
         process = subprocess.Popen(
             [
                 sys.executable,
+                "-P",  # its imports search not the working directory (the pool's tasks do)
                 "-c",
                 BOOT,
                 DAGQ_ROOT,
