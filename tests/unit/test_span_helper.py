@@ -235,7 +235,7 @@ def _nice(pid: int) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
-def test_the_helper_runs_at_a_lower_cpu_priority_once_it_is_up(
+def test_the_helper_runs_at_a_lower_cpu_priority_as_a_batch_job_once_it_is_up(
     otlp_env: pytest.MonkeyPatch,
 ) -> None:
     from dagq.observability.forwarding import Forwarder
@@ -247,5 +247,7 @@ def test_the_helper_runs_at_a_lower_cpu_priority_once_it_is_up(
         assert forwarder._helper is not None
         ours = _nice(os.getpid())
         assert _nice(forwarder._helper.pid) == min(ours + exporting.NICENESS, 19)
+        if hasattr(os, "SCHED_BATCH"):
+            assert os.sched_getscheduler(forwarder._helper.pid) == os.SCHED_BATCH
     finally:
         forwarder.close()

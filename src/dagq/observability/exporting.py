@@ -49,11 +49,13 @@ QUEUE_SIZE = 16384
 #: receiver takes up to 20 MiB a request by default).
 BATCH_SIZE = 2048
 #: How much lower this helper's CPU priority is than its traced process's (added to its
-#: nice value once its imports are done): exporting can wait (spans queue here for
-#: seconds), the work the spans describe should not, and on a machine whose cores are
-#: busy the helper would otherwise take one from a task process or the event loop just
-#: woken. Under sustained contention it still gets its share (~10 % of a core at 10).
-NICENESS = 10
+#: nice value once its imports are done, and it is scheduled as a batch job): exporting
+#: can wait (spans queue here for seconds), the work the spans describe should not. On
+#: cores that are busy the helper, woken by a hand-over, would otherwise take one from a
+#: task process or the event loop. Mildly: under sustained contention it still gets a
+#: third of a process's share (it needs ~2 % of the CPU of the process it exports for),
+#: so its queue does not fill and drop spans.
+NICENESS = 5
 
 
 def _messages(stream: IO[bytes]) -> Iterator[tuple[Any, ...]]:
@@ -150,8 +152,13 @@ def lean_exporter() -> Any | None:
 
 
 def yield_cpu() -> None:
-    """Lower this process's CPU priority by :data:`NICENESS` (threads started after this
-    inherit it; on Linux a nice value is a thread's)."""
+    """Lower this process's CPU priority by :data:`NICENESS`, and have it scheduled as
+    a batch job (Linux: waking up, it does not preempt what runs), where the system
+    allows. Threads started after this inherit both (on Linux they are a thread's)."""
+    batch = getattr(os, "SCHED_BATCH", None)
+    if batch is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, batch, os.sched_param(0))
     with contextlib.suppress(OSError):
         os.nice(NICENESS)
 
