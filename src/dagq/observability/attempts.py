@@ -14,10 +14,6 @@ from dagq.observability import ids, metrics, spans, tracing
 from dagq.observability.tracing import SpanRef
 
 _new_id = random.getrandbits
-#: Where :func:`metrics.current` and :func:`tracing.enabled` look (read here without
-#: their calls: an attempt's hooks run by the thousand).
-_metrics = metrics._slot
-_traced = tracing._on
 
 
 class _OnQueue(msgspec.Struct, frozen=True):
@@ -76,10 +72,10 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
     its ``send``."""
     name = keys.attempt_name(task.name, item=task.item_index, undo=task.undo)
     due = task.due_at
-    recorder = _metrics.metrics  # metrics.current(), without the call (as below)
+    recorder = metrics.current()
     if recorder is not None and due:
         recorder.waited(queue, received_at - due, task.workflow_id, now)
-    if _traced.tracer is None:  # tracing.enabled()
+    if not tracing.enabled():
         return Attempt(task, queue, name)
     shared = _on_queue(store_url, queue, task.workflow_id, task.workflow_name, task.epoch)
     sent: SpanRef | None = None
@@ -102,11 +98,11 @@ def end(
     attempt: Attempt, *, ok: bool, duration_s: float, error_type: str | None, end_s: float
 ) -> None:
     """An attempt ended (its report is made): its spans are emitted."""
-    recorder = _metrics.metrics
+    recorder = metrics.current()
     if recorder is not None:
         recorder.task_finished(attempt.queue, ok, duration_s, attempt.task.workflow_id, end_s)
     shared = attempt.on_queue
-    if shared is None or not attempt.span_id or _traced.tracer is None:
+    if shared is None or not attempt.span_id or not tracing.enabled():
         return
     attempt.span_id, span_id = 0, attempt.span_id
     sent = attempt.sent
