@@ -227,3 +227,27 @@ def test_a_request_carries_2048_spans_unless_the_environment_says(
     direct = exporting.Direct.made("dagq-test")
     assert direct is not None and direct.batch_size == 100
     direct.shutdown()
+
+
+def _nice(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
+def test_the_helper_runs_at_a_lower_cpu_priority_as_a_batch_job_once_it_is_up(
+    otlp_env: pytest.MonkeyPatch,
+) -> None:
+    from dagq.observability.forwarding import Forwarder
+
+    forwarder = Forwarder("dagq-test")
+    forwarder.start()
+    try:
+        assert forwarder.ready(30)  # imports done: sends nothing to the endpoint
+        assert forwarder._helper is not None
+        ours = _nice(os.getpid())
+        assert _nice(forwarder._helper.pid) == min(ours + exporting.NICENESS, 19)
+        if hasattr(os, "SCHED_BATCH"):
+            assert os.sched_getscheduler(forwarder._helper.pid) == os.SCHED_BATCH
+    finally:
+        forwarder.close()
