@@ -259,7 +259,13 @@ def _handed_over(
     taken = handoff.deliver([SubmitRequested(workflow_id=workflow_id)], {})
     if taken is None:
         return False
-    state = stored.state if stored is not None and unwritten else None
+    first = stored.state if stored is not None and unwritten else None
+    # The coordinator works on that very object: a step that failed may have changed
+    # it (dispatched its first tasks, named documents it did not write). Declined, the
+    # state written here is the initial one, afresh.
+    state = (
+        None if first is None else type(first)(first.workflow_id, first.n_tasks, first.created_at)
+    )
 
     def settled(future: asyncio.Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None or future.result() is None:
