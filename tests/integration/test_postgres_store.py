@@ -869,3 +869,28 @@ async def test_commits_share_the_stores_own_connection_one_at_a_time(
             assert conn.info.backend_pid != own
     finally:
         await store.close()
+
+
+async def test_a_commit_under_way_when_the_store_closes_completes(
+    postgres_cluster: Cluster,
+) -> None:
+    """close() leaves a connection in use to its user, who gives it back to the closed
+    pool when done (which closes it): the statement under way completes (it once
+    failed with a KeyError from the store's bookkeeping of its own connections)."""
+    store = open_store(postgres_url(postgres_cluster))
+    await store.documents.put("a", b"0")
+    db = store.committer._db  # type: ignore[union-attr]
+    entered = asyncio.Event()
+
+    async def slow() -> int:
+        async with db.committing() as conn:
+            entered.set()
+            cur = await conn.execute("SELECT 1 FROM pg_sleep(0.3)")
+            row = await cur.fetchone()
+            return int(row[0])
+
+    task = asyncio.ensure_future(slow())
+    await entered.wait()
+    await store.close()
+    assert await asyncio.wait_for(task, 30) == 1
+    assert not db._own

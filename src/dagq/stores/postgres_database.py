@@ -244,8 +244,12 @@ class Database:
             try:
                 yield own
             finally:
-                if own.broken or own.info.transaction_status != TransactionStatus.IDLE:
-                    del self._own[kind]
+                # close() meanwhile took the store's own connections but this one (busy),
+                # left to its user: it goes back to the closed pool, which closes it.
+                kept = self._own.get(kind) is own
+                if not kept or own.broken or own.info.transaction_status != TransactionStatus.IDLE:
+                    if kept:
+                        del self._own[kind]
                     await pool.putconn(own)
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise self.unavailable(exc) from exc
@@ -287,8 +291,9 @@ class Database:
         if pool is not None and self._pid == os.getpid():
             try:
                 if self._loop is asyncio.get_running_loop():
-                    for conn in own.values():
-                        await pool.putconn(conn)
+                    for kind, conn in own.items():
+                        if kind not in self._busy:  # else its user gives it back, done
+                            await pool.putconn(conn)
                     await pool.close()
             except RuntimeError:
                 pass

@@ -390,6 +390,9 @@ class Listener:
             try:
                 pgconn.consume_input()
             except psycopg.Error as exc:
+                # libpq has closed the socket: its number may be reused by the next
+                # connection opened before this task resumes; not watched a moment longer.
+                loop.remove_reader(socket)
                 if not lost.done():
                     lost.set_exception(exc)
                 return
