@@ -59,16 +59,24 @@ def dagq_run(
         (directory / "w.yaml").write_text(text)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DAGQ_")}
         launched = time.time()
-        done = subprocess.run(
-            [dagq, "run", "w.yaml", *options],
-            cwd=directory,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
+        with (
+            subprocess.Popen(
+                [dagq, "run", "w.yaml", *options],
+                cwd=directory,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ) as process,
+            process_cpu.TreeSampler(process.pid) as sampler,
+        ):
+            try:
+                out, err = process.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise
         ended = time.time()
+        done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
         first = done.stdout.splitlines()[0] if done.stdout else ""
         if not first.startswith("running ") or " as " not in first:
             raise SystemExit(
@@ -97,6 +105,16 @@ def dagq_run(
     # each reported apart (both in wall_s).
     result["tasks_per_s"] = round(result["tasks"] / run_s, 1)
     result["slots"] = 4
+    # The CPU of the tree's threads by part, sampled while it ran (every 50 ms): in the
+    # run's window, and over the whole life (start-up and teardown included).
+    per_task = 1e6 / result["tasks"]
+    for key, spent in (
+        ("cpu_by_part_us_per_task", sampler.spent_in(result["first_started_at"], run_ended)),
+        ("cpu_by_part_total_us_per_task", sampler.total()),
+    ):
+        parts = sampler.by_part(spent)
+        result[key] = {k: round(v * per_task, 1) for k, v in sorted(parts.items())}
+    result["sampler_cpu_s"] = round(sampler.cpu_s, 4)
     return result
 
 

@@ -7,7 +7,10 @@ ones ``pg_stat_activity`` lists (backends, and the server's own helpers).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,3 +132,103 @@ def add_server_cpu(
     result["server_cpu_s"] = round(spent, 4)
     result["server_main_thread_cpu_s"] = round(after.main_thread - before.main_thread, 4)
     result["cpu_ms_per_task"] = round((cpu_s + spent) * 1000 / tasks, 3)
+
+
+#: A thread of a process tree: (process ID, thread ID).
+Thread = tuple[int, int]
+
+
+class TreeSampler:
+    """Every thread's CPU seconds in the process tree under ``root`` (a process this one
+    started), read from ``/proc`` every ``interval_s`` in a thread of this process while
+    the tree runs, each reading with its time: what each thread spent in a window (a
+    run's, from its first task's start to its end) is found afterwards
+    (:meth:`spent_in`), to the interval's precision. Children are found through each
+    thread's ``children`` file, so a reading touches the tree alone. ``cpu_s``: this
+    sampler's own CPU (to leave out of the benchmark process's figure)."""
+
+    def __init__(self, root: int, interval_s: float = 0.05) -> None:
+        self.root = root
+        self.interval_s = interval_s
+        self.readings: list[tuple[float, dict[Thread, float]]] = []
+        #: Process ID → its part (:func:`part_of`), found when it was first seen.
+        self.parts: dict[int, str] = {}
+        self.cpu_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
+
+    def __enter__(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.readings.append((time.time(), self._read()))
+            if self._stop.wait(self.interval_s):
+                break
+        self.cpu_s = time.thread_time()
+
+    def _read(self) -> dict[Thread, float]:
+        reading: dict[Thread, float] = {}
+        todo = [self.root]
+        while todo:
+            pid = todo.pop()
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            if pid not in self.parts:
+                self.parts[pid] = part_of(pid, self.root)
+            for tid in tids:
+                stat = _stat_of(Path(f"/proc/{pid}/task/{tid}/stat"))
+                if stat is not None:
+                    reading[(pid, tid)] = stat[1]
+                with contextlib.suppress(OSError):
+                    todo.extend(
+                        int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                    )
+        return reading
+
+    def spent_in(self, start: float, end: float) -> dict[Thread, float]:
+        """CPU seconds each thread spent from ``start`` to ``end`` (seconds since the
+        epoch): its last reading at or before ``end`` less its last at or before
+        ``start`` (none: nothing yet)."""
+        at_start: dict[Thread, float] = {}
+        at_end: dict[Thread, float] = {}
+        for when, reading in self.readings:
+            if when <= start:
+                at_start.update(reading)
+            if when <= end:
+                at_end.update(reading)
+        return {t: cpu - at_start.get(t, 0.0) for t, cpu in at_end.items()}
+
+    def total(self) -> dict[Thread, float]:
+        """CPU seconds of each thread in its last reading (its whole life, less what it
+        spent after that reading if it ended between two)."""
+        last: dict[Thread, float] = {}
+        for _, reading in self.readings:
+            last.update(reading)
+        return last
+
+    def by_part(self, spent: dict[Thread, float]) -> dict[str, float]:
+        """``spent`` summed by part: ``main thread`` and ``other threads`` of the root,
+        ``span helper``, ``pool processes`` (every other descendant)."""
+        parts: dict[str, float] = {}
+        for (pid, tid), cpu in spent.items():
+            part = self.parts.get(pid, "pool processes")
+            if part == "main":
+                part = "main thread" if tid == pid else "other threads"
+            parts[part] = parts.get(part, 0.0) + cpu
+        return parts
+
+
+def part_of(pid: int, root: int) -> str:
+    """The part of a process tree ``pid`` is: ``main`` (the root), ``span helper`` or
+    ``pool processes`` (every other descendant)."""
+    if pid == root:
+        return "main"
+    return "span helper" if is_span_helper(pid) else "pool processes"

@@ -303,7 +303,9 @@ def _closed(
             result["helper_cpu_s"] = round(helper, 4)
     # This process and every process it waited for (dagq run and its pool processes,
     # a cluster's processes, the span-exporting helpers), start-up included; not the sink.
-    result["tree_cpu_s"] = round(_tree_cpu() - tree_started, 4)
+    # (Less the CPU of the thread that sampled ``dagq run``'s tree, if one did.)
+    spent = _tree_cpu() - tree_started - result.get("sampler_cpu_s", 0.0)
+    result["tree_cpu_s"] = round(spent, 4)
     result["tree_cpu_us_per_task"] = round(result["tree_cpu_s"] / result["tasks"] * 1e6, 1)
     if sink is not None:
         sink.kill()

@@ -311,6 +311,10 @@ def test_dagq_run_and_the_cluster_run_with_telemetry_on() -> None:
         assert r["run_s"] > 0 and r["teardown_s"] >= 0 and r["startup_s"] > 0
         assert abs(r["startup_s"] + r["run_s"] + r["teardown_s"] - r["wall_s"]) < 0.01
         assert r["tasks_per_s"] == pytest.approx(r["tasks"] / r["run_s"], rel=0.01)
+        # Its tree's CPU by part, sampled from /proc while it ran: its span helper too.
+        whole = r["cpu_by_part_total_us_per_task"]
+        assert whole["main thread"] > 0 and whole["span helper"] > 0
+        assert set(r["cpu_by_part_us_per_task"]) <= set(whole)
     # dagq run starts its own telemetry (its start-up is in start-up s); the benchmark
     # process, submitting to the cluster, starts its own before the clock.
     assert all(("telemetry_startup_s" in r) == (r["mode"] == "multiproc") for r in lines)
