@@ -25,7 +25,7 @@ import heapq
 import logging
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,7 @@ from dagq.stores.base import (
     AckOp,
     Batch,
     BatchOp,
+    Document,
     IndexRow,
     Message,
     OutgoingMessage,
@@ -113,6 +114,8 @@ _FIRST_BACKOFF_S = 0.5
 #: billed per request, which bundles task messages: as often as it is polled).
 _QUEUE_TURN_S = 0.05
 _MAX_BACKOFF_S = 10.0
+#: New workflows whose documents one request reads at most (three documents each).
+_READ_TOGETHER = 100
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -625,7 +628,7 @@ class Coordinator:
         # or more are missing (a batch of held ones, the usual case, creates none).
         missing = [i for i in ids if i not in self._cache]
         if len(missing) > 1:
-            await asyncio.gather(*(self._prefetch(i) for i in missing))
+            await self._prefetch_all(missing)
         with garbage.young_only(self._heavy(ids)):
             return await self._advance_loaded(grouped, receipts, local)
 
@@ -674,10 +677,27 @@ class Coordinator:
         entries = (self._cache.peek(i) for i in ids)
         return any(e is not None and heavy(e.plan, e.state) for e in entries)
 
-    async def _prefetch(self, workflow_id: str) -> None:
+    async def _prefetch_all(self, missing: list[str]) -> None:
+        """Load workflows ahead of their turn. Where the store reads many documents in
+        one request, the definitions, quarantine records and state headers of those not
+        handed over are read together (one round trip for a step's new workflows, not
+        one each; a loop of submits from another process brings hundreds)."""
+        found: dict[str, Sequence[Document | None]] = {}
+        if getattr(self.store.documents, "get_many", None) is not None:
+            unread = [i for i in missing if i not in self._preloaded]
+            for at in range(0, len(unread), _READ_TOGETHER):
+                some = unread[at : at + _READ_TOGETHER]
+                with contextlib.suppress(Exception):  # shows again when each is used
+                    docs = await get_many(self.store.documents, _load_keys(some))
+                    found.update((i, docs[3 * n : 3 * n + 3]) for n, i in enumerate(some))
+        await asyncio.gather(*(self._prefetch(i, found.get(i)) for i in missing))
+
+    async def _prefetch(
+        self, workflow_id: str, found: Sequence[Document | None] | None = None
+    ) -> None:
         """Load a workflow ahead of its turn; a failure shows again when it is used."""
         with contextlib.suppress(Exception):
-            await self._entry(workflow_id)
+            await self._entry(workflow_id, found)
 
     async def _decode(self, message: Message) -> list[Event] | None:
         try:
@@ -1130,7 +1150,11 @@ class Coordinator:
             times.append(st.cancelled_at + options.cancel_grace_s)
         return min(times)
 
-    async def _entry(self, workflow_id: str) -> Entry | None:
+    async def _entry(
+        self, workflow_id: str, read: Sequence[Document | None] | None = None
+    ) -> Entry | None:
+        """The workflow's working copy: cached, handed over, else read (``read``: its
+        definition, quarantine record and state header, read already)."""
         created = self._preloaded.take(workflow_id) if self._preloaded else None
         entry = self._cache.get(workflow_id)
         if entry is not None:
@@ -1141,20 +1165,22 @@ class Coordinator:
             entry = await self._loaded(created.plan, created.state, stored, created)
             entry.indexed_status, entry.indexed_at = "pending", self.clock()  # the submit's row
         else:
-            entry = await self._load(workflow_id)
+            entry = await self._load(workflow_id, read)
         if entry is None:
             return None
         entry.fresh = True
         self._cache.add(workflow_id, entry, active=entry.state.status in WORKFLOW_ACTIVE)
         return entry
 
-    async def _load(self, workflow_id: str) -> Entry | None:
-        # One read of the three (one statement where the store can): the state's header
-        # is used if the workflow is neither quarantined nor unknown.
-        definition, held, header = await get_many(
-            self.store.documents,
-            [keys.definition(workflow_id), keys.quarantine(workflow_id), keys.state(workflow_id)],
-        )
+    async def _load(
+        self, workflow_id: str, read: Sequence[Document | None] | None = None
+    ) -> Entry | None:
+        # One read of the three (one statement where the store can), unless ``read``
+        # holds them: the state's header is used if the workflow is neither quarantined
+        # nor unknown.
+        if read is None:
+            read = await get_many(self.store.documents, _load_keys([workflow_id]))
+        definition, held, header = read
         replay: list[Event] = []
         if held is not None:
             try:
@@ -1573,6 +1599,13 @@ class Coordinator:
                 self.store, RunState(workflow_id, len(plan.tasks), submitted.created_at)
             )
         return True
+
+
+def _load_keys(workflow_ids: Iterable[str]) -> list[str]:
+    """What loading each workflow reads: its definition, quarantine record and state."""
+    return [
+        key for i in workflow_ids for key in (keys.definition(i), keys.quarantine(i), keys.state(i))
+    ]
 
 
 def _stale(st: RunState, events: list[Event]) -> bool:

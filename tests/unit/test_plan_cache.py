@@ -170,3 +170,23 @@ async def test_a_coordinator_reads_a_new_run_in_one_request() -> None:
         assert not [r for r in documents.requests if len(r) == 1 and r[0] in wanted]
     finally:
         await store.close()
+
+
+async def test_a_coordinator_reads_a_steps_new_runs_together_in_one_request() -> None:
+    store = open_store("memory://")
+    documents = _ManyReads(store.documents)
+    store.documents = documents
+    ids = [f"w{i}" for i in range(5)]
+    try:
+        for workflow_id in ids:  # submitted elsewhere: nothing handed to the coordinator
+            await submit(store, definition([{"name": "t"}], name="a"), workflow_id=workflow_id)
+        documents.requests.clear()
+        coordinator = Coordinator(store, CoordinatorOptions())
+        await coordinator.step()
+        assert all(coordinator.plan_of(i) is not None for i in ids)
+        loads = [r for r in documents.requests if keys.definition(ids[0]) in r]
+        assert loads == [
+            [k for i in ids for k in (keys.definition(i), keys.quarantine(i), keys.state(i))]
+        ]
+    finally:
+        await store.close()
