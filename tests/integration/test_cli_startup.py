@@ -313,7 +313,7 @@ def test_the_structs_read_at_start_up_hold_no_string_annotations() -> None:
 
 #: ``python WATCH ARGS`` runs ``dagq ARGS`` and writes to the file named by $RICH_AT the
 #: time (``time.time()``, the worker's clock) at which rich is first imported.
-WATCH = '''
+WATCH = """
 import os, runpy, sys, time
 
 class Watch:
@@ -328,7 +328,7 @@ class Watch:
 
 sys.meta_path.insert(0, Watch())
 runpy.run_module("dagq", run_name="__main__", alter_sys=True)
-'''
+"""
 
 
 @pytest.mark.parametrize("terminal", [False, True], ids=["piped", "live"])
