@@ -4,10 +4,10 @@ coordinator and a worker in this process, show its progress and its result.
 Imported by :mod:`dagq.cli.run` once the file has loaded and the zygote of the Python
 task processes was launched (it boots meanwhile, on another core). With ``--quiet``
 nothing is drawn and rich is not imported: the display (:class:`dagq.cli.display.RunScreen`)
-is imported only to draw, and a new run's display is made once its first task has
-started (or the run is found idle): rich's import (~25 ms) then overlaps that task rather
-than delaying it. The lines said before the run (resuming, other unfinished runs) make it
-at once.
+is imported only to draw, and a new run's display is made a quarter of a second in, once
+a task has started (or at the run's end, if sooner): rich's import (~25 ms) delays neither
+the first task nor a short run. The lines said before the run (resuming, other unfinished
+runs) make it at once.
 """
 
 from __future__ import annotations
@@ -47,10 +47,12 @@ if TYPE_CHECKING:
 
 #: The exit code of a run stopped by SIGTERM (the shell convention, 128 + 15).
 EXIT_TERMINATED = 128 + signal.SIGTERM
-#: How long a new run's display waits for a first task to be dispatched: past it the run
-#: is idle (waiting for a signal or a timer, say), and drawn all the same.
-DISPLAY_WAIT_S = 0.1
-#: How long it waits for a dispatched first task to start (this process's worker takes it).
+#: A new run's display is drawn no sooner: a run that ends sooner is only summarized (on a
+#: terminal its live view would flash; piped, its line comes with the summary), and rich's
+#: import stays off its path.
+DISPLAY_DELAY_S = 0.25
+#: How long it waits past that for a dispatched first task to start (this process's
+#: worker takes it); a run with none on its way is drawn at once.
 DISPLAY_MAX_WAIT_S = 5.0
 
 
@@ -85,8 +87,8 @@ class Screen:
 
 
 class _Progress:
-    """The live progress of a run, shown from its first task's start (or once it is
-    found idle): until then nothing is drawn and rich is not imported."""
+    """The live progress of a run, shown once it has gone on for a while and a task has
+    started (or at its end): until then nothing is drawn and rich is not imported."""
 
     def __init__(self, screen: Screen, workflow_id: str, name: str) -> None:
         self.screen = screen
@@ -115,15 +117,19 @@ class _Progress:
             self.live.__exit__(*exc)
 
     def _due(self, st: RunState) -> bool:
-        """Whether to draw now: a task has started (or the run moved past its start),
-        or none is on its way to start."""
-        if st.status not in ("pending", "running") or st.n_terminal or st.groups:
+        """Whether to draw now: the run has ended (or is being cancelled), or it has
+        gone on for a while and a task has started (or none is on its way)."""
+        if st.status not in ("pending", "running"):
+            return True
+        waited = time.monotonic() - self.created
+        if waited < DISPLAY_DELAY_S:
+            return False
+        if st.n_terminal or st.groups:
             return True
         dispatched = st.indexes(TaskStatus.RUNNING)
         if any(st.started_at[i] != UNSET for i in dispatched):
             return True
-        waited = time.monotonic() - self.created
-        return waited >= (DISPLAY_MAX_WAIT_S if dispatched else DISPLAY_WAIT_S)
+        return not dispatched or waited >= DISPLAY_DELAY_S + DISPLAY_MAX_WAIT_S
 
 
 def submitted(store_url: str, workflow_id: str) -> Submitted:
