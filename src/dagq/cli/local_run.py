@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dagq import observability
+from dagq import garbage, observability
 from dagq.cli import EXIT_FAILED, EXIT_OK
 from dagq.cli.result_line import result_lines
 from dagq.cli.styled import Styled
@@ -79,6 +79,7 @@ class Screen:
             from dagq.cli.display import RunScreen  # rich: only to draw
 
             self._made = RunScreen()
+            garbage.settle_late()  # made while the run goes on: rich's objects with the rest
         return self._made
 
     def print(self, *parts: Any) -> None:
