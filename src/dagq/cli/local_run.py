@@ -29,7 +29,6 @@ from dagq.definition import WorkflowDef
 from dagq.local import INTERRUPTED, LocalRunner, Start
 from dagq.state import (
     QUARANTINED,
-    UNSET,
     WORKFLOW_ACTIVE,
     WORKFLOW_TERMINAL,
     RunState,
@@ -125,12 +124,12 @@ class _Progress:
         waited = time.monotonic() - self.created
         if waited < DISPLAY_DELAY_S:
             return False
-        if st.n_terminal or st.groups:
+        column = st.task_status  # scanned in C
+        if st.n_terminal or st.groups or column.find(TaskStatus.RUNNING) >= 0:
             return True
-        dispatched = st.indexes(TaskStatus.RUNNING)
-        if any(st.started_at[i] != UNSET for i in dispatched):
-            return True
-        return not dispatched or waited >= DISPLAY_DELAY_S + DISPLAY_MAX_WAIT_S
+        # Not begun by the coordinator yet, or a task sent and not started yet.
+        coming = st.status == "pending" or column.find(TaskStatus.READY) >= 0
+        return not coming or waited >= DISPLAY_DELAY_S + DISPLAY_MAX_WAIT_S
 
 
 def submitted(store_url: str, workflow_id: str) -> Submitted:
