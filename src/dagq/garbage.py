@@ -74,6 +74,17 @@ def settle() -> None:
     gc.freeze()
 
 
+def settle_late() -> None:
+    """Modules imported after :func:`settle` (``dagq run``'s display, made once its run
+    is under way): out of the collector's sight as well, else every later full
+    collection walks their ~13,000 objects. After a collection of the younger
+    generations; cycles already in the oldest are frozen with them (once, bounded)."""
+    if not _Settled.done:
+        return
+    gc.collect(1)
+    gc.freeze()
+
+
 def exiting() -> None:
     """The process ends: what is alive is left to the exit, out of the collector's sight."""
     gc.freeze()

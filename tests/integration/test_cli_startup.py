@@ -309,3 +309,63 @@ def test_the_structs_read_at_start_up_hold_no_string_annotations() -> None:
         if isinstance(kind, str)
     ]
     assert quoted == []
+
+
+#: ``python WATCH ARGS`` runs ``dagq ARGS`` and writes to the file named by $RICH_AT the
+#: time (``time.time()``, the worker's clock) at which rich is first imported.
+WATCH = """
+import os, runpy, sys, time
+
+class Watch:
+    seen = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "rich" and not self.seen:
+            self.seen = True
+            with open(os.environ["RICH_AT"], "w") as file:
+                file.write(repr(time.time()))
+        return None
+
+sys.meta_path.insert(0, Watch())
+runpy.run_module("dagq", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["piped", "live"])
+@pytest.mark.parametrize("pause", [0, 0.6], ids=["short", "drawn-while-running"])
+def test_a_new_run_starts_its_first_task_before_importing_rich(
+    cli: DagqCli, tmp_path: Path, terminal: bool, pause: float
+) -> None:
+    """The display (rich, ~25 ms to import) is made once a task has started (a run
+    that lasts is drawn while it runs, a short one at its end): the first task does
+    not wait for rich, and what is printed is the same."""
+    cli.workflow(
+        "small.yaml",
+        {
+            "name": "small",
+            "tasks": [
+                {"name": "a", "cmd": "true"},
+                {"name": "b", "depends_on": ["a"], "cmd": f"sleep {pause}"},
+                {"name": "c", "depends_on": ["b"], "cmd": "true"},
+            ],
+        },
+    )
+    watch = tmp_path / "watch_rich.py"
+    watch.write_text(WATCH)
+    marker = tmp_path / "rich_at"
+    words = cli.command("run", "small.yaml", "--id", "s")[len(dagq_command()) :]
+    env = {"RICH_AT": str(marker)} | ({"FORCE_COLOR": "1"} if terminal else {})
+    done = python(cli, str(watch), *words, env=env)
+
+    if not terminal:
+        lines = done.stdout.splitlines()
+        assert lines[0] == "running small as s"
+        assert lines[1].endswith(" tasks/s")  # the progress line, drawn once
+        assert lines[2:4] == ["small  s", "task\tstate\tattempts\tduration\terror"]
+    assert "workflow completed" in done.stdout
+    imported_at = float(marker.read_text())  # rich was imported: to draw
+    _, plan, st = cli.run_state("s")
+    first = plan.by_name["a"]
+    assert 0 < st.started_at[first] < imported_at
+    if pause:  # drawn while the run went on, before its last task started
+        assert imported_at < st.started_at[plan.by_name["c"]]

@@ -9,6 +9,8 @@ produced (their outputs), never by how many tasks there are.
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 from typing import Any
 
 from dagq.coordinator import Coordinator, CoordinatorOptions
@@ -69,3 +71,24 @@ def test_a_large_foreach_groups_columns_are_untracked() -> None:
     assert copy.attempt[3] == 2
     # ``unsent`` (a deque of the instances still to send) empties as they go out.
     assert [n for n in tracked_columns(copy, N) if n != "unsent"] == []
+
+
+def test_modules_imported_once_settled_are_frozen_too() -> None:
+    """``dagq run``'s display imports rich once the run is under way: its objects leave
+    the collector's sight as the start-up's did (in a process of its own: freezing is
+    for the whole process)."""
+    code = (
+        "import gc\n"
+        "from dagq import garbage\n"
+        "garbage.settle_late()\n"
+        "assert gc.get_freeze_count() == 0, 'nothing settled yet: nothing frozen'\n"
+        "garbage.settle()\n"
+        "settled = gc.get_freeze_count()\n"
+        "import rich.console\n"
+        "garbage.settle_late()\n"
+        "assert gc.get_freeze_count() > settled + 1000, (settled, gc.get_freeze_count())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr

@@ -4,7 +4,10 @@ coordinator and a worker in this process, show its progress and its result.
 Imported by :mod:`dagq.cli.run` once the file has loaded and the zygote of the Python
 task processes was launched (it boots meanwhile, on another core). With ``--quiet``
 nothing is drawn and rich is not imported: the display (:class:`dagq.cli.display.RunScreen`)
-is imported only to draw.
+is imported only to draw, and a new run's display is made a quarter of a second in, once
+a task has started (or at the run's end, if sooner): rich's import (~25 ms) delays neither
+the first task nor a short run. The lines said before the run (resuming, other unfinished
+runs) make it at once.
 """
 
 from __future__ import annotations
@@ -14,17 +17,23 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, TypeAlias
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
-from dagq import observability
+from dagq import garbage, observability
 from dagq.cli import EXIT_FAILED, EXIT_OK
 from dagq.cli.result_line import result_lines
 from dagq.cli.styled import Styled
 from dagq.cli.tables import PlainOut, plain_out, printable
 from dagq.definition import WorkflowDef
 from dagq.local import INTERRUPTED, LocalRunner, Start
-from dagq.state import QUARANTINED, WORKFLOW_ACTIVE, WORKFLOW_TERMINAL
+from dagq.state import (
+    QUARANTINED,
+    WORKFLOW_ACTIVE,
+    WORKFLOW_TERMINAL,
+    RunState,
+    TaskStatus,
+)
 from dagq.stores import open_store
 from dagq.stores.base import Store
 from dagq.submission import request_cancel
@@ -32,14 +41,95 @@ from dagq.submitted import Submitted, require_submitted
 from dagq.views import load_view
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
-    from dagq.cli.display import RunScreen
+    from dagq.cli.display import LiveProgress, RunScreen
+    from dagq.plan import Plan
 
 #: The exit code of a run stopped by SIGTERM (the shell convention, 128 + 15).
 EXIT_TERMINATED = 128 + signal.SIGTERM
-#: Where the run's words go: a rich console, or plain lines (``--quiet``).
-Printer: TypeAlias = "Console | PlainOut"
+#: A new run's display is drawn no sooner: a run that ends sooner is only summarized (on a
+#: terminal its live view would flash; piped, its line comes with the summary), and rich's
+#: import stays off its path.
+DISPLAY_DELAY_S = 0.25
+#: How long it waits past that for a dispatched first task to start (this process's
+#: worker takes it); a run with none on its way is drawn at once.
+DISPLAY_MAX_WAIT_S = 5.0
+
+
+class Printer(Protocol):
+    """Where the run's words go: a rich console, or plain lines (``--quiet``)."""
+
+    def print(self, *parts: Any) -> None: ...
+
+
+class Screen:
+    """The display of a run (:class:`dagq.cli.display.RunScreen`), made the first time
+    it is needed: importing rich is then the first thing it costs."""
+
+    def __init__(self) -> None:
+        self._made: RunScreen | None = None
+
+    @property
+    def made(self) -> bool:
+        return self._made is not None
+
+    @property
+    def screen(self) -> RunScreen:
+        if self._made is None:
+            from dagq.cli.display import RunScreen  # rich: only to draw
+
+            self._made = RunScreen()
+            garbage.settle_late()  # made while the run goes on: rich's objects with the rest
+        return self._made
+
+    def print(self, *parts: Any) -> None:
+        """Print on the display's console (made now if it was not)."""
+        self.screen.console.print(*parts)
+
+
+class _Progress:
+    """The live progress of a run, shown once it has gone on for a while and a task has
+    started (or at its end): until then nothing is drawn and rich is not imported."""
+
+    def __init__(self, screen: Screen, workflow_id: str, name: str) -> None:
+        self.screen = screen
+        self.workflow_id = workflow_id
+        self.name = name
+        self.created = time.monotonic()
+        self.live: LiveProgress | None = None
+
+    def update(self, plan: Plan, st: RunState) -> None:
+        if self.live is None:
+            if not self._due(st):
+                return
+            self.show()
+        assert self.live is not None
+        self.live.update(plan, st)
+
+    def show(self) -> None:
+        """Draw it now (``running NAME as ID``, or the live view on a terminal)."""
+        if self.live is None:
+            live = self.screen.screen.progress(self.workflow_id, self.name)
+            live.started = self.created
+            self.live = live.__enter__()
+
+    def close(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def _due(self, st: RunState) -> bool:
+        """Whether to draw now: the run has ended (or is being cancelled), or it has
+        gone on for a while and a task has started (or none is on its way)."""
+        if st.status not in ("pending", "running"):
+            return True
+        waited = time.monotonic() - self.created
+        if waited < DISPLAY_DELAY_S:
+            return False
+        column = st.task_status  # scanned in C
+        if st.n_terminal or st.groups or column.find(TaskStatus.RUNNING) >= 0:
+            return True
+        # Not begun by the coordinator yet, or a task sent and not started yet.
+        coming = st.status == "pending" or column.find(TaskStatus.READY) >= 0
+        return not coming or waited >= DISPLAY_DELAY_S + DISPLAY_MAX_WAIT_S
 
 
 def submitted(store_url: str, workflow_id: str) -> Submitted:
@@ -69,11 +159,7 @@ def run_here(
     retry_tasks: list[str] | None = None,
 ) -> int:
     """Submit (or resume, or retry) the run and drive it here; the exit code."""
-    screen = None
-    if not quiet:
-        from dagq.cli.display import RunScreen  # rich: only to draw
-
-        screen = RunScreen()
+    screen = None if quiet else Screen()
     return asyncio.run(
         drive(
             screen,
@@ -91,7 +177,7 @@ def run_here(
 
 
 async def drive(
-    screen: RunScreen | None,
+    screen: Screen | None,
     definition: WorkflowDef,
     *,
     overrides: Mapping[str, object],
@@ -105,7 +191,7 @@ async def drive(
 ) -> int:
     """Drive the run with its progress drawn on ``screen``, or quietly (None)."""
     quiet = screen is None
-    console: Printer = PlainOut(sys.stdout) if screen is None else screen.console
+    console: Printer = PlainOut(sys.stdout) if screen is None else screen
     store = observability.instrument(open_store(store_url))
     try:
         runner = LocalRunner(store, workers=workers, import_paths=import_paths, processor=processor)
@@ -141,8 +227,9 @@ async def drive(
                 if screen is None:
                     status = await runner.drive()
                 else:
-                    with screen.progress(wid, definition.name) as progress:
-                        status = await runner.drive(progress.update)
+                    progress = _Progress(screen, wid, definition.name)
+                    interrupts.before_saying = progress.show
+                    status = await _shown(runner, screen, progress)
         finally:
             interrupts.remove()
         if status == QUARANTINED:
@@ -161,6 +248,21 @@ async def drive(
         return code if status != "completed" else EXIT_OK
     finally:
         await store.close()
+
+
+async def _shown(runner: LocalRunner, screen: Screen, progress: _Progress) -> str:
+    """Drive the run with its progress drawn from its first task's start on."""
+    if screen.made:  # something was said already: the run's line follows it at once
+        progress.show()
+    try:
+        status = await runner.drive(progress.update)
+    except BaseException as exc:
+        progress.show()
+        progress.close(type(exc), exc, exc.__traceback__)
+        raise
+    progress.show()
+    progress.close(None, None, None)
+    return status
 
 
 def _announce(console: Printer, start: Start) -> None:
@@ -210,7 +312,7 @@ async def _note_others(console: Printer, store: Store, workflow_id: str) -> None
 
 async def _summarize(
     console: Printer,
-    screen: RunScreen | None,
+    screen: Screen | None,
     store: Store,
     workflow_id: str,
     elapsed: float | None,
@@ -218,9 +320,10 @@ async def _summarize(
     """The task table and the verdict; quiet, the result in a line (or two)."""
     view = await load_view(store, workflow_id)
     if screen is None:
+        assert isinstance(console, PlainOut)  # quiet: plain lines
         plain_out(console, *result_lines(view, elapsed))
     else:
-        screen.summary(view, elapsed)
+        screen.screen.summary(view, elapsed)
     return EXIT_OK if view.status == "completed" else EXIT_FAILED
 
 
@@ -243,7 +346,14 @@ class _Interrupts:
         self.resume = resume
         self.count = 0
         self.terminated = False
+        #: Shows the run's display first (its line comes before any notice).
+        self.before_saying: Callable[[], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def _say(self, line: Styled) -> None:
+        if self.before_saying is not None:
+            self.before_saying()
+        self.console.print(line)
 
     def install(self) -> None:
         loop = asyncio.get_running_loop()
@@ -258,15 +368,13 @@ class _Interrupts:
     def _on_terminate(self) -> None:
         if not self.terminated:
             self.terminated = True
-            self.console.print(
-                Styled("SIGTERM: stopping; running tasks get a few seconds…", "yellow")
-            )
+            self._say(Styled("SIGTERM: stopping; running tasks get a few seconds…", "yellow"))
         self.stop.set()
 
     def _on_interrupt(self) -> None:
         self.count += 1
         if self.count > 1:
-            self.console.print(
+            self._say(
                 Styled(
                     f"stopped at once; workflow {self.workflow_id} is safe on disk: resume "
                     f"it with: {self.resume}",
@@ -286,6 +394,6 @@ class _Interrupts:
             return
         failed = task.exception()
         if failed is None:
-            self.console.print(Styled("cancelling… (Ctrl-C again to quit at once)", "yellow"))
+            self._say(Styled("cancelling… (Ctrl-C again to quit at once)", "yellow"))
         else:
-            self.console.print(Styled(f"the run could not be cancelled: {failed}", "red"))
+            self._say(Styled(f"the run could not be cancelled: {failed}", "red"))
