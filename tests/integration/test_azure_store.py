@@ -412,17 +412,22 @@ async def test_a_batch_moves_the_rows_of_one_shard_in_one_transaction(store: Sto
     assert listed == [*reversed(ids), "v"]  # newest first
 
 
-async def test_a_row_another_process_moved_is_moved_on_from_where_it_is(store: Store) -> None:
-    await store.index.upsert(
-        IndexRow(id="w", name="n", status="running", created_at=1.0, updated_at=1.0)
-    )
+async def moved_by_another_process(store: Store) -> None:
+    """Row "w" moved to "cancelling" by another process's store."""
     other = open_azure_store(store.url, environ={})
-    try:  # this store still thinks the row is "running"
+    try:
         await other.index.upsert(
             IndexRow(id="w", name="n", status="cancelling", created_at=1.0, updated_at=1.0)
         )
     finally:
         await other.close()
+
+
+async def test_a_row_another_process_moved_is_moved_on_from_where_it_is(store: Store) -> None:
+    await store.index.upsert(
+        IndexRow(id="w", name="n", status="running", created_at=1.0, updated_at=1.0)
+    )
+    await moved_by_another_process(store)  # this store still thinks the row is "running"
     failed = IndexRow(id="w", name="n", status="failed", created_at=1.0, updated_at=3.0)
     await store.index.upsert(failed)
     assert (await store.index.query()).rows == [failed]
@@ -460,13 +465,7 @@ async def test_a_transaction_is_sent_once_and_one_that_fails_is_read_by_the_sdk(
     with pytest.raises(TableTransactionError):
         await clients.table.submit_transaction(failing)
 
-    other = open_azure_store(store.url, environ={})
-    try:  # this store still thinks the row is "running"
-        await other.index.upsert(
-            IndexRow(id="w", name="n", status="cancelling", created_at=1.0, updated_at=1.0)
-        )
-    finally:
-        await other.close()
+    await moved_by_another_process(store)  # this store still thinks the row is "running"
     before = store.transactions.copy()
     failed = IndexRow(id="w", name="n", status="failed", created_at=1.0, updated_at=3.0)
     await store.index.upsert(failed)

@@ -66,11 +66,28 @@ def imported(cli: DagqCli, *args: str) -> set[str]:
     """The modules ``dagq ARGS`` imports, as ``-X importtime`` names them."""
     words = cli.command(*args)[len(dagq_command()) :]
     done = python(cli, "-X", "importtime", "-m", "dagq", *words)
-    return {
+    return set(importtime_order(done.stderr))
+
+
+def importtime_order(stderr: str) -> list[str]:
+    """The modules that ``-X importtime`` names in ``stderr``, in the order it does."""
+    return [
         line.rpartition("|")[2].strip()
-        for line in done.stderr.splitlines()
+        for line in stderr.splitlines()
         if line.startswith("import time:")
-    }
+    ]
+
+
+def imported_by(statement: str) -> set[str]:
+    """The modules ``python -c STATEMENT`` imports."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", statement],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return set(importtime_order(done.stderr))
 
 
 def loaded(modules: set[str], *packages: str) -> list[str]:
@@ -152,11 +169,7 @@ def test_a_quiet_run_loads_no_rich_and_launches_the_zygote_before_the_runtime(
     source = {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     done = python(cli, "-X", "importtime", "-m", "dagq", *words, env=source)
     assert done.stdout.startswith("completed: p")
-    order = [
-        line.rpartition("|")[2].strip()
-        for line in done.stderr.splitlines()
-        if line.startswith("import time:")
-    ]
+    order = importtime_order(done.stderr)
 
     assert loaded(set(order), "rich") == []
     # The zygote is launched from dagq.zygote before the command is built or the file
@@ -171,18 +184,7 @@ def test_the_zygote_imports_only_what_running_a_task_needs() -> None:
     """The zygote (and each pool process it forks) imports what calling a task and
     answering the worker need — not socket's enums, json, hashlib's OpenSSL nor the
     metrics, and nothing of the runtime."""
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import dagq.runners.child"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    modules = {
-        line.rpartition("|")[2].strip()
-        for line in done.stderr.splitlines()
-        if line.startswith("import time:")
-    }
+    modules = imported_by("import dagq.runners.child")
 
     assert {"dagq.runners.child", "msgspec", "pickle", "_socket"} <= modules
     unused = ("socket", "json", "hashlib", "_hashlib", "asyncio", "subprocess", "click", "yaml")
@@ -238,18 +240,7 @@ def test_each_command_shows_its_own_help(cli: DagqCli, words: tuple[str, ...]) -
 
 
 def test_importing_the_cli_builds_no_command() -> None:
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import dagq.cli"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    modules = {
-        line.rpartition("|")[2].strip()
-        for line in done.stderr.splitlines()
-        if line.startswith("import time:")
-    }
+    modules = imported_by("import dagq.cli")
 
     assert "dagq.cli" in modules
     assert [m for m in modules if m.startswith("dagq.cli.")] == []
