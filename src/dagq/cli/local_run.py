@@ -96,8 +96,13 @@ class _Progress:
         self.name = name
         self.created = time.monotonic()
         self.live: LiveProgress | None = None
+        #: Tasks done at the first look (a resumed run's earlier ones): the rate shown
+        #: counts from there, as if drawn from the start.
+        self.first_done: int | None = None
 
     def update(self, plan: Plan, st: RunState) -> None:
+        if self.first_done is None:
+            self.first_done = st.n_terminal
         if self.live is None:
             if not self._due(st):
                 return
@@ -109,7 +114,7 @@ class _Progress:
         """Draw it now (``running NAME as ID``, or the live view on a terminal)."""
         if self.live is None:
             live = self.screen.screen.progress(self.workflow_id, self.name)
-            live.started = self.created
+            live.started, live.first_done = self.created, self.first_done
             self.live = live.__enter__()
 
     def close(self, *exc: Any) -> None:
