@@ -412,7 +412,8 @@ class Listener:
             readable()  # what arrived before the reader was in place
             await lost
         finally:
-            loop.remove_reader(socket)
+            if not lost.done():  # else readable() stopped watching it, at once: the
+                loop.remove_reader(socket)  # number may be another connection's by now
 
     def _heard_one(
         self, channel: str, payload: str, probe: str, arrived: asyncio.Future[None]
