@@ -59,7 +59,6 @@ _LINK_FLAGS = b"\x35" + _I(0x300)  # Span.Link.flags (6, fixed32)
 #: Span.status (15): unset (an empty Status), or code ERROR (Status.code, 3).
 _STATUS_UNSET = b"\x7a\x00"
 _STATUS_ERROR = b"\x7a\x02\x18\x02"
-_UNSET_REMOTE_PARENT = _STATUS_UNSET + _FLAGS_REMOTE_PARENT
 #: Entries a cache keeps before it starts again (ids and values of finished runs).
 _CACHE_LIMIT = 65536
 
@@ -171,29 +170,17 @@ class Encoder:
         pieces = [self.scope]
         add = pieces.append
         heads = _SPAN_HEADS
-        attempted = self._attempted
-        join = b"".join
         for record in records:
             if type(record[0]) is str:
                 bodies: Sequence[bytes] = (span(record),)
             else:
                 size = len(record)
-                if size == 12:  # most records: an attempt's two spans, framed here
-                    wait, process = attempted(record, seen)  # type: ignore[arg-type]
-                    body = join(wait)
-                    size = len(body)
-                    add(heads[size] if size < len(heads) else b"\x12" + varint(size))
-                    add(body)
-                    body = join(process)
-                    size = len(body)
-                    add(heads[size] if size < len(heads) else b"\x12" + varint(size))
-                    add(body)
-                    continue
-                bodies = (
-                    (self.shaped(record, seen),)  # type: ignore[arg-type]
-                    if size == 9
-                    else self.sends(record, seen)  # type: ignore[arg-type]
-                )
+                if size == 9:
+                    bodies = (self.shaped(record, seen),)  # type: ignore[arg-type]
+                elif size == 12:
+                    bodies = self.attempted(record, seen)  # type: ignore[arg-type]
+                else:
+                    bodies = self.sends(record, seen)  # type: ignore[arg-type]
             for body in bodies:
                 size = len(body)
                 add(heads[size] if size < len(heads) else b"\x12" + varint(size))
@@ -254,14 +241,6 @@ class Encoder:
         """The ``wait`` and ``process`` spans' bytes of an :data:`Attempted` record (as
         :meth:`shaped` writes each of :func:`tracing.attempted`), their task and
         attempt attributes written once for both."""
-        wait, process = self._attempted(record, seen)
-        return b"".join(wait), b"".join(process)
-
-    def _attempted(
-        self, record: Attempted, seen: dict[int, _ShapeBlocks] | None
-    ) -> tuple[tuple[bytes, ...], list[bytes]]:
-        """The parts of :meth:`attempted`'s two spans, in one call (no call a span: a
-        worker's records are two spans an attempt, most of what a helper encodes)."""
         (
             process,
             span_id,
@@ -276,45 +255,34 @@ class Encoder:
             due_s,
             received_s,
         ) = record
-        own = self._task(task) + (
+        task_field = self._task(task)
+        attempt_field = (
             _ATTEMPTS[attempt] if 0 <= attempt < len(_ATTEMPTS) else _attempt_field(attempt)
         )
-        blocks = self._blocks(wait, seen)
-        due_ns = int(due_s * 1e9)
-        received_ns = int(received_s * 1e9)
-        # The wait span: under the send (a remote parent), no link, no error.
-        wait_parts = (
-            blocks.trace,
-            _SPAN_PARENT(0x1208, wait_span_id(span_id), 0x2208, sent),
-            blocks.name_kind,
-            _TIMES(0x39, due_ns, 0x41, received_ns if received_ns > due_ns else due_ns),
-            blocks.common,
-            own,
-            _UNSET_REMOTE_PARENT,
+        return (
+            _shaped(
+                self._blocks(wait, seen),
+                wait_span_id(span_id),
+                sent,
+                due_s,
+                received_s,
+                task_field=task_field,
+                attempt_field=attempt_field,
+                linked=0,
+                error=None,
+            ),
+            _shaped(
+                self._blocks(process, seen),
+                span_id,
+                parent,
+                start_s,
+                end_s,
+                task_field=task_field,
+                attempt_field=attempt_field,
+                linked=sent,
+                error=error,
+            ),
         )
-        blocks = self._blocks(process, seen)
-        start_ns = int(start_s * 1e9)
-        end_ns = int(end_s * 1e9)
-        ids = (
-            _SPAN(0x1208, span_id)
-            if parent is None
-            else _SPAN_PARENT(0x1208, span_id, 0x2208, parent)
-        )
-        parts = [
-            blocks.trace,
-            ids,
-            blocks.name_kind,
-            _TIMES(0x39, start_ns, 0x41, end_ns if end_ns > start_ns else start_ns),
-            blocks.common,
-            own,
-        ]
-        if error is not None:
-            parts.append(field(0x4A, key_value("error.type", error)))
-        if sent:
-            parts += (blocks.link, _SPAN(0x1208, sent), _LINK_FLAGS)
-        parts.append(_STATUS_UNSET if error is None else _STATUS_ERROR)
-        parts.append(_FLAGS_ROOT if parent is None else _FLAGS_REMOTE_PARENT)
-        return wait_parts, parts
 
     def sends(self, record: Sends, seen: dict[int, _ShapeBlocks] | None = None) -> list[bytes]:
         """The ``send`` spans' bytes of a :data:`Sends` record (as :meth:`shaped` writes
