@@ -53,10 +53,19 @@ def _setting(name: str, default: int) -> int:
 class Forwarder:
     """Hands this process's finished spans to its exporting helper process."""
 
-    def __init__(self, service: str, keep: Callable[[int, str], bool] | None = None) -> None:
-        """``keep(trace id, span name)``: is the span sampled (None: every one is)."""
+    def __init__(
+        self,
+        service: str,
+        keep: Callable[[int, str], bool] | None = None,
+        *,
+        gather: Callable[[], None] | None = None,
+    ) -> None:
+        """``keep(trace id, span name)``: is the span sampled (None: every one is).
+        ``gather``: emits the spans made but not emitted yet (called by the sending
+        thread before it sends, and before a flush)."""
         self.service = service
         self.keep = keep
+        self.gather = gather
         # The batch processor's delay, applied to the hop to the helper too (up to 1 s)...
         delay_s = min(_setting("OTEL_BSP_SCHEDULE_DELAY", 5000), 1000) / 1000
         #: ...or less: how often the thread sends what waits (a span is out within this,
@@ -138,6 +147,7 @@ class Forwarder:
         """Send what is pending, and wait for the helper to export it and exit."""
         if self._closing or os.getpid() != self._pid:  # a fork's copy owns nothing
             return
+        self._gather()  # what this process made goes too
         self._closing = True
         vars(self).pop("put", None)  # the method again: it drops what comes now
         self._wake.set()
@@ -199,8 +209,17 @@ class Forwarder:
     def _run(self) -> None:
         while not self._closing:
             self._wake.wait(self.interval_s)
+            if not self._closing:
+                self._gather()
             with self._lock:
                 self._send_pending()
+
+    def _gather(self) -> None:
+        if self.gather is not None:
+            try:
+                self.gather()
+            except Exception:  # a fault there must not stop the spans already made
+                log.exception("emitting the spans made meanwhile failed")
 
     def _send_pending(self) -> None:
         """Send what waits, in one message (the helper posts it by the batch)."""

@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from dagq.observability import ids
@@ -87,10 +87,26 @@ class _Installed:
 _on = _Installed()
 _TRUE = ("1", "true", "yes", "on")
 
+#: What emits spans made but not emitted yet (:func:`dagq.observability.attempts.fold`):
+#: called before spans are sent to the span helper, flushed or shut down.
+before_export: list[Callable[[], None]] = []
+
+
+def gather() -> None:
+    """Emit the spans made but not emitted yet (:data:`before_export`)."""
+    for emit_pending in before_export:
+        emit_pending()
+
 
 def enabled() -> bool:
     """Is tracing on in this process?"""
     return _on.tracer is not None
+
+
+def forwarding() -> bool:
+    """Does a span helper export this process's spans? (Its thread then calls
+    :func:`gather` every moment: spans may wait for it.)"""
+    return _on.forwarder is not None
 
 
 def wanted(environ: Mapping[str, str] | None = None) -> bool:
@@ -127,7 +143,7 @@ def configure(service: str, *, forward: bool = False) -> bool:
         from dagq.observability.forwarding import Forwarder
 
         sampling = Sampling(provider.sampler)
-        forwarder = Forwarder(service, None if sampling.all else sampling.keep)
+        forwarder = Forwarder(service, None if sampling.all else sampling.keep, gather=gather)
         forwarder.start()
         _on.forwarder = _on.finished = forwarder
     return True
@@ -252,6 +268,7 @@ def ready(timeout_s: float) -> bool:
 
 def flush(timeout_ms: int = 5000) -> None:
     """Export what is buffered (before a process ends, or a pool process replies)."""
+    gather()
     if _on.forwarder is not None:
         _on.forwarder.flush(timeout_ms / 1000)
     if _on.provider is not None:
@@ -260,6 +277,7 @@ def flush(timeout_ms: int = 5000) -> None:
 
 def shutdown() -> None:
     """Flush and stop exporting."""
+    gather()
     _close_forwarder()
     if _on.provider is not None:
         _on.provider.shutdown()
