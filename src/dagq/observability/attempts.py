@@ -11,6 +11,7 @@ import collections
 import functools
 import random
 import threading
+from typing import Any
 
 import msgspec
 
@@ -52,11 +53,11 @@ def _on_queue(
 class Attempt(msgspec.Struct, gc=False):
     """An attempt being counted and traced on this worker.
 
-    Its spans are emitted after it ends, in one record (:data:`tracing.Attempted`: the
-    ``wait`` span and the ``process`` span, told apart by the span helper), with the id
-    chosen when it began: the task runs inside the ``process`` span through its
-    traceparent (a Python task's context, a shell task's environment), so nothing
-    needs a live span meanwhile. (Not tracked by the garbage collector: it refers to
+    Its spans (the ``wait`` span and the ``process`` span) are emitted after it ends,
+    with others' in one record (:data:`tracing.Ran`), with the id chosen when it
+    began: the task runs inside the ``process`` span through its traceparent (a Python
+    task's context, a shell task's environment), so nothing needs a live span
+    meanwhile. (Not tracked by the garbage collector: it refers to
     nothing that refers back to it.)
     """
 
@@ -133,9 +134,10 @@ def fold() -> None:
     """Count the attempts begun and ended since the last fold, and emit the ended ones'
     spans: a few tight loops over many attempts, instead of the same work spread over
     the event loop between everything else it does (three to four times as long
-    there). Called by the event loop every :data:`FOLD_AT` attempts, by the span
-    forwarder before it sends, before the metrics are scraped, before a flush, and
-    when a worker stops."""
+    there), and one :data:`tracing.Ran` record for the attempts of a run on a queue
+    instead of one record each. Called by the event loop every :data:`FOLD_AT`
+    attempts, by the span forwarder before it sends, before the metrics are scraped,
+    before a flush, and when a worker stops."""
     backlog = _backlog
     began, ended = backlog.began, backlog.ended
     if not began and not ended:
@@ -153,15 +155,51 @@ def fold() -> None:
                     attempt.started_at,
                 )
         traced = tracing.enabled()
+        shared: _OnQueue | None = None
+        flat: list[Any] = []
+        key: tuple[str, int, str, str] = ("", -1, "", "")
         for _ in range(len(ended)):
-            record = ended.popleft()
-            attempt, span_id, ok, duration_s, error_type, end_s = record
+            attempt, span_id, ok, duration_s, error_type, end_s = ended.popleft()
+            task = attempt.task
             if recorder is not None:
-                recorder.task_finished(
-                    attempt.queue, ok, duration_s, attempt.task.workflow_id, end_s
+                recorder.task_finished(attempt.queue, ok, duration_s, task.workflow_id, end_s)
+            if not span_id or not traced:
+                continue
+            # The attempts of one run on one queue come together: their shared shapes
+            # are found once (the message's strings are new ones each time, so the
+            # cache's lookup hashes them; comparing is cheaper).
+            if (task.workflow_id, task.epoch, attempt.queue, attempt.store_url) != key:
+                if flat:
+                    _ran(shared, flat)
+                    flat = []
+                key = (task.workflow_id, task.epoch, attempt.queue, attempt.store_url)
+                shared = _on_queue(
+                    attempt.store_url, attempt.queue, key[0], task.workflow_name, key[1]
                 )
-            if span_id and traced:
-                _emit(record)
+            assert shared is not None
+            sent = _sent(task, shared)
+            error = None if ok else (error_type or "task_failed")
+            if sent is not None and sent[0] != shared.trace:
+                _linked_elsewhere(attempt, span_id, shared, sent, error=error, end_s=end_s)
+                continue
+            flat += (
+                span_id,
+                0 if sent is None else sent[1],
+                attempt.started_at,
+                end_s,
+                attempt.name,
+                task.attempt,
+                error,
+                task.due_at,
+                attempt.received_at,
+            )
+        if flat:
+            _ran(shared, flat)
+
+
+def _ran(shared: _OnQueue | None, flat: list[Any]) -> None:
+    assert shared is not None
+    tracing.emit_shaped((shared.process, shared.wait, shared.run_span, flat))
 
 
 tracing.before_export.append(fold)
@@ -181,64 +219,44 @@ def _sent(task: TaskMessage, shared: _OnQueue) -> SpanRef | None:
     return ids.parse_traceparent(traceparent)
 
 
-def _emit(record: _Ended) -> None:
-    """The spans of an ended attempt (its ``wait`` and ``process`` spans)."""
-    attempt, span_id, ok, _, error_type, end_s = record
-    task = attempt.task
-    shared = _on_queue(
-        attempt.store_url, attempt.queue, task.workflow_id, task.workflow_name, task.epoch
-    )
-    sent = _sent(task, shared)
-    error = None if ok else (error_type or "task_failed")
-    if sent is not None and sent[0] == shared.trace:
-        due = task.due_at
-        if due:  # both spans in one record
-            tracing.emit_shaped(
-                (
-                    shared.process,
-                    span_id,
-                    shared.run_span,
-                    attempt.started_at,
-                    end_s,
-                    attempt.name,
-                    task.attempt,
-                    sent[1],
-                    error,
-                    shared.wait,
-                    due,
-                    attempt.received_at,
-                )
-            )
-            return
-    else:
-        _waited(attempt, span_id, shared, sent)
-    span: tracing.Shaped = (
-        shared.process,
-        span_id,
-        shared.run_span,
-        attempt.started_at,
-        end_s,
-        attempt.name,
-        task.attempt,
-        0 if sent is None else sent[1],
-        error,
-    )
-    if sent is None or sent[0] == shared.trace:
-        tracing.emit_shaped(span)
-    else:  # linked to a send of another trace (a message not made by dagq's coordinator)
-        name, trace, span_id, parent, kind, attributes, _, _, _, error = tracing.expand(span)
-        tracing.emit(
-            name,
-            trace=trace,
-            span_id=span_id,
-            parent=parent,
-            kind=kind,
-            start_s=attempt.started_at,
-            end_s=end_s,
-            attributes=attributes,
-            links=(sent,),
-            error=error,
+def _linked_elsewhere(
+    attempt: Attempt,
+    span_id: int,
+    shared: _OnQueue,
+    sent: SpanRef,
+    *,
+    error: str | None,
+    end_s: float,
+) -> None:
+    """The spans of an attempt whose message names a send of another trace (a message
+    not made by dagq's coordinator): its ``wait`` span, and its ``process`` span linked
+    to that send."""
+    _waited(attempt, span_id, shared, sent)
+    name, trace, span_id, parent, kind, attributes, _, _, _, error = tracing.expand(
+        (
+            shared.process,
+            span_id,
+            shared.run_span,
+            attempt.started_at,
+            end_s,
+            attempt.name,
+            attempt.task.attempt,
+            0,
+            error,
         )
+    )
+    tracing.emit(
+        name,
+        trace=trace,
+        span_id=span_id,
+        parent=parent,
+        kind=kind,
+        start_s=attempt.started_at,
+        end_s=end_s,
+        attributes=attributes,
+        links=(sent,),
+        error=error,
+    )
 
 
 def abandoned(attempt: Attempt) -> None:
@@ -255,8 +273,8 @@ def abandoned(attempt: Attempt) -> None:
 
 
 def _waited(attempt: Attempt, span_id: int, shared: _OnQueue, sent: SpanRef | None) -> None:
-    """The ``wait`` span of an attempt alone (as an :data:`tracing.Attempted` record
-    makes it), when it has one: its message named its send, and when it was due."""
+    """The ``wait`` span of an attempt alone (as a :data:`tracing.Ran` record makes
+    it), when it has one: its message named its send, and when it was due."""
     due = attempt.task.due_at
     if sent is None or not due:
         return

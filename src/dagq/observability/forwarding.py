@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import IO
+from typing import IO, cast
 
 from dagq.observability.tracing import Emitted
 
@@ -96,7 +96,10 @@ class Forwarder:
             return
         if self.keep is not None:
             head = record[0]
-            name, trace = (head, record[1]) if isinstance(head, str) else (head[0], head[2])
+            if isinstance(head, str):  # a Record: its name, then its trace
+                name, trace = head, cast(int, record[1])
+            else:  # its shape's name and trace
+                name, trace = head[0], head[2]
             if not self.keep(trace, name):
                 return
         pending = self._pending
