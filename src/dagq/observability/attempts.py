@@ -26,6 +26,10 @@ _new_id = random.getrandbits
 class _OnQueue(msgspec.Struct, frozen=True):
     """What every traced attempt of one run's epoch on one queue shares, made once."""
 
+    workflow_id: str
+    epoch: int
+    queue: str
+    store_url: str
     trace: int
     #: ``00-TRACE-``: a traceparent of this trace up to its span id.
     trace_part: str
@@ -42,6 +46,10 @@ def _on_queue(
     trace = ids.trace_id(workflow_id)
     common = spans.attempt_common(store_url, "process", queue, workflow_id, workflow_name)
     return _OnQueue(
+        workflow_id=workflow_id,
+        epoch=epoch,
+        queue=queue,
+        store_url=store_url,
         trace=trace,
         trace_part=ids.trace_part(trace),
         run_span=ids.run_span_id(workflow_id, epoch),
@@ -154,37 +162,51 @@ def fold() -> None:
                     task.workflow_id,
                     attempt.started_at,
                 )
+        finished = None if recorder is None else recorder.task_finished
         traced = tracing.enabled()
         shared: _OnQueue | None = None
         flat: list[Any] = []
-        key: tuple[str, int, str, str] = ("", -1, "", "")
         for _ in range(len(ended)):
             attempt, span_id, ok, duration_s, error_type, end_s = ended.popleft()
             task = attempt.task
-            if recorder is not None:
-                recorder.task_finished(attempt.queue, ok, duration_s, task.workflow_id, end_s)
+            if finished is not None:
+                finished(attempt.queue, ok, duration_s, task.workflow_id, end_s)
             if not span_id or not traced:
                 continue
-            # The attempts of one run on one queue come together: their shared shapes
-            # are found once (the message's strings are new ones each time, so the
-            # cache's lookup hashes them; comparing is cheaper).
-            if (task.workflow_id, task.epoch, attempt.queue, attempt.store_url) != key:
+            # The attempts of one run on one queue come together: their shapes are
+            # found once (a message's strings are new ones each time: the cache's
+            # lookup would hash them; comparing them is cheaper).
+            if (
+                shared is None
+                or task.workflow_id != shared.workflow_id
+                or task.epoch != shared.epoch
+                or attempt.queue != shared.queue
+                or attempt.store_url != shared.store_url
+            ):
                 if flat:
                     _ran(shared, flat)
                     flat = []
-                key = (task.workflow_id, task.epoch, attempt.queue, attempt.store_url)
                 shared = _on_queue(
-                    attempt.store_url, attempt.queue, key[0], task.workflow_name, key[1]
+                    attempt.store_url,
+                    attempt.queue,
+                    task.workflow_id,
+                    task.workflow_name,
+                    task.epoch,
                 )
-            assert shared is not None
-            sent = _sent(task, shared)
             error = None if ok else (error_type or "task_failed")
-            if sent is not None and sent[0] != shared.trace:
-                _linked_elsewhere(attempt, span_id, shared, sent, error=error, end_s=end_s)
-                continue
+            traceparent = task.traceparent
+            linked = 0
+            if len(traceparent) == 55 and traceparent.startswith(shared.trace_part):
+                linked = _span_of(traceparent)  # as the coordinator makes it: a quick look
+            if not linked and traceparent:
+                sent = _sent(task, shared)
+                if sent is not None and sent[0] != shared.trace:
+                    _linked_elsewhere(attempt, span_id, shared, sent, error=error, end_s=end_s)
+                    continue
+                linked = 0 if sent is None else sent[1]
             flat += (
                 span_id,
-                0 if sent is None else sent[1],
+                linked,
                 attempt.started_at,
                 end_s,
                 attempt.name,
@@ -195,6 +217,14 @@ def fold() -> None:
             )
         if flat:
             _ran(shared, flat)
+
+
+def _span_of(traceparent: str) -> int:
+    """The span id of a 55-character traceparent (0 if it is not hexadecimal)."""
+    try:
+        return int(traceparent[36:52], 16)
+    except ValueError:
+        return 0
 
 
 def _ran(shared: _OnQueue | None, flat: list[Any]) -> None:
@@ -212,10 +242,9 @@ def _sent(task: TaskMessage, shared: _OnQueue) -> SpanRef | None:
     if not traceparent:
         return None
     if len(traceparent) == 55 and traceparent.startswith(shared.trace_part):
-        try:  # as the coordinator makes it: a quick check
-            return shared.trace, int(traceparent[36:52], 16)
-        except ValueError:
-            pass
+        span = _span_of(traceparent)  # as the coordinator makes it: a quick look
+        if span:
+            return shared.trace, span
     return ids.parse_traceparent(traceparent)
 
 
