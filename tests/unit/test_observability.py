@@ -432,8 +432,8 @@ def test_where_a_forwarder_exports_an_attempts_spans_wait_for_a_fold(
     and a flush fold first."""
     monkeypatch.setattr(tracing, "forwarding", lambda: True)
     emitted: list[Any] = []
-    real_emit = tracing.emit_shaped
-    monkeypatch.setattr(tracing, "emit_shaped", lambda r: (emitted.append(r), real_emit(r)))
+    real_emit = tracing.emit_ran
+    monkeypatch.setattr(tracing, "emit_ran", lambda r: (emitted.append(r), real_emit(r)))
     made = []
     for n in (1, 2, 3):
         attempt = attempts.begin("sqlite:///x.db", _message("wf-fold", n), "q", 11.0, 11.5)

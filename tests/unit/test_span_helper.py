@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dagq.observability import exporting, tracing
+from dagq.observability import exporting, forwarding, tracing
 from dagq.observability.tracing import Record
 
 pytestmark = pytest.mark.timeout(60)
@@ -262,3 +262,21 @@ def test_the_helper_runs_at_a_lower_cpu_priority_as_a_batch_job_once_it_is_up(
             assert os.sched_getscheduler(forwarder._helper.pid) == os.SCHED_BATCH
     finally:
         forwarder.close()
+
+
+def test_a_forwarder_keeps_a_bounded_number_of_attempts_waiting_and_drops_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Attempts come by the hundred a record (tracing.Ran): the bound on what waits for
+    a helper that does not keep up counts them, not the records; once what waited is
+    taken, there is room again."""
+    monkeypatch.setattr(forwarding, "MAX_PENDING_ATTEMPTS", 100)
+    forwarder = forwarding.Forwarder("dagq-test")
+    forwarder._thread = threading.current_thread()  # as if started (nothing sends: no helper)
+    for _ in range(5):
+        forwarder.put_ran(_ran(30))  # 3 fit (90 attempts)
+    assert len(forwarder._pending) == 3
+    assert forwarder.dropped == 2 * 30 * 2  # spans: each attempt's wait and process
+    forwarder._send_pending()  # taken (and lost: there is no helper)
+    forwarder.put_ran(_ran(30))
+    assert len(forwarder._pending) == 1 and forwarder.dropped == 120

@@ -229,7 +229,7 @@ def _span_of(traceparent: str) -> int:
 
 def _ran(shared: _OnQueue | None, flat: list[Any]) -> None:
     assert shared is not None
-    tracing.emit_shaped((shared.process, shared.wait, shared.run_span, flat))
+    tracing.emit_ran((shared.process, shared.wait, shared.run_span, flat))
 
 
 tracing.before_export.append(fold)

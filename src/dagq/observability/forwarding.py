@@ -30,13 +30,16 @@ import time
 from collections.abc import Callable
 from typing import IO, cast
 
-from dagq.observability.tracing import Emitted
+from dagq.observability.tracing import RAN_FIELDS, Emitted, Ran, ran_span_count
 
 log = logging.getLogger("dagq.observability")
 
-#: Records waiting for the helper at most (a span each, or an attempt's two, or a
-#: step's sends); more are dropped (and said so, once).
+#: Records waiting for the helper at most (a span each, or a step's sends, or the
+#: attempts of a run that ran); more are dropped (and said so, once).
 MAX_PENDING = 16384
+#: Attempts (in :data:`tracing.Ran` records) waiting for the helper at most; the spans of
+#: more are dropped (and said so, once).
+MAX_PENDING_ATTEMPTS = 16384
 #: How often spans go to the helper at most (``OTEL_BSP_SCHEDULE_DELAY`` if shorter).
 SEND_INTERVAL_S = 0.25
 #: How long :meth:`Forwarder.close` waits for the helper to export what it has.
@@ -83,6 +86,10 @@ class Forwarder:
         #: Requests that the helper answers on the acknowledgement pipe, and its answers.
         self._asked = self._acked = 0
         self._thread: threading.Thread | None = None
+        #: Attempts in the Ran records put so far (only :meth:`put_ran` adds, under the
+        #: lock of whoever folds), and so many as were pending when the sending thread
+        #: last took everything (only it sets it): the difference is what waits.
+        self._ran_added = self._ran_taken = 0
         self._pid = os.getpid()
 
     def put(self, record: Emitted) -> None:
@@ -109,6 +116,17 @@ class Forwarder:
         pending.append(record)
         if self._thread is None:
             self.start()
+
+    def put_ran(self, record: Ran) -> None:
+        """Queue the spans of attempts that ran (:data:`tracing.Ran`), unless
+        :data:`MAX_PENDING_ATTEMPTS` wait already (the helper does not keep up, or is
+        stuck): then they are dropped."""
+        attempts = len(record[3]) // RAN_FIELDS
+        if self._ran_added - self._ran_taken + attempts > MAX_PENDING_ATTEMPTS:
+            self._drop(ran_span_count(record[3]))
+            return
+        self._ran_added += attempts
+        self.put(record)
 
     def flush(self, timeout_s: float) -> None:
         """Return once the helper has exported every span made so far (or after
@@ -230,6 +248,9 @@ class Forwarder:
         if len(pending) >= MAX_PENDING and not self.dropped:  # full: the oldest went
             self._drop(1)  # at least: how many is not counted a span
         if pending:
+            # Everything is taken (one fold's, coming meanwhile, may count as taken:
+            # the bound is off by that much at most, never for good).
+            self._ran_taken = self._ran_added
             spans = [pending.popleft() for _ in range(len(pending))]
             if not self._write(("spans", spans)):
                 pending.clear()
@@ -253,7 +274,9 @@ class Forwarder:
     def _drop(self, count: int = 1) -> None:
         if not self.dropped:
             log.warning(
-                "spans are made faster than they are exported: dropping some (more than %d wait)",
+                "spans are made faster than they are exported: dropping some (more than %d "
+                "records or %d attempts wait)",
                 MAX_PENDING,
+                MAX_PENDING_ATTEMPTS,
             )
         self.dropped += count

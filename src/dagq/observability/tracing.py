@@ -362,6 +362,18 @@ def emit_shaped(span: Shaped | Sends | Ran) -> None:
         finished.put(span)
 
 
+def emit_ran(record: Ran) -> None:
+    """Record the spans of attempts that ran (:data:`Ran`), as :func:`emit_shaped` does;
+    a helper exporting them keeps a bound on the attempts waiting for it."""
+    forwarder = _on.forwarder
+    if forwarder is not None:
+        forwarder.put_ran(record)
+        return
+    finished = _on.finished
+    if finished is not None:
+        finished.put(record)
+
+
 def expand(shaped: Shaped) -> Record:
     """The :data:`Record` of a :data:`Shaped` span (as :func:`emit` makes it)."""
     shape, span_id, parent, start_s, end_s, task, attempt, linked, error = shaped
