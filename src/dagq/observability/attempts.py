@@ -21,6 +21,8 @@ from dagq.observability import ids, metrics, spans, tracing
 from dagq.observability.tracing import SpanRef
 
 _new_id = random.getrandbits
+_trace_part = ids.run_trace_part
+_SAMPLED = ids.SAMPLED_END
 
 
 class _OnQueue(msgspec.Struct, frozen=True):
@@ -110,17 +112,14 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
     next :func:`fold`; its span is emitted with its ``process`` span); its ``process
     QUEUE`` span starts now, under the run's span, linked to its ``send``."""
     name = keys.attempt_name(task.name, item=task.item_index, undo=task.undo)
-    attempt = Attempt(task, queue, name, "", 0, now, received_at, store_url)
+    span_id, traceparent = 0, ""
+    if tracing.enabled():
+        span_id = _new_id(64) or 1  # as ids.new_span_id draws it
+        # As ids.traceparent_of writes it (inline: attempts begin by the thousand).
+        traceparent = _trace_part(task.workflow_id) + span_id.to_bytes(8, "big").hex() + _SAMPLED
+    attempt = Attempt(task, queue, name, traceparent, span_id, now, received_at, store_url)
     if task.due_at and metrics.current() is not None:
         _backlog.began.append(attempt)
-    if tracing.enabled():
-        span_id = attempt.span_id = _new_id(64) or 1  # as ids.new_span_id draws it
-        # As ids.traceparent_of writes it (inline: attempts begin by the thousand).
-        attempt.traceparent = (
-            ids.run_trace_part(task.workflow_id)
-            + span_id.to_bytes(8, "big").hex()
-            + ids.SAMPLED_END
-        )
     return attempt
 
 
