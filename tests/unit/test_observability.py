@@ -489,6 +489,32 @@ def test_attempts_folded_by_another_thread_meanwhile_are_each_counted_once(
     assert finished.value == 20_000.0 and waits.value == 20_000.0
 
 
+def test_attempts_that_never_end_here_do_not_pile_up_uncounted(
+    recorder: metrics.Metrics,
+) -> None:
+    """Metrics on, tracing off, nobody scraping: attempts that begin and are abandoned
+    (never ended here) are folded by the hundred all the same (found in review)."""
+    for n in range(5000):
+        attempt = attempts.begin("sqlite:///x.db", _message("never", n), "q", 11.0, 11.5)
+        attempts.abandoned(attempt)
+    assert len(attempts._backlog.began) < attempts.FOLD_AT
+    (waits,) = samples(recorder)["dagq_queue_wait_seconds_count"]
+    assert waits.value == 5000.0
+
+
+def test_turning_tracing_off_emits_the_attempts_that_ended_before(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempts that ended, not yet folded, when tracing is turned off have their spans
+    emitted first (found in review: they were folded with tracing already off)."""
+    monkeypatch.setattr(tracing, "forwarding", lambda: True)  # left to a fold
+    attempt = attempts.begin("sqlite:///x.db", _message("wf-off", 1), "q", 11.0, 11.5)
+    attempts.end(attempt, ok=True, duration_s=0.5, error_type=None, end_s=12.0)
+    assert spans.get_finished_spans() == ()
+    tracing.install(None)
+    assert sorted(s.name for s in spans.get_finished_spans()) == ["process q", "wait q"]
+
+
 def test_the_exporters_resource_is_the_providers() -> None:
     finished = tracing.Finished(_PROVIDER)
     assert finished.resource == _PROVIDER.resource

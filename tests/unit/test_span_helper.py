@@ -280,3 +280,18 @@ def test_a_forwarder_keeps_a_bounded_number_of_attempts_waiting_and_drops_the_re
     forwarder._send_pending()  # taken (and lost: there is no helper)
     forwarder.put_ran(_ran(30))
     assert len(forwarder._pending) == 1 and forwarder.dropped == 120
+
+
+def test_attempts_a_sampler_drops_take_no_room_from_those_it_keeps() -> None:
+    """With a ratio sampler, the attempts of unsampled runs are not queued, and not
+    counted as waiting either: else, past the bound, every later attempt — of sampled
+    runs too — was dropped for good (found in review)."""
+    kept, left_out = _ran(1), _ran(256)
+    left_out = (("process q", "consumer", 2, ()), left_out[1], 9, left_out[3])
+    forwarder = forwarding.Forwarder("dagq-test", keep=lambda trace, _name: trace == 1)
+    forwarder._thread = threading.current_thread()  # as if started (no helper)
+    for _ in range(forwarding.MAX_PENDING_ATTEMPTS // 256 + 2):
+        forwarder.put_ran(left_out)
+        forwarder._send_pending()  # the sending thread's rounds meanwhile
+    forwarder.put_ran(kept)
+    assert list(forwarder._pending) == [kept] and forwarder.dropped == 0

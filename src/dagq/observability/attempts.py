@@ -119,7 +119,10 @@ def begin(store_url: str, task: TaskMessage, queue: str, received_at: float, now
         traceparent = _trace_part(task.workflow_id) + span_id.to_bytes(8, "big").hex() + _SAMPLED
     attempt = Attempt(task, queue, name, traceparent, span_id, now, received_at, store_url)
     if task.due_at and metrics.current() is not None:
-        _backlog.began.append(attempt)
+        began = _backlog.began
+        began.append(attempt)
+        if len(began) >= FOLD_AT:  # attempts that never end here must not pile up
+            fold()
     return attempt
 
 
@@ -127,7 +130,8 @@ def end(
     attempt: Attempt, *, ok: bool, duration_s: float, error_type: str | None, end_s: float
 ) -> None:
     """An attempt ended (its report is made): it is counted, and its spans emitted, at
-    the next :func:`fold` — at once where no span forwarder folds every moment."""
+    the next :func:`fold` — at once if traced with no span forwarder (whose thread folds
+    every moment) in this process: the SDK's processors in process."""
     attempt.span_id, span_id = 0, attempt.span_id
     if not span_id and metrics.current() is None:
         return

@@ -121,6 +121,10 @@ class Forwarder:
         """Queue the spans of attempts that ran (:data:`tracing.Ran`), unless
         :data:`MAX_PENDING_ATTEMPTS` wait already (the helper does not keep up, or is
         stuck): then they are dropped."""
+        if self.keep is not None:  # not sampled: not waiting either
+            process = record[0]
+            if not self.keep(process[2], process[0]):
+                return
         attempts = len(record[3]) // RAN_FIELDS
         if self._ran_added - self._ran_taken + attempts > MAX_PENDING_ATTEMPTS:
             self._drop(ran_span_count(record[3]))
@@ -247,10 +251,10 @@ class Forwarder:
         pending = self._pending
         if len(pending) >= MAX_PENDING and not self.dropped:  # full: the oldest went
             self._drop(1)  # at least: how many is not counted a span
+        # Everything is taken (one fold's, coming meanwhile, may count as taken: the
+        # bound is off by that much at most, and never for good).
+        self._ran_taken = self._ran_added
         if pending:
-            # Everything is taken (one fold's, coming meanwhile, may count as taken:
-            # the bound is off by that much at most, never for good).
-            self._ran_taken = self._ran_added
             spans = [pending.popleft() for _ in range(len(pending))]
             if not self._write(("spans", spans)):
                 pending.clear()

@@ -248,6 +248,7 @@ def install(provider: TracerProvider | None) -> None:
     """Trace into ``provider`` from now on (None: tracing off). The provider becomes
     the global one too when none is set, so user code in this process joins."""
     if provider is None:
+        gather()  # what ended meanwhile goes out while tracing is still on
         _on.tracer = _on.provider = _on.finished = None
         _close_forwarder()
         return
