@@ -301,6 +301,7 @@ class Worker:
             self._stopping = True
             deadline = asyncio.get_running_loop().time() + self.options.shutdown_grace_s
             await self._drain(deadline)
+            attempts.fold()  # what it ran is counted and traced by the time it stops
             await supervisor.stop("heartbeat")
             await supervisor.stop("registration")
             await self._registration.withdraw()

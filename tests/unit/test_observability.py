@@ -8,6 +8,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -291,6 +292,8 @@ def samples(recorder: metrics.Metrics) -> dict[str, list[Any]]:
 async def test_a_run_counts_its_tasks_and_workflow(recorder: metrics.Metrics) -> None:
     result = await run([{"name": "a"}, {"name": "b", "depends_on": ["a"], "cmd": "exit 1"}])
     assert result.status == "failed"
+    # Counted by the time the worker stopped (it folds what it ran), before any scrape.
+    assert recorder.tasks_finished.counts == {("default", "ok"): 1, ("default", "failed"): 1}
     got = samples(recorder)
     finished = {
         (s.labels["queue"], s.labels["status"]): s.value for s in got["dagq_tasks_finished_total"]
@@ -403,6 +406,113 @@ def test_an_attempt_that_does_not_end_here_still_has_its_wait_span(
     assert (wait.start_time, wait.end_time) == (10_000_000_000, 11_000_000_000)
     process_span = ids.span_in(attempt.traceparent, trace)
     assert process_span and wait.context.span_id == tracing.wait_span_id(process_span)
+
+
+def _message(workflow_id: str, task: int, *, due_at: float = 10.0) -> TaskMessage:
+    """A task message as the coordinator sends it with telemetry on."""
+    trace = ids.trace_id(workflow_id)
+    return TaskMessage(
+        workflow_id=workflow_id,
+        task=task,
+        name=f"t{task}",
+        attempt=1,
+        spec=TaskSpec(kind="shell", cmd="true"),
+        traceparent=ids.traceparent(trace, 0x100 + task),
+        due_at=due_at,
+        workflow_name="w",
+    )
+
+
+def test_where_a_forwarder_exports_an_attempts_spans_wait_for_a_fold(
+    spans: InMemorySpanExporter, recorder: metrics.Metrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a span helper exports them (its thread folds every moment), an attempt's
+    hooks leave its metrics and spans to a fold, made for many attempts at once: one
+    record for the attempts of a run on a queue, the same spans as one by one. A scrape
+    and a flush fold first."""
+    monkeypatch.setattr(tracing, "forwarding", lambda: True)
+    emitted: list[Any] = []
+    real_emit = tracing.emit_ran
+    monkeypatch.setattr(tracing, "emit_ran", lambda r: (emitted.append(r), real_emit(r)))
+    made = []
+    for n in (1, 2, 3):
+        attempt = attempts.begin("sqlite:///x.db", _message("wf-fold", n), "q", 11.0, 11.5)
+        attempts.end(attempt, ok=n != 2, duration_s=0.5, error_type=None, end_s=12.0)
+        made.append(attempt)
+    assert spans.get_finished_spans() == () and emitted == []  # nothing yet
+    finished = {
+        (s.labels["queue"], s.labels["status"]): s.value
+        for s in samples(recorder)["dagq_tasks_finished_total"]
+    }
+    assert finished == {("q", "ok"): 2.0, ("q", "failed"): 1.0}  # the scrape folded
+    tracing.flush()
+    assert [len(r) for r in emitted] == [4]  # one record for the three attempts
+    found = list(spans.get_finished_spans())
+    trace = ids.trace_id("wf-fold")
+    for n, attempt in zip((1, 2, 3), made, strict=True):
+        process = one(found, "process q", **{"dagq.task.name": f"t{n}"})
+        wait = one(found, "wait q", **{"dagq.task.name": f"t{n}"})
+        assert ids.traceparent(trace, process.context.span_id) == attempt.traceparent
+        assert [link.context.span_id for link in process.links] == [0x100 + n]
+        assert parent_id(process) == ids.run_span_id("wf-fold", 0)
+        assert parent_id(wait) == 0x100 + n
+        assert wait.context.span_id == tracing.wait_span_id(process.context.span_id)
+        assert (wait.start_time, wait.end_time) == (10_000_000_000, 11_000_000_000)
+        assert process.status.status_code == (StatusCode.ERROR if n == 2 else StatusCode.UNSET)
+    assert len(found) == 6
+
+
+def test_attempts_folded_by_another_thread_meanwhile_are_each_counted_once(
+    recorder: metrics.Metrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event loop adds attempts while another thread (the span forwarder's, a
+    scrape's) folds them: none is lost or counted twice."""
+    monkeypatch.setattr(attempts, "FOLD_AT", 10**9)  # only the other thread folds
+    stop = threading.Event()
+
+    def folding() -> None:
+        while not stop.is_set():
+            attempts.fold()
+
+    thread = threading.Thread(target=folding)
+    thread.start()
+    try:
+        for n in range(20_000):
+            attempt = attempts.begin("sqlite:///x.db", _message("wf-race", n), "q", 11.0, 11.5)
+            attempts.end(attempt, ok=True, duration_s=0.5, error_type=None, end_s=12.0)
+    finally:
+        stop.set()
+        thread.join(30)
+    got = samples(recorder)
+    (finished,) = got["dagq_tasks_finished_total"]
+    (waits,) = got["dagq_queue_wait_seconds_count"]
+    assert finished.value == 20_000.0 and waits.value == 20_000.0
+
+
+def test_attempts_that_never_end_here_do_not_pile_up_uncounted(
+    recorder: metrics.Metrics,
+) -> None:
+    """Metrics on, tracing off, nobody scraping: attempts that begin and are abandoned
+    (never ended here) are folded by the hundred all the same (found in review)."""
+    for n in range(5000):
+        attempt = attempts.begin("sqlite:///x.db", _message("never", n), "q", 11.0, 11.5)
+        attempts.abandoned(attempt)
+    assert len(attempts._backlog.began) < attempts.FOLD_AT
+    (waits,) = samples(recorder)["dagq_queue_wait_seconds_count"]
+    assert waits.value == 5000.0
+
+
+def test_turning_tracing_off_emits_the_attempts_that_ended_before(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempts that ended, not yet folded, when tracing is turned off have their spans
+    emitted first (found in review: they were folded with tracing already off)."""
+    monkeypatch.setattr(tracing, "forwarding", lambda: True)  # left to a fold
+    attempt = attempts.begin("sqlite:///x.db", _message("wf-off", 1), "q", 11.0, 11.5)
+    attempts.end(attempt, ok=True, duration_s=0.5, error_type=None, end_s=12.0)
+    assert spans.get_finished_spans() == ()
+    tracing.install(None)
+    assert sorted(s.name for s in spans.get_finished_spans()) == ["process q", "wait q"]
 
 
 def test_the_exporters_resource_is_the_providers() -> None:

@@ -118,7 +118,7 @@ async def test_a_runs_spans_encode_as_the_sdk_encodes_them(recording: Recording)
     # An attempt's spans are emitted by their shape, a step's sends and an attempt's
     # wait and process spans in one record each; the rest as records.
     assert {type(r[0]) for r in recording.records} == {str, tuple}
-    assert {len(r) for r in recording.records if type(r[0]) is tuple} == {5, 12}
+    assert {len(r) for r in recording.records if type(r[0]) is tuple} == {4, 5}
     assert_same_as_the_sdk(recording.records)
     assert_same_as_the_sdk(records)
 
@@ -236,11 +236,30 @@ def test_shaped_spans_encode_as_the_sdk_encodes_the_spans_they_stand_for(
     assert_same_as_the_sdk([tracing.record_of(r) for r in records])
 
 
-_attempted = st.tuples(_shaped, _shapes, _seconds, _seconds).map(
-    lambda drawn: (*drawn[0], drawn[1], drawn[2], drawn[3])
-)
 _task_names = st.text(max_size=40)
 _attempt_numbers = st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.integers(0, 70)
+#: Attempts that ran (tracing.Ran): with or without a send to link to, and a due time
+#: (both: a wait span too).
+_ran = st.tuples(
+    _shapes,
+    _shapes,
+    _ids,
+    st.lists(
+        st.tuples(
+            _ids,
+            st.just(0) | _ids,
+            _seconds,
+            _seconds,
+            _task_names,
+            _attempt_numbers,
+            st.none() | st.text(min_size=1, max_size=20),
+            st.just(0.0) | _seconds,
+            _seconds,
+        ),
+        min_size=1,
+        max_size=4,
+    ).map(lambda attempts: [value for attempt in attempts for value in attempt]),
+)
 _sends = st.tuples(
     _shapes,
     _ids,
@@ -253,11 +272,11 @@ _sends = st.tuples(
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(_attempted | _sends | _shaped | _records, min_size=1, max_size=6))
+@given(st.lists(_ran | _sends | _shaped | _records, min_size=1, max_size=6))
 def test_records_of_several_spans_encode_as_the_sdk_encodes_the_spans_they_hold(
     records: list[Any],
 ) -> None:
-    """A worker's attempt (its wait and process spans) and a coordinator's step (its
+    """A worker's attempts (their wait and process spans) and a coordinator's step (its
     sends) each travel as one record; the helper writes the spans they stand for."""
     assert_same_as_the_sdk(records)
     assert_same_as_the_sdk([s for r in records for s in tracing.spans_of(r)])
@@ -267,10 +286,13 @@ def test_an_attempts_wait_span_has_an_id_of_its_own_under_the_send() -> None:
     trace = ids.trace_id("attempted")
     process: Shape = ("process q", "consumer", trace, (("dagq.queue", "q"),))
     wait: Shape = ("wait q", "internal", trace, ())
-    record = (process, 7, 3, 2.0, 3.0, "t", 1, 5, None, wait, 1.0, 1.5)
+    # Two attempts that ran: one with a wait span under its send, one without (no send).
+    record = (process, wait, 3, [7, 5, 2.0, 3.0, "t", 1, None, 1.0, 1.5])
+    record[3].extend([8, 0, 2.0, 3.0, "u", 2, "Boom", 1.0, 1.5])
     found = decoded([record]).resource_spans[0].scope_spans[0].spans
-    assert [s.name for s in found] == ["wait q", "process q"]
-    waited, processed = found
+    assert [s.name for s in found] == ["wait q", "process q", "process q"]
+    waited, processed, alone = found
+    assert int.from_bytes(alone.span_id, "big") == 8 and not alone.links
     assert int.from_bytes(waited.parent_span_id, "big") == 5  # the send
     assert int.from_bytes(processed.parent_span_id, "big") == 3  # the run
     assert [int.from_bytes(link.span_id, "big") for link in processed.links] == [5]

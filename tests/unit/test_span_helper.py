@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dagq.observability import exporting, tracing
+from dagq.observability import exporting, forwarding, tracing
 from dagq.observability.tracing import Record
 
 pytestmark = pytest.mark.timeout(60)
@@ -171,20 +171,28 @@ def test_the_helper_posts_a_full_batch_at_once_and_the_rest_when_due_or_flushed(
         thread.join(10)
 
 
+def _ran(count: int, first: int = 1) -> tracing.Ran:
+    """Attempts that ran (one record), each with a wait span: ``count`` x 2 spans."""
+    process: Any = ("process q", "consumer", 1, ())
+    wait: Any = ("wait q", "internal", 1, ())
+    flat = [
+        v for n in range(first, first + count) for v in (n, 3, 1.0, 2.0, "t", 1, None, 0.5, 1.0)
+    ]
+    return (process, wait, 9, flat)
+
+
 def test_records_of_several_spans_are_counted_and_cut_by_their_spans() -> None:
-    """A step's sends (one record) and an attempt's wait and process spans (one record)
-    count as the spans they hold, in the queue's limit and in a request's batch; a
-    step's sends are cut where a request is full."""
+    """A step's sends (one record) and attempts that ran (one record, two spans an
+    attempt) count as the spans they hold, in the queue's limit and in a request's
+    batch; both are cut where a request is full (an attempt's spans stay together)."""
     shape: Any = ("send q", "producer", 1, ())
     sends = (shape, 9, 1.0, 2.0, [v for n in range(1, 251) for v in (n, f"t{n}", 1)])
-    attempted = ("process q", "consumer", 1, ())
-    attempt = (attempted, 7, 9, 1.0, 2.0, "t", 1, 3, None, ("wait q", "internal", 1, ()), 0.5, 1.0)
     posted = Posted(batch_size=100)
     read, write = os.pipe()
     try:
         sending = exporting.Sending(posted, write, limit=300)  # type: ignore[arg-type]
-        sending.add([attempt, sends])  # 252 spans
-        sending.add([attempt] * 30)  # 24 fit (the rest of the room, 48 spans)
+        sending.add([_ran(1, first=1000), sends])  # 252 spans
+        sending.add([_ran(30)])  # 24 attempts fit (the rest of the room, 48 spans)
         sending.flush()
         sending.end()
         sending.run()
@@ -196,18 +204,21 @@ def test_records_of_several_spans_are_counted_and_cut_by_their_spans() -> None:
     sent = [s for s in posted.spans if s[0][0] == "send q"]
     assert [s[1] for s in sent] == list(range(1, 251))  # each once, in order
     assert len(posted.spans) == 300
+    processes = [s[1] for s in posted.spans if s[0][0] == "process q"]
+    assert processes == [1000, *range(1, 25)]  # the first 24 of the 30, each once
+    waits = [s for s in posted.spans if s[0][0] == "wait q"]
+    assert [w[1] for w in waits] == [tracing.wait_span_id(p) for p in processes]
+    assert {(w[2], w[3], w[4]) for w in waits} == {(3, 0.5, 1.0)}  # under the send
 
 
 def test_a_record_that_does_not_fit_the_rest_of_a_request_waits_for_the_next() -> None:
-    """An attempt's record (two spans) that comes after a request's room is down to one
-    span goes in the next request: the export thread once spun on it for ever, holding
+    """An attempt's spans (two) that come after a request's room is down to one span go
+    in the next request: the export thread once spun on it for ever, holding
     its lock (a client's run of a thousand tasks with telemetry on never ended)."""
-    attempted = ("process q", "consumer", 1, ())
-    attempt = (attempted, 7, 9, 1.0, 2.0, "t", 1, 3, None, ("wait q", "internal", 1, ()), 0.5, 1.0)
     posted = Posted(batch_size=3)
     sending = exporting.Sending(posted, -1, limit=100)  # type: ignore[arg-type]
     for _ in range(3):
-        sending.add([attempt])
+        sending.add([_ran(1)])
     sending.end()
     thread = threading.Thread(target=sending.run, daemon=True)
     thread.start()
@@ -251,3 +262,36 @@ def test_the_helper_runs_at_a_lower_cpu_priority_as_a_batch_job_once_it_is_up(
             assert os.sched_getscheduler(forwarder._helper.pid) == os.SCHED_BATCH
     finally:
         forwarder.close()
+
+
+def test_a_forwarder_keeps_a_bounded_number_of_attempts_waiting_and_drops_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Attempts come by the hundred a record (tracing.Ran): the bound on what waits for
+    a helper that does not keep up counts them, not the records; once what waited is
+    taken, there is room again."""
+    monkeypatch.setattr(forwarding, "MAX_PENDING_ATTEMPTS", 100)
+    forwarder = forwarding.Forwarder("dagq-test")
+    forwarder._thread = threading.current_thread()  # as if started (nothing sends: no helper)
+    for _ in range(5):
+        forwarder.put_ran(_ran(30))  # 3 fit (90 attempts)
+    assert len(forwarder._pending) == 3
+    assert forwarder.dropped == 2 * 30 * 2  # spans: each attempt's wait and process
+    forwarder._send_pending()  # taken (and lost: there is no helper)
+    forwarder.put_ran(_ran(30))
+    assert len(forwarder._pending) == 1 and forwarder.dropped == 120
+
+
+def test_attempts_a_sampler_drops_take_no_room_from_those_it_keeps() -> None:
+    """With a ratio sampler, the attempts of unsampled runs are not queued, and not
+    counted as waiting either: else, past the bound, every later attempt — of sampled
+    runs too — was dropped for good (found in review)."""
+    kept, left_out = _ran(1), _ran(256)
+    left_out = (("process q", "consumer", 2, ()), left_out[1], 9, left_out[3])
+    forwarder = forwarding.Forwarder("dagq-test", keep=lambda trace, _name: trace == 1)
+    forwarder._thread = threading.current_thread()  # as if started (no helper)
+    for _ in range(forwarding.MAX_PENDING_ATTEMPTS // 256 + 2):
+        forwarder.put_ran(left_out)
+        forwarder._send_pending()  # the sending thread's rounds meanwhile
+    forwarder.put_ran(kept)
+    assert list(forwarder._pending) == [kept] and forwarder.dropped == 0

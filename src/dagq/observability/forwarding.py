@@ -28,15 +28,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import IO
+from typing import IO, cast
 
-from dagq.observability.tracing import Emitted
+from dagq.observability.tracing import RAN_FIELDS, Emitted, Ran, ran_span_count
 
 log = logging.getLogger("dagq.observability")
 
-#: Records waiting for the helper at most (a span each, or an attempt's two, or a
-#: step's sends); more are dropped (and said so, once).
+#: Records waiting for the helper at most (a span each, or a step's sends, or the
+#: attempts of a run that ran); more are dropped (and said so, once).
 MAX_PENDING = 16384
+#: Attempts (in :data:`tracing.Ran` records) waiting for the helper at most; the spans of
+#: more are dropped (and said so, once).
+MAX_PENDING_ATTEMPTS = 16384
 #: How often spans go to the helper at most (``OTEL_BSP_SCHEDULE_DELAY`` if shorter).
 SEND_INTERVAL_S = 0.25
 #: How long :meth:`Forwarder.close` waits for the helper to export what it has.
@@ -53,10 +56,19 @@ def _setting(name: str, default: int) -> int:
 class Forwarder:
     """Hands this process's finished spans to its exporting helper process."""
 
-    def __init__(self, service: str, keep: Callable[[int, str], bool] | None = None) -> None:
-        """``keep(trace id, span name)``: is the span sampled (None: every one is)."""
+    def __init__(
+        self,
+        service: str,
+        keep: Callable[[int, str], bool] | None = None,
+        *,
+        gather: Callable[[], None] | None = None,
+    ) -> None:
+        """``keep(trace id, span name)``: is the span sampled (None: every one is).
+        ``gather``: emits the spans made but not emitted yet (called by the sending
+        thread before it sends, and before a flush)."""
         self.service = service
         self.keep = keep
+        self.gather = gather
         # The batch processor's delay, applied to the hop to the helper too (up to 1 s)...
         delay_s = min(_setting("OTEL_BSP_SCHEDULE_DELAY", 5000), 1000) / 1000
         #: ...or less: how often the thread sends what waits (a span is out within this,
@@ -74,6 +86,10 @@ class Forwarder:
         #: Requests that the helper answers on the acknowledgement pipe, and its answers.
         self._asked = self._acked = 0
         self._thread: threading.Thread | None = None
+        #: Attempts in the Ran records put so far (only :meth:`put_ran` adds, under the
+        #: lock of whoever folds), and so many as were pending when the sending thread
+        #: last took everything (only it sets it): the difference is what waits.
+        self._ran_added = self._ran_taken = 0
         self._pid = os.getpid()
 
     def put(self, record: Emitted) -> None:
@@ -87,7 +103,10 @@ class Forwarder:
             return
         if self.keep is not None:
             head = record[0]
-            name, trace = (head, record[1]) if isinstance(head, str) else (head[0], head[2])
+            if isinstance(head, str):  # a Record: its name, then its trace
+                name, trace = head, cast(int, record[1])
+            else:  # its shape's name and trace
+                name, trace = head[0], head[2]
             if not self.keep(trace, name):
                 return
         pending = self._pending
@@ -97,6 +116,21 @@ class Forwarder:
         pending.append(record)
         if self._thread is None:
             self.start()
+
+    def put_ran(self, record: Ran) -> None:
+        """Queue the spans of attempts that ran (:data:`tracing.Ran`), unless
+        :data:`MAX_PENDING_ATTEMPTS` wait already (the helper does not keep up, or is
+        stuck): then they are dropped."""
+        if self.keep is not None:  # not sampled: not waiting either
+            process = record[0]
+            if not self.keep(process[2], process[0]):
+                return
+        attempts = len(record[3]) // RAN_FIELDS
+        if self._ran_added - self._ran_taken + attempts > MAX_PENDING_ATTEMPTS:
+            self._drop(ran_span_count(record[3]))
+            return
+        self._ran_added += attempts
+        self.put(record)
 
     def flush(self, timeout_s: float) -> None:
         """Return once the helper has exported every span made so far (or after
@@ -138,6 +172,7 @@ class Forwarder:
         """Send what is pending, and wait for the helper to export it and exit."""
         if self._closing or os.getpid() != self._pid:  # a fork's copy owns nothing
             return
+        self._gather()  # what this process made goes too
         self._closing = True
         vars(self).pop("put", None)  # the method again: it drops what comes now
         self._wake.set()
@@ -199,14 +234,26 @@ class Forwarder:
     def _run(self) -> None:
         while not self._closing:
             self._wake.wait(self.interval_s)
+            if not self._closing:
+                self._gather()
             with self._lock:
                 self._send_pending()
+
+    def _gather(self) -> None:
+        if self.gather is not None:
+            try:
+                self.gather()
+            except Exception:  # a fault there must not stop the spans already made
+                log.exception("emitting the spans made meanwhile failed")
 
     def _send_pending(self) -> None:
         """Send what waits, in one message (the helper posts it by the batch)."""
         pending = self._pending
         if len(pending) >= MAX_PENDING and not self.dropped:  # full: the oldest went
             self._drop(1)  # at least: how many is not counted a span
+        # Everything is taken (one fold's, coming meanwhile, may count as taken: the
+        # bound is off by that much at most, and never for good).
+        self._ran_taken = self._ran_added
         if pending:
             spans = [pending.popleft() for _ in range(len(pending))]
             if not self._write(("spans", spans)):
@@ -231,7 +278,9 @@ class Forwarder:
     def _drop(self, count: int = 1) -> None:
         if not self.dropped:
             log.warning(
-                "spans are made faster than they are exported: dropping some (more than %d wait)",
+                "spans are made faster than they are exported: dropping some (more than %d "
+                "records or %d attempts wait)",
                 MAX_PENDING,
+                MAX_PENDING_ATTEMPTS,
             )
         self.dropped += count

@@ -182,8 +182,14 @@ def _exemplar(exemplar: Exemplar) -> Any:
     return PrometheusExemplar({"trace_id": ids.trace_hex(workflow_id)}, value, at)
 
 
+#: What counts observations made but not counted yet
+#: (:func:`dagq.observability.attempts.fold`): called before each scrape.
+before_scrape: list[Callable[[], None]] = []
+
+
 class _Collector:
-    """Hands the plain-Python families to a registry at each scrape."""
+    """Hands the plain-Python families to a registry at each scrape (after
+    :data:`before_scrape`)."""
 
     def __init__(self, families: Sequence[Tally | Histogram]) -> None:
         self.families = families
@@ -197,6 +203,8 @@ class _Collector:
         ]
 
     def collect(self) -> Iterator[Metric]:
+        for count_pending in before_scrape:
+            count_pending()
         for family in self.families:
             yield from family.collect()
 

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagq.observability.tracing import (
-    Attempted,
+    RAN_FIELDS,
     Emitted,
     Kind,
+    Ran,
     Record,
     Sends,
     Shape,
@@ -177,8 +178,8 @@ class Encoder:
                 size = len(record)
                 if size == 9:
                     bodies = (self.shaped(record, seen),)  # type: ignore[arg-type]
-                elif size == 12:
-                    bodies = self.attempted(record, seen)  # type: ignore[arg-type]
+                elif size == 4:
+                    bodies = self.ran(record, seen)  # type: ignore[arg-type]
                 else:
                     bodies = self.sends(record, seen)  # type: ignore[arg-type]
             for body in bodies:
@@ -235,54 +236,49 @@ class Encoder:
             error=error,
         )
 
-    def attempted(
-        self, record: Attempted, seen: dict[int, _ShapeBlocks] | None = None
-    ) -> tuple[bytes, bytes]:
-        """The ``wait`` and ``process`` spans' bytes of an :data:`Attempted` record (as
-        :meth:`shaped` writes each of :func:`tracing.attempted`), their task and
-        attempt attributes written once for both."""
-        (
-            process,
-            span_id,
-            parent,
-            start_s,
-            end_s,
-            task,
-            attempt,
-            sent,
-            error,
-            wait,
-            due_s,
-            received_s,
-        ) = record
-        task_field = self._task(task)
-        attempt_field = (
-            _ATTEMPTS[attempt] if 0 <= attempt < len(_ATTEMPTS) else _attempt_field(attempt)
-        )
-        return (
-            _shaped(
-                self._blocks(wait, seen),
-                wait_span_id(span_id),
-                sent,
-                due_s,
-                received_s,
-                task_field=task_field,
-                attempt_field=attempt_field,
-                linked=0,
-                error=None,
-            ),
-            _shaped(
-                self._blocks(process, seen),
-                span_id,
-                parent,
-                start_s,
-                end_s,
-                task_field=task_field,
-                attempt_field=attempt_field,
-                linked=sent,
-                error=error,
-            ),
-        )
+    def ran(self, record: Ran, seen: dict[int, _ShapeBlocks] | None = None) -> list[bytes]:
+        """The spans' bytes of a :data:`Ran` record (as :meth:`shaped` writes each of
+        :func:`tracing.ran`), each attempt's task and attempt attributes made once for
+        both its spans."""
+        process, wait, parent, flat = record
+        process_blocks, wait_blocks = self._blocks(process, seen), self._blocks(wait, seen)
+        out: list[bytes] = []
+        for i in range(0, len(flat), RAN_FIELDS):
+            span_id, sent, start_s, end_s, task, attempt, error, due_s, received_s = flat[
+                i : i + RAN_FIELDS
+            ]
+            task_field = self._task(task)
+            attempt_field = (
+                _ATTEMPTS[attempt] if 0 <= attempt < len(_ATTEMPTS) else _attempt_field(attempt)
+            )
+            if sent and due_s:
+                out.append(
+                    _shaped(
+                        wait_blocks,
+                        wait_span_id(span_id),
+                        sent,
+                        due_s,
+                        received_s,
+                        task_field=task_field,
+                        attempt_field=attempt_field,
+                        linked=0,
+                        error=None,
+                    )
+                )
+            out.append(
+                _shaped(
+                    process_blocks,
+                    span_id,
+                    parent,
+                    start_s,
+                    end_s,
+                    task_field=task_field,
+                    attempt_field=attempt_field,
+                    linked=sent,
+                    error=error,
+                )
+            )
+        return out
 
     def sends(self, record: Sends, seen: dict[int, _ShapeBlocks] | None = None) -> list[bytes]:
         """The ``send`` spans' bytes of a :data:`Sends` record (as :meth:`shaped` writes

@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from dagq.observability import ids
@@ -55,20 +55,23 @@ Shape = tuple[str, Kind, int, tuple[tuple[str, str | int | float | bool], ...]]
 #: of the trace it links to (0: none), error type. The same span as the :data:`Record`
 #: :func:`expand` makes of it; a tenth of the work to make, pickle and encode.
 Shaped = tuple[Shape, int, int | None, float, float, str, int, int, str | None]
-#: An attempt's ``process`` span and its ``wait`` span in one record, as a worker emits
-#: them when the attempt ends: the ``process`` span's :data:`Shaped` fields, then the
-#: ``wait`` span's shape, when the message was due and when it was received. The wait
-#: span's parent is the ``send`` span the process span links to, its id is
-#: :func:`wait_span_id` of the process span's.
-Attempted = tuple[
-    Shape, int, int | None, float, float, str, int, int, str | None, Shape, float, float
-]
 #: A run's ``send`` spans of one step on one queue in one record, as the coordinator
 #: emits them: their shape, parent (the run's span), start and end, then each span's
 #: id, ``dagq.task.name`` and ``dagq.attempt`` in a flat list.
 Sends = tuple[Shape, int, float, float, list[int | str]]
+#: Attempts of one run's epoch on one queue that ended, in one record, as a worker emits
+#: them by the hundred: the ``process`` and ``wait`` spans' shapes, their parent (the
+#: run's span), then :data:`RAN_FIELDS` values an attempt in a flat list — its
+#: ``process`` span's id, the ``send`` span it links to (0: none), its start and end, its
+#: ``dagq.task.name`` and ``dagq.attempt``, its error type (None), when its message was
+#: due (0: unknown) and received. An attempt that names its send and when it was due
+#: has a ``wait`` span too: its parent is that send, its id :func:`wait_span_id` of the
+#: ``process`` span's. Far less work to make and to pickle than a tuple an attempt.
+Ran = tuple[Shape, Shape, int, list[Any]]
+#: Values an attempt in a :data:`Ran` record.
+RAN_FIELDS = 9
 #: Whatever :func:`emit` and :func:`emit_shaped` hand on: a span, or several in one.
-Emitted = Record | Shaped | Attempted | Sends
+Emitted = Record | Shaped | Sends | Ran
 
 
 class _Installed:
@@ -87,10 +90,26 @@ class _Installed:
 _on = _Installed()
 _TRUE = ("1", "true", "yes", "on")
 
+#: What emits spans made but not emitted yet (:func:`dagq.observability.attempts.fold`):
+#: called before spans are sent to the span helper, flushed or shut down.
+before_export: list[Callable[[], None]] = []
+
+
+def gather() -> None:
+    """Emit the spans made but not emitted yet (:data:`before_export`)."""
+    for emit_pending in before_export:
+        emit_pending()
+
 
 def enabled() -> bool:
     """Is tracing on in this process?"""
     return _on.tracer is not None
+
+
+def forwarding() -> bool:
+    """Does a span helper export this process's spans? (Its thread then calls
+    :func:`gather` every moment: spans may wait for it.)"""
+    return _on.forwarder is not None
 
 
 def wanted(environ: Mapping[str, str] | None = None) -> bool:
@@ -127,7 +146,7 @@ def configure(service: str, *, forward: bool = False) -> bool:
         from dagq.observability.forwarding import Forwarder
 
         sampling = Sampling(provider.sampler)
-        forwarder = Forwarder(service, None if sampling.all else sampling.keep)
+        forwarder = Forwarder(service, None if sampling.all else sampling.keep, gather=gather)
         forwarder.start()
         _on.forwarder = _on.finished = forwarder
     return True
@@ -229,6 +248,7 @@ def install(provider: TracerProvider | None) -> None:
     """Trace into ``provider`` from now on (None: tracing off). The provider becomes
     the global one too when none is set, so user code in this process joins."""
     if provider is None:
+        gather()  # what ended meanwhile goes out while tracing is still on
         _on.tracer = _on.provider = _on.finished = None
         _close_forwarder()
         return
@@ -252,6 +272,7 @@ def ready(timeout_s: float) -> bool:
 
 def flush(timeout_ms: int = 5000) -> None:
     """Export what is buffered (before a process ends, or a pool process replies)."""
+    gather()
     if _on.forwarder is not None:
         _on.forwarder.flush(timeout_ms / 1000)
     if _on.provider is not None:
@@ -260,6 +281,7 @@ def flush(timeout_ms: int = 5000) -> None:
 
 def shutdown() -> None:
     """Flush and stop exporting."""
+    gather()
     _close_forwarder()
     if _on.provider is not None:
         _on.provider.shutdown()
@@ -329,16 +351,28 @@ def emit(
     )
 
 
-def emit_shaped(span: Shaped | Attempted | Sends) -> None:
+def emit_shaped(span: Shaped | Sends | Ran) -> None:
     """Record a span that already happened, given as a :data:`Shaped` one: as
     :func:`emit` with its shape's name, kind, trace and attributes, then
     ``dagq.task.name`` and ``dagq.attempt`` (and ``error.type``), linked to a span of
     the same trace if it says so. Its span id is never 0. Or several such spans in one
-    record (:data:`Attempted`, :data:`Sends`): they are told apart where they are
+    record (:data:`Sends`, :data:`Ran`): they are told apart where they are
     exported (:func:`spans_of`), not here."""
     finished = _on.finished
     if finished is not None:
         finished.put(span)
+
+
+def emit_ran(record: Ran) -> None:
+    """Record the spans of attempts that ran (:data:`Ran`), as :func:`emit_shaped` does;
+    a helper exporting them keeps a bound on the attempts waiting for it."""
+    forwarder = _on.forwarder
+    if forwarder is not None:
+        forwarder.put_ran(record)
+        return
+    finished = _on.finished
+    if finished is not None:
+        finished.put(record)
 
 
 def expand(shaped: Shaped) -> Record:
@@ -377,7 +411,7 @@ _MIX = 0x9E3779B97F4A7C15  # odd: multiplying by it is a bijection of 64-bit ids
 def wait_span_id(process_span_id: int) -> int:
     """The id of an attempt's ``wait`` span, from its ``process`` span's (random, never
     0): a bijection, so distinct process spans give distinct wait spans, and every
-    process that expands an :data:`Attempted` record gives the same one."""
+    process that expands a :data:`Ran` record gives the same one."""
     return process_span_id * _MIX & 0xFFFFFFFFFFFFFFFF
 
 
@@ -388,8 +422,8 @@ def spans_of(record: Emitted) -> Sequence[Record | Shaped]:
     size = len(record)
     if size == 9:
         return (record,)  # type: ignore[return-value]
-    if size == 12:
-        return attempted(record)  # type: ignore[arg-type]
+    if size == 4:
+        return ran(record)  # type: ignore[arg-type]
     return sends(record)  # type: ignore[arg-type]
 
 
@@ -400,18 +434,35 @@ def span_count(record: Emitted) -> int:
     size = len(record)
     if size == 9:
         return 1
-    if size == 12:
-        return 2
-    return len(record[4]) // 3  # type: ignore[arg-type]
+    if size == 4:
+        return ran_span_count(record[3])  # type: ignore[arg-type]
+    return len(record[4]) // 3  # type: ignore[arg-type,misc]
 
 
-def attempted(record: Attempted) -> tuple[Shaped, Shaped]:
-    """The ``wait`` and ``process`` spans of an :data:`Attempted` record."""
-    _, span_id, _, _, _, task, attempt, sent, _, wait, due_s, received_s = record
-    return (
-        (wait, wait_span_id(span_id), sent, due_s, received_s, task, attempt, 0, None),
-        record[:9],
-    )
+def ran_span_count(flat: Sequence[Any], start: int = 0) -> int:
+    """How many spans the attempts of a :data:`Ran` record's flat list stand for (from
+    the attempt whose values begin at ``start``): one each, two with a ``wait`` span."""
+    count = 0
+    for i in range(start, len(flat), RAN_FIELDS):
+        count += 2 if flat[i + 1] and flat[i + 7] else 1
+    return count
+
+
+def ran(record: Ran) -> list[Shaped]:
+    """The spans of a :data:`Ran` record, attempt by attempt: its ``wait`` span (if it
+    has one), then its ``process`` span."""
+    process, wait, parent, flat = record
+    out: list[Shaped] = []
+    for i in range(0, len(flat), RAN_FIELDS):
+        span_id, sent, start_s, end_s, task, attempt, error, due_s, received_s = flat[
+            i : i + RAN_FIELDS
+        ]
+        if sent and due_s:
+            out.append(
+                (wait, wait_span_id(span_id), sent, due_s, received_s, task, attempt, 0, None)
+            )
+        out.append((process, span_id, parent, start_s, end_s, task, attempt, sent, error))
+    return out
 
 
 def sends(record: Sends) -> list[Shaped]:
