@@ -295,3 +295,15 @@ def test_attempts_a_sampler_drops_take_no_room_from_those_it_keeps() -> None:
         forwarder._send_pending()  # the sending thread's rounds meanwhile
     forwarder.put_ran(kept)
     assert list(forwarder._pending) == [kept] and forwarder.dropped == 0
+
+
+def test_a_forwarder_whose_helper_is_gone_drops_attempts_without_counting_them() -> None:
+    """Once its helper is gone (said then) or it is closed, attempts are neither queued
+    nor counted against the bound (which no sending thread would free any more)."""
+    forwarder = forwarding.Forwarder("dagq-test")
+    forwarder._thread = threading.current_thread()  # as if started (no helper)
+    forwarder._closing = True
+    for _ in range(forwarding.MAX_PENDING_ATTEMPTS // 256 + 2):
+        forwarder.put_ran(_ran(256))
+    assert not forwarder._pending and forwarder.dropped == 0
+    assert forwarder._ran_added == 0

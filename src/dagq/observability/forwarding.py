@@ -121,6 +121,8 @@ class Forwarder:
         """Queue the spans of attempts that ran (:data:`tracing.Ran`), unless
         :data:`MAX_PENDING_ATTEMPTS` wait already (the helper does not keep up, or is
         stuck): then they are dropped."""
+        if self._closing:  # closed, or its helper is gone (said then): nothing waits
+            return
         if self.keep is not None:  # not sampled: not waiting either
             process = record[0]
             if not self.keep(process[2], process[0]):
