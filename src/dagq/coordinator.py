@@ -185,7 +185,7 @@ class _Flush(msgspec.Struct, frozen=True):
     indexed: bool
     #: Where this workflow's etags start among the batch's (several share a batch).
     offset: int = 0
-    #: The task messages staged (kept only while telemetry is on), and when.
+    #: The task messages staged (kept only while tracing is on: their send spans), and when.
     outgoing: tuple[Outgoing, ...] = ()
     staged_at: float = 0.0
     #: The lists of messages the batch sends, let go of in a thread once committed.
@@ -845,10 +845,19 @@ class Coordinator:
         st.unconfirmed = _unconfirmed(entry, fx.dispatch)
         staged = stage_state(batch, st, entry.stored)
         sent_at = self.clock() if self.telemetry.on() else None
+        tracing_on = self.telemetry.traced()
         now = self.clock()
         shared: SharedInputs = {}
         outgoing = [
-            task_message(entry.plan, st, d, sent_at=sent_at, dispatched_at=now, shared=shared)
+            task_message(
+                entry.plan,
+                st,
+                d,
+                sent_at=sent_at,
+                traced=tracing_on,
+                dispatched_at=now,
+                shared=shared,
+            )
             for d in fx.dispatch
         ]
         documents = {key: data for o in outgoing for key, data in o.documents}
@@ -868,7 +877,7 @@ class Coordinator:
         indexed = self._index_due(entry) or entry.releasing
         if indexed:
             batch.upsert(index_row(entry))
-        traced = tuple(outgoing) if sent_at is not None else ()
+        traced = tuple(outgoing) if tracing_on else ()  # for their send spans
         flush = _Flush(
             entry,
             staged,
@@ -1538,7 +1547,12 @@ class Coordinator:
             if _still_sent(st, dispatch):
                 sent_at = self.clock() if self.telemetry.on() else None
                 message = task_message(
-                    entry.plan, st, dispatch, sent_at=sent_at, dispatched_at=self.clock()
+                    entry.plan,
+                    st,
+                    dispatch,
+                    sent_at=sent_at,
+                    traced=self.telemetry.traced(),
+                    dispatched_at=self.clock(),
                 )
                 pending.append((dispatch, message))
         return pending

@@ -64,13 +64,15 @@ def task_message(
     dispatch: Dispatch,
     *,
     sent_at: float | None = None,
+    traced: bool = True,
     dispatched_at: float = 0.0,
     shared: SharedInputs | None = None,
 ) -> Outgoing:
     """Build the message for one dispatched attempt (of a task, or of its undo).
 
-    With ``sent_at`` (telemetry is on), the message names its ``send`` span (a W3C
-    traceparent) and when it is due, for the worker's queue-wait span and metric.
+    With ``sent_at`` (telemetry is on), the message says when it is due, for the
+    worker's queue-wait metric and span; ``traced`` too (tracing is on), it names its
+    ``send`` span (a W3C traceparent) and the workflow (for the worker's spans).
     ``dispatched_at`` is when the coordinator decided to send it (see the worker's
     control checks). ``shared`` keeps inline inputs for the other messages built from
     the same state: tasks with the same parents get the same inputs, gathered once.
@@ -112,9 +114,10 @@ def task_message(
             item_ref = group.items_ref
     span_id, traceparent, due_at, workflow_name = 0, "", 0.0, ""
     if sent_at is not None:  # the defaults are left out of the message
-        span_id, traceparent = ids.new_traceparent(workflow_id)
         due_at = sent_at + max(dispatch.delay_s, 0.0)
-        workflow_name = plan.name
+        if traced:
+            span_id, traceparent = ids.new_traceparent(workflow_id)
+            workflow_name = plan.name
     message = TaskMessage(
         workflow_id=workflow_id,
         task=dispatch.task,

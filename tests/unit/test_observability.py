@@ -308,6 +308,29 @@ async def test_a_run_counts_its_tasks_and_workflow(recorder: metrics.Metrics) ->
     assert sum(s.value for s in got["dagq_coordinator_batch_seconds_count"]) >= 1
 
 
+async def test_with_metrics_alone_a_message_says_when_it_is_due_and_no_more(
+    recorder: metrics.Metrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metrics on, tracing off: a task message carries when it was due (the queue-wait
+    metric), not a traceparent nor the workflow's name, which only spans use."""
+    from dagq import coordinator
+
+    made: list[TaskMessage] = []
+    real = coordinator.task_message
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        outgoing = real(*args, **kwargs)
+        made.append(decode_task(outgoing.message.body))
+        return outgoing
+
+    monkeypatch.setattr(coordinator, "task_message", recorded)
+    result = await run([{"name": "a"}, {"name": "b", "depends_on": ["a"]}])
+    assert result.completed and len(made) == 2
+    assert all(m.due_at > 0 and not m.traceparent and not m.workflow_name for m in made)
+    (waits,) = samples(recorder)["dagq_queue_wait_seconds_count"]
+    assert waits.value == 2.0
+
+
 def test_histograms_carry_the_runs_trace_id_as_an_exemplar(recorder: metrics.Metrics) -> None:
     from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 

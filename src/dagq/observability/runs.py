@@ -40,8 +40,13 @@ class RunTelemetry:
 
     @staticmethod
     def on() -> bool:
-        """Is any telemetry on (so messages carry a traceparent and a due time)?"""
+        """Is any telemetry on (so messages say when they are due)?"""
         return tracing.enabled() or metrics.current() is not None
+
+    @staticmethod
+    def traced() -> bool:
+        """Is tracing on (so messages carry a traceparent and their workflow's name)?"""
+        return tracing.enabled()
 
     def before(self, st: RunState) -> Before:
         """Note where a step starts."""
