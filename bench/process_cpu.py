@@ -71,12 +71,17 @@ def spent(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(t - before.get(pid, 0.0) for pid, t in after.items())
 
 
+def _cmdline(pid: int) -> bytes:
+    """``pid``'s command line (empty if it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def is_span_helper(pid: int) -> bool:
     """Is ``pid`` a span-exporting helper (``dagq.observability.exporting``)?"""
-    try:
-        return b"dagq.observability.exporting" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+    return b"dagq.observability.exporting" in _cmdline(pid)
 
 
 def by_part(root: int, reading: dict[int, float], helpers: set[int]) -> dict[str, list[int]]:
@@ -154,6 +159,7 @@ class TreeSampler:
         #: Process ID → its part (:func:`part_of`), found when it was first seen.
         self.parts: dict[int, str] = {}
         self.cpu_s = 0.0
+        self._root_cmdline: bytes | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
 
@@ -182,7 +188,11 @@ class TreeSampler:
             except OSError:
                 continue
             if pid not in self.parts:
-                self.parts[pid] = part_of(pid, self.root)
+                part = part_of(pid, self.root)
+                # A child forked by the root and not yet exec'd (a span helper being
+                # started) still shows the root's command line: looked at again next time.
+                if pid == self.root or part != "pool processes" or not self._as_root(pid):
+                    self.parts[pid] = part
             for tid in tids:
                 stat = _stat_of(Path(f"/proc/{pid}/task/{tid}/stat"))
                 if stat is not None:
@@ -192,6 +202,12 @@ class TreeSampler:
                         int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
                     )
         return reading
+
+    def _as_root(self, pid: int) -> bool:
+        """Does ``pid`` show the root's command line (forked by it, not yet exec'd)?"""
+        if self._root_cmdline is None:
+            self._root_cmdline = _cmdline(self.root)
+        return _cmdline(pid) == self._root_cmdline
 
     def spent_in(self, start: float, end: float) -> dict[Thread, float]:
         """CPU seconds each thread spent from ``start`` to ``end`` (seconds since the
