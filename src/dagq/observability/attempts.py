@@ -201,8 +201,8 @@ def fold() -> None:
             linked = 0
             if len(traceparent) == 55 and traceparent.startswith(shared.trace_part):
                 linked = _span_of(traceparent)  # as the coordinator makes it: a quick look
-            if not linked and traceparent:
-                sent = _sent(task, shared)
+            if not linked and traceparent:  # not as the coordinator makes it: parsed
+                sent = ids.parse_traceparent(traceparent)
                 if sent is not None and sent[0] != shared.trace:
                     _linked_elsewhere(attempt, span_id, shared, sent, error=error, end_s=end_s)
                     continue

@@ -320,7 +320,7 @@ def split(
             tail: Emitted = (shape, parent, start_s, end_s, flat[3 * left :])
             return [*records[:i], head], room, [tail, *records[i + 1 :]]
         if left > 0 and len(record) == 4:  # attempts that ran (the only records of four)
-            cut, spans = _ran_cut(record[3], left)
+            cut, spans = tracing.ran_cut(record[3], left)
             if cut:
                 process, wait, parent, flat = record
                 head = (process, wait, parent, flat[:cut])
@@ -330,18 +330,6 @@ def split(
             return records[:1], count, records[1:]
         return records[:i], taken, records[i:]
     return records, taken, []
-
-
-def _ran_cut(flat: list[Any], room: int) -> tuple[int, int]:
-    """Where to cut a :data:`tracing.Ran` record's flat list so that its first part holds
-    ``room`` spans at most (an attempt's two spans stay together), and how many it holds."""
-    spans = 0
-    for i in range(0, len(flat), tracing.RAN_FIELDS):
-        count = 2 if flat[i + 1] and flat[i + 7] else 1
-        if spans + count > room:
-            return i, spans
-        spans += count
-    return len(flat), spans
 
 
 def _through_the_sdk(service: str, acks: int) -> int:

@@ -351,13 +351,13 @@ def emit(
     )
 
 
-def emit_shaped(span: Shaped | Sends | Ran) -> None:
+def emit_shaped(span: Shaped | Sends) -> None:
     """Record a span that already happened, given as a :data:`Shaped` one: as
     :func:`emit` with its shape's name, kind, trace and attributes, then
     ``dagq.task.name`` and ``dagq.attempt`` (and ``error.type``), linked to a span of
     the same trace if it says so. Its span id is never 0. Or several such spans in one
-    record (:data:`Sends`, :data:`Ran`): they are told apart where they are
-    exported (:func:`spans_of`), not here."""
+    record (:data:`Sends`; attempts that ran: :func:`emit_ran`): they are told apart
+    where they are exported (:func:`spans_of`), not here."""
     finished = _on.finished
     if finished is not None:
         finished.put(span)
@@ -439,13 +439,23 @@ def span_count(record: Emitted) -> int:
     return len(record[4]) // 3  # type: ignore[arg-type,misc]
 
 
-def ran_span_count(flat: Sequence[Any], start: int = 0) -> int:
-    """How many spans the attempts of a :data:`Ran` record's flat list stand for (from
-    the attempt whose values begin at ``start``): one each, two with a ``wait`` span."""
-    count = 0
-    for i in range(start, len(flat), RAN_FIELDS):
-        count += 2 if flat[i + 1] and flat[i + 7] else 1
-    return count
+def ran_span_count(flat: Sequence[Any]) -> int:
+    """How many spans the attempts of a :data:`Ran` record's flat list stand for: one
+    each, two with a ``wait`` span."""
+    return ran_cut(flat, len(flat))[1]  # room for all: at most 2 spans in 9 values
+
+
+def ran_cut(flat: Sequence[Any], room: int) -> tuple[int, int]:
+    """Where to cut a :data:`Ran` record's flat list so that its first part holds
+    ``room`` spans at most (an attempt's two spans stay together), and how many spans
+    that part holds."""
+    spans = 0
+    for i in range(0, len(flat), RAN_FIELDS):
+        count = 2 if flat[i + 1] and flat[i + 7] else 1
+        if spans + count > room:
+            return i, spans
+        spans += count
+    return len(flat), spans
 
 
 def ran(record: Ran) -> list[Shaped]:
