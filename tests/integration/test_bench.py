@@ -18,15 +18,23 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ("--sizes", "tiny", "--runs", "1")
 
 
-def _bench(*args: str, timeout: float) -> tuple[str, list[dict[str, Any]]]:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--sizes", "tiny", "--runs", "1", *args],
-        cwd=ROOT,
+def _python_m(
+    *argv: str, timeout: float, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m ARGV...`` (a benchmark module), its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", *argv],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=env,
     )
+
+
+def _bench(*args: str, timeout: float) -> tuple[str, list[dict[str, Any]]]:
+    done = _python_m("bench", "--sizes", "tiny", "--runs", "1", *args, timeout=timeout)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return done.stdout, lines
@@ -83,14 +91,7 @@ def test_the_medians_of_several_runs_of_every_mode_are_summed_up() -> None:
 def test_a_size_may_be_given_as_a_count() -> None:
     """``n=COUNT``: W4's number of workflows (W1's width, W2's length); the final value
     of each is checked as for a named size. A count where none applies is refused."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.run_one", "W4", "n=3", "inproc"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
+    done = _python_m("bench.run_one", "W4", "n=3", "inproc", timeout=100)
     assert done.returncode == 0, done.stderr[-2000:]
     line = json.loads(done.stdout.splitlines()[-1])
     assert (line["workflows"], line["tasks"], line["result_ok"]) == (3, 15, True)
@@ -99,14 +100,7 @@ def test_a_size_may_be_given_as_a_count() -> None:
         ("W3", "n=5", "unknown size 'n=5' for W3: full, huge, small, tiny"),
         ("W1", "n=0", "size 'n=0' for W1: COUNT must be a whole number >= 1"),
     ]:
-        refused = subprocess.run(
-            [sys.executable, "-m", "bench", "--workloads", workload, "--sizes", size],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=50,
-            check=False,
-        )
+        refused = _python_m("bench", "--workloads", workload, "--sizes", size, timeout=50)
         assert refused.returncode == 2
         assert refused.stderr.strip() == f"error: {why}"
 
@@ -117,25 +111,11 @@ def test_w1_may_fan_out_as_a_foreach() -> None:
     root -> one foreach task -> join, each instance counted as a task, the join's sum
     checked as for the static fan-out."""
     for mode in ("inproc", "client"):
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.run_one", "W1", "foreach=40", mode],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=100,
-            check=False,
-        )
+        done = _python_m("bench.run_one", "W1", "foreach=40", mode, timeout=100)
         assert done.returncode == 0, done.stderr[-2000:]
         line = json.loads(done.stdout.splitlines()[-1])
         assert (line["tasks"], line["result"], line["result_ok"]) == (42, 80, True), mode
-    refused = subprocess.run(
-        [sys.executable, "-m", "bench", "--workloads", "W2", "--sizes", "foreach=3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=50,
-        check=False,
-    )
+    refused = _python_m("bench", "--workloads", "W2", "--sizes", "foreach=3", timeout=50)
     assert refused.returncode == 2
     assert (
         refused.stderr.strip()
@@ -151,13 +131,15 @@ def test_a_run_whose_data_did_not_flow_fails_the_suite(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "bench", bench, ignore=shutil.ignore_patterns("__pycache__"))
     tasks = bench / "tasks.py"
     tasks.write_text(tasks.read_text().replace("return sum(inputs.values()) + 1", "return 1"))
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", *TINY, "--workloads", "W2", "--modes", "client"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
+    done = _python_m(
+        "bench",
+        *TINY,
+        "--workloads",
+        "W2",
+        "--modes",
+        "client",
         timeout=110,
-        check=False,
+        cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )
     assert done.returncode != 0
@@ -170,13 +152,12 @@ def test_an_unavailable_peer_is_one_line_and_the_dagq_rows_still_come(tmp_path: 
     said in one line; the suite still measures dagq and exits 0."""
     peer = ("--peers", "dbos")
     (tmp_path / "peers").write_text("a file where the peers' directory should be")
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", *TINY, *("--workloads", "W2", "--modes", "inproc"), *peer],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    done = _python_m(
+        "bench",
+        *TINY,
+        *("--workloads", "W2", "--modes", "inproc"),
+        *peer,
         timeout=110,
-        check=False,
         env={**os.environ, "DAGQ_BENCH_PEERS": str(tmp_path / "peers")},
     )
     assert done.returncode == 0, done.stderr[-2000:]
@@ -189,14 +170,7 @@ def test_an_unavailable_peer_is_one_line_and_the_dagq_rows_still_come(tmp_path: 
 
 @pytest.mark.timeout(60)
 def test_an_unknown_peer_is_refused() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--sizes", "tiny", "--peers", "celery"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=50,
-        check=False,
-    )
+    done = _python_m("bench", "--sizes", "tiny", "--peers", "celery", timeout=50)
     assert done.returncode == 2
     assert "error: unknown peer 'celery' in --peers (known: dbos)" in done.stderr
 
@@ -216,14 +190,7 @@ def test_benchmark_azure_mode_counts_storage_transactions(azurite: object) -> No
 
 @pytest.mark.timeout(180)
 def test_the_request_cost_benchmark_measures_every_kind(azurite: object) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.request_cost", "--requests", "20"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=170,
-        check=False,
-    )
+    done = _python_m("bench.request_cost", "--requests", "20", timeout=170)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     kinds = {row["kind"] for row in rows}
@@ -234,25 +201,10 @@ def test_the_request_cost_benchmark_measures_every_kind(azurite: object) -> None
 
 @pytest.mark.timeout(240)
 def test_the_server_benchmark_runs() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.server",
-            "--tasks",
-            "20",
-            "--rows",
-            "200",
-            "--requests",
-            "3",
-            "--steps",
-            "3",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    done = _python_m(
+        "bench.server",
+        *("--tasks", "20", "--rows", "200", "--requests", "3", "--steps", "3"),
         timeout=230,
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.splitlines()[0])
@@ -264,13 +216,8 @@ def test_the_server_benchmark_runs() -> None:
 
 @pytest.mark.timeout(120)
 def test_the_pool_round_trip_benchmark_runs() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.pool_trip", "--tasks", "40", "--slots", "1,2", "--runs", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
+    done = _python_m(
+        "bench.pool_trip", "--tasks", "40", "--slots", "1,2", "--runs", "1", timeout=100
     )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [json.loads(line) for line in done.stdout.splitlines()]
@@ -325,13 +272,11 @@ def test_benchmark_postgres_mode_runs_with_a_transaction_held_open(
     postgres_cluster: Cluster,
 ) -> None:
     args = ["--sizes", "tiny", "--runs", "1", "--workloads", "W2", "--stores", "postgres"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", *args, "--modes", "multiproc", "--hold-transaction"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    done = _python_m(
+        "bench",
+        *args,
+        *("--modes", "multiproc", "--hold-transaction"),
         timeout=170,
-        check=False,
         env={**os.environ, "DAGQ_BENCH_POSTGRES": postgres_cluster.url},
     )
     assert done.returncode == 0, done.stderr[-2000:]
@@ -373,14 +318,7 @@ def test_the_switch_interval_may_be_set_and_the_handover_benchmark_runs() -> Non
     benchmark prints one line per interval and round."""
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=100,
-            check=False,
-        )
+        return _python_m(*args, timeout=100)
 
     done = run("bench.run_one", "W1", "tiny", "inproc", "--switch-interval", "none")
     assert done.returncode == 0, done.stderr[-2000:]
